@@ -1,0 +1,46 @@
+# tt-serve: one entry point for people and CI.
+#   make serve   start the server on the embedded default (CPU torch backend, demo model)
+#   make test    install everything the tests need, then run them
+PYTHON ?= python3.11
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+HOST   ?= 127.0.0.1
+PORT   ?= 8000
+PYTEST_ARGS ?=
+
+.PHONY: setup serve test lint fmt nix-tools clean
+
+setup: $(VENV)/.installed
+
+# torch==2.13.0 goes in first: installed any later, a dependency would pull a multi-GB CUDA build.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[test,dev,bench]'
+	touch $@
+
+serve: setup
+	$(VENV)/bin/tt-serve serve --host $(HOST) --port $(PORT)
+
+# Nix (Debian's nix-bin) evaluates the NixOS module and invariants offline in tests/nix.
+nix-tools:
+	@command -v nix-instantiate >/dev/null 2>&1 || { \
+	  echo "installing nix-bin (Debian) for tests/nix"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nix-bin >/dev/null; }
+
+test: setup nix-tools
+	bash scripts/run-tests $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check tt_serve tests bench scripts
+	$(VENV)/bin/ruff format --check tt_serve tests bench scripts
+	$(VENV)/bin/mypy tt_serve
+
+fmt: setup
+	$(VENV)/bin/ruff format tt_serve tests bench scripts
+	$(VENV)/bin/ruff check --fix tt_serve tests bench scripts
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,141 @@
+"""Command line: ``tt-serve serve | generate | demo-model | check-config``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers: {text!r}") from exc
+
+
+def _generate(argv: Sequence[str]) -> int:
+    p = argparse.ArgumentParser(prog="tt-serve generate", description="Offline generation.")
+    p.add_argument("--model", required=True, help="checkpoint folder (HF layout)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt-ids", type=_int_list, help="comma-separated prompt token ids")
+    src.add_argument("--prompt", help="prompt text (needs the model's tokenizer)")
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--logprobs", type=int, default=None)
+    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--backend", choices=("torch", "ttnn"), default="torch")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the output as JSON")
+    a = p.parse_args(argv)
+
+    from tt_serve.llm import LLM
+    from tt_serve.sequence import RequestError, SamplingParams
+
+    params = SamplingParams(
+        max_tokens=a.max_tokens,
+        temperature=a.temperature,
+        top_p=a.top_p,
+        top_k=a.top_k,
+        seed=a.seed,
+        logprobs=a.logprobs,
+        ignore_eos=a.ignore_eos,
+    )
+    try:
+        llm = LLM(
+            a.model,
+            backend=a.backend,
+            device=a.device,
+            dtype=a.dtype,
+            prefix_caching=not a.no_prefix_caching,
+        )
+        prompt = a.prompt if a.prompt is not None else a.prompt_ids
+        (out,) = llm.generate([prompt], params)
+    except (RequestError, FileNotFoundError, ValueError) as exc:
+        print(f"tt-serve generate: error: {exc}", file=sys.stderr)
+        return 2
+    result = {
+        "token_ids": out.token_ids,
+        "text": out.text,
+        "finish_reason": out.finish_reason,
+        "cached_tokens": out.cached_tokens,
+        "logprobs": (
+            [{str(k): v for k, v in d.items()} for d in out.logprobs]
+            if out.logprobs is not None
+            else None
+        ),
+    }
+    if a.json:
+        print(json.dumps(result))
+    else:
+        print(out.text if out.text is not None else " ".join(map(str, out.token_ids)))
+    return 0
+
+
+def _demo_model(argv: Sequence[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="tt-serve demo-model",
+        description="Write a tiny random-weight Qwen3.5 checkpoint with the real Qwen tokenizer.",
+    )
+    p.add_argument("dir", help="output folder")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    from tt_serve.demo import write_demo_model
+
+    path = write_demo_model(a.dir, seed=a.seed)
+    print(f"wrote demo model (random weights) to {path}")
+    return 0
+
+
+def _check_config(argv: Sequence[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="tt-serve check-config",
+        description="Check a deployment config (the NixOS module's option names) for violations.",
+    )
+    p.add_argument("file", help="JSON file")
+    a = p.parse_args(argv)
+    from tt_serve.config import check_config_main
+
+    return check_config_main(a.file)
+
+
+def _serve(argv: Sequence[str]) -> int:
+    from tt_serve.server.run import serve_main
+
+    return serve_main(argv)
+
+
+COMMANDS = {
+    "serve": (_serve, "run the OpenAI-compatible HTTP server"),
+    "generate": (_generate, "generate offline from token ids or text"),
+    "demo-model": (_demo_model, "write the tiny random-weight demo model"),
+    "check-config": (_check_config, "validate a deployment config file"),
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print("usage: tt-serve {serve,generate,demo-model,check-config} [options]\n")
+        for name, (_, help_text) in COMMANDS.items():
+            print(f"  {name:14s}{help_text}")
+        return 0 if args else 2
+    cmd = COMMANDS.get(args[0])
+    if cmd is None:
+        print(f"tt-serve: unknown command {args[0]!r}; see 'tt-serve --help'", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return cmd[0](args[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

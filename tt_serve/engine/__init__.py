@@ -1,0 +1,1 @@
+"""Scheduler, engine, async engine and host sampler. Imports neither torch nor ttnn."""

@@ -1,0 +1,317 @@
+"""The engine: schedule -> execute -> update, one step at a time, single-threaded.
+
+Only the scheduler and the prefix cache mutate bookkeeping; the backend returns token ids (or
+logits for host-sampled rows). If ``execute`` raises, exactly the requests of that batch fail,
+their reservations are released (nothing of that step was registered or published) and the
+engine keeps serving the rest.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from tt_serve.cache import CacheStats, PrefixCache, SnapshotSave
+from tt_serve.engine import sampler
+from tt_serve.engine.scheduler import ScheduledStep, Scheduler, SchedulerConfig
+from tt_serve.model.interface import Backend, StateCopy
+from tt_serve.sequence import (
+    FinishReason,
+    Request,
+    RequestError,
+    RequestOutput,
+    SamplingParams,
+)
+
+log = logging.getLogger(__name__)
+
+
+class TextStream(Protocol):
+    """Incremental detokenization plus stop-string matching for one request."""
+
+    def push(self, token_ids: Sequence[int]) -> tuple[str, bool]:
+        """Feed new tokens; return (text safe to emit now, whether a stop string was hit)."""
+        ...
+
+    def flush(self) -> str:
+        """The text held back so far (called once when the request ends without a stop)."""
+        ...
+
+
+TextStreamFactory = Callable[[SamplingParams], TextStream]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    scheduler: SchedulerConfig
+    num_kv_blocks: int
+    num_snapshot_slots: int
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: frozenset[int] = frozenset()
+    prefix_caching: bool = True
+    cache_salt: bytes = b""
+
+
+@dataclass
+class _Tracked:
+    req: Request
+    rng: np.random.Generator
+    stream: TextStream | None
+    text: str = ""
+    sent_tokens: int = 0
+    sent_text: int = 0
+    reported_finish: bool = False
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+class Engine:
+    def __init__(
+        self,
+        backend: Backend,
+        config: EngineConfig,
+        *,
+        text_streams: TextStreamFactory | None = None,
+    ) -> None:
+        self.backend = backend
+        self.config = config
+        sc = config.scheduler
+        self.cache = PrefixCache(
+            num_blocks=config.num_kv_blocks,
+            block_size=sc.block_size,
+            num_snapshot_slots=config.num_snapshot_slots,
+            stride=sc.chunk,
+            enabled=config.prefix_caching,
+            salt=config.cache_salt,
+        )
+        self.scheduler = Scheduler(sc, self.cache)
+        backend.allocate(
+            num_kv_blocks=config.num_kv_blocks,
+            block_size=sc.block_size,
+            num_state_slots=self.scheduler.num_state_slots,
+            num_snapshot_slots=max(config.num_snapshot_slots, 1),
+        )
+        self._text_streams = text_streams
+        self._tracked: dict[str, _Tracked] = {}
+        self._seq_ids = itertools.count(1)
+        self.num_failed_steps = 0
+        self.prefill_tokens_computed = 0
+        self.decode_tokens_computed = 0
+
+    # -- requests ----------------------------------------------------------------------------
+
+    @property
+    def has_tokenizer(self) -> bool:
+        return self._text_streams is not None
+
+    def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
+        """Raise RequestError (a ValueError) naming the limit; allocates nothing."""
+        params.validate()
+        if len(prompt_token_ids) == 0:
+            raise RequestError("prompt is empty: at least one token is required")
+        vocab = self.config.vocab_size
+        bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise RequestError(f"prompt token id {bad[0]!r} is outside the vocabulary [0, {vocab})")
+        total = len(prompt_token_ids) + params.max_tokens
+        if total > self.config.max_model_len:
+            raise RequestError(
+                f"prompt ({len(prompt_token_ids)} tokens) + max_tokens ({params.max_tokens}) = "
+                f"{total} exceeds the model's maximum context length "
+                f"({self.config.max_model_len} tokens)"
+            )
+        need = self.cache.lifetime_tokens(len(prompt_token_ids), params.max_tokens)
+        pages = -(-need // self.config.scheduler.block_size)
+        if pages > self.cache.num_usable_blocks:
+            raise RequestError(
+                f"request needs {pages} KV blocks ({need} tokens) but the KV pool has only "
+                f"{self.cache.num_usable_blocks} blocks of {self.config.scheduler.block_size} "
+                f"tokens: it can never fit"
+            )
+        if params.stop_strings and self._text_streams is None:
+            raise RequestError("stop strings need a tokenizer, and this model has none")
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        arrival_time: float | None = None,
+    ) -> None:
+        if request_id in self._tracked:
+            raise RequestError(f"request id {request_id!r} is already in use")
+        prompt = [int(t) for t in prompt_token_ids]
+        self.validate(prompt, params)
+        req = Request(
+            request_id=request_id,
+            seq_id=next(self._seq_ids),
+            prompt_token_ids=prompt,
+            params=params,
+            arrival_time=time.monotonic() if arrival_time is None else arrival_time,
+        )
+        stream = self._text_streams(params) if self._text_streams is not None else None
+        self._tracked[request_id] = _Tracked(req, sampler.make_rng(params.seed), stream)
+        self.scheduler.add(req)
+
+    def abort(self, request_id: str) -> bool:
+        """Finish a request now, freeing its blocks, slot and pins. False if unknown."""
+        t = self._tracked.get(request_id)
+        if t is None:
+            return False
+        self.scheduler.finish(t.req, FinishReason.ABORT)
+        self._tracked.pop(request_id, None)
+        return True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    @property
+    def cache_stats(self) -> CacheStats:
+        return self.cache.stats
+
+    # -- the step ----------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        step = self.scheduler.schedule()
+        if step is None:
+            return self._collect([])
+        try:
+            if step.pre_copies:
+                self.backend.copy_states(step.pre_copies)
+            output = self.backend.execute(step.batch)
+            tokens, logprobs = self._pick_tokens(
+                step, output.token_ids, output.logprobs, output.logits
+            )
+        except Exception as exc:  # the batch fails; the engine keeps serving
+            self._fail_step(step, exc)
+            return self._collect(step.requests)
+        finally:
+            for rid in step.restored:
+                self.cache.restore_done(rid)
+        self._count_tokens(step)
+        saves = self.scheduler.update(step, tokens, logprobs, self.config.eos_token_ids)
+        self._save_snapshots(saves)
+        return self._collect(step.requests)
+
+    def _count_tokens(self, step: ScheduledStep) -> None:
+        for row, req in zip(step.batch.rows, step.requests, strict=True):
+            if row.start_pos < req.prompt_len:
+                self.prefill_tokens_computed += row.num_tokens
+            else:
+                self.decode_tokens_computed += row.num_tokens
+
+    def _pick_tokens(
+        self,
+        step: ScheduledStep,
+        device_tokens: list[int | None],
+        device_logprobs: list[dict[int, float] | None],
+        logits: dict[int, np.ndarray],
+    ) -> tuple[list[int | None], list[dict[int, float] | None]]:
+        tokens: list[int | None] = []
+        lps: list[dict[int, float] | None] = []
+        for i, (row, req) in enumerate(zip(step.batch.rows, step.requests, strict=True)):
+            if not row.sample:
+                tokens.append(None)
+                lps.append(None)
+                continue
+            k = req.params.logprobs
+            if row.want_logits:
+                raw = logits[i]
+                tok = sampler.sample(
+                    raw,
+                    req.params,
+                    self._tracked[req.request_id].rng,
+                    req.prompt_token_ids,
+                    req.output_token_ids,
+                )
+                tokens.append(tok)
+                lps.append(sampler.top_logprobs(raw, tok, k) if k is not None else None)
+            else:
+                tok_dev = device_tokens[i]
+                if tok_dev is None:
+                    raise RuntimeError(f"backend returned no token for sampling row {i}")
+                tokens.append(int(tok_dev))
+                got = device_logprobs[i] if i < len(device_logprobs) else None
+                lps.append(got if k is not None else None)
+        return tokens, lps
+
+    def _fail_step(self, step: ScheduledStep, exc: BaseException) -> None:
+        self.num_failed_steps += 1
+        log.error("step failed for %d request(s): %r", len(step.requests), exc)
+        self.scheduler.fail(step.requests, f"backend error: {exc}")
+
+    def _save_snapshots(self, saves: list[tuple[SnapshotSave, int]]) -> None:
+        """Copy state slots into reserved snapshot slots, then publish (or abort on error).
+
+        Runs right after update and before the next execute, so a slot freed by a request that
+        finished in this very step still holds the state being saved."""
+        if not saves:
+            return
+        try:
+            self.backend.copy_states([StateCopy.save(slot, s.snapshot_slot) for s, slot in saves])
+        except Exception as exc:
+            log.error("snapshot save failed: %r", exc)
+            for s, _ in saves:
+                self.cache.abort(s)
+            return
+        for s, _ in saves:
+            self.cache.publish(s)
+
+    # -- outputs -----------------------------------------------------------------------------
+
+    def _collect(self, reqs: list[Request]) -> list[RequestOutput]:
+        """Outputs for requests that progressed or finished since the last report."""
+        outs: list[RequestOutput] = []
+        for rid, t in list(self._tracked.items()):
+            req = t.req
+            new_tokens = req.output_token_ids[t.sent_tokens :]
+            if not new_tokens and not req.finished:
+                continue
+            new_text = ""
+            if t.stream is not None and new_tokens and not t.extra.get("stopped"):
+                delta, stopped = t.stream.push(new_tokens)
+                new_text += delta
+                if stopped:
+                    t.extra["stopped"] = True
+                    self.scheduler.finish(req, FinishReason.STOP)
+            if t.stream is not None and req.finished and not t.extra.get("stopped"):
+                new_text += t.stream.flush()
+            t.text += new_text
+            t.sent_tokens = len(req.output_token_ids)
+            outs.append(self._make_output(t, new_tokens, new_text))
+            if req.finished:
+                self._tracked.pop(rid, None)
+        return outs
+
+    def _make_output(self, t: _Tracked, new_tokens: list[int], new_text: str) -> RequestOutput:
+        req = t.req
+        return RequestOutput(
+            request_id=req.request_id,
+            prompt_token_ids=req.prompt_token_ids,
+            token_ids=list(req.output_token_ids),
+            text=t.text if t.stream is not None else None,
+            finish_reason=req.finish_reason.value if req.finish_reason else None,
+            cached_tokens=req.cached_tokens,
+            logprobs=list(req.output_logprobs) if req.params.logprobs is not None else None,
+            new_token_ids=list(new_tokens),
+            new_text=new_text,
+            error=req.error,
+            arrival_time=req.arrival_time,
+            first_scheduled_time=req.first_scheduled_time,
+            first_token_time=req.first_token_time,
+            finished_time=req.finished_time,
+        )

@@ -1,0 +1,274 @@
+"""Continuous batching with chunked prefill on one grid.
+
+Every prefill chunk of a request ends on a multiple of the chunk size C or at the prompt end, and
+prefix-cache hits start on multiples of the snapshot stride S = C. A warm run therefore cuts the
+computation at exactly the places a cold run does, which is what makes warm == cold hold by
+construction on a deterministic backend.
+
+Admission is FCFS through the prefix cache's lifetime accounting: a request is admitted only when
+every page it can ever need is reserved, so a running request never waits for memory and nothing
+is ever preempted. A request whose shared prefix is being computed right now by another request
+waits for that computation instead of repeating it.
+
+Two step shapes: mixed steps (decode rows plus prefill chunks, the default on torch) and
+all-prefill / all-decode steps (what Tenstorrent traces need). In the latter a decode step runs
+after at most ``max_prefill_streak`` consecutive prefill steps, bounding decode stalls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+
+from tt_serve.cache import Admission, PrefixCache, SnapshotSave
+from tt_serve.model.interface import PAD_BLOCK, PAD_SLOT, StateCopy, StepBatch, StepRow
+from tt_serve.sequence import FinishReason, Request, RequestStatus
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_batch: int = 16
+    max_num_batched_tokens: int = 2048
+    chunk: int = 256
+    block_size: int = 64
+    mixed_steps: bool = True
+    max_prefill_streak: int = 2
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_batch <= 32:
+            raise ValueError(f"max_batch must be in 1..32, got {self.max_batch}")
+        if self.chunk % self.block_size:
+            raise ValueError(
+                f"chunk ({self.chunk}) must be a multiple of block_size ({self.block_size})"
+            )
+        if self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_batched_tokens must be >= 1")
+
+
+@dataclass
+class ScheduledStep:
+    """What one engine step runs: the batch, its requests (row-aligned) and state copies to
+    apply before execute. ``restored`` lists requests whose pinned snapshot is released once
+    the copies are issued."""
+
+    batch: StepBatch
+    requests: list[Request]
+    pre_copies: list[StateCopy] = field(default_factory=list)
+    restored: list[str] = field(default_factory=list)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, cache: PrefixCache) -> None:
+        self.config = config
+        self.cache = cache
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        # State slot 0 is the padding slot; one slot per possible running row.
+        self._free_slots: list[int] = list(range(config.max_batch, 0, -1))
+        self._prefill_streak = 0
+        self._pending_copies: list[StateCopy] = []
+        self._pending_restored: list[str] = []
+
+    @property
+    def num_state_slots(self) -> int:
+        return self.config.max_batch + 1
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    # -- admission ---------------------------------------------------------------------------
+
+    def _admit(self) -> None:
+        deferred: list[Request] = []
+        while self.waiting and self._free_slots and len(self.running) < self.config.max_batch:
+            req = self.waiting[0]
+            prompt = req.prompt_token_ids
+            if self.cache.inflight_boundary(prompt) > self.cache.match(prompt):
+                # Another request is computing this prefix now: wait for its snapshot rather
+                # than compute the same head twice. Others behind it may still go.
+                deferred.append(self.waiting.popleft())
+                continue
+            res = self.cache.admit(req.request_id, prompt, req.params.max_tokens)
+            if res.admission is Admission.LATER:
+                break
+            self.waiting.popleft()
+            if res.admission is Admission.NEVER:
+                self.finish(req, FinishReason.ERROR, error=res.reason)
+                continue
+            req.status = RequestStatus.RUNNING
+            req.state_slot = self._free_slots.pop()
+            req.block_table = res.block_table
+            req.cached_tokens = res.cached_tokens
+            req.num_computed = res.cached_tokens
+            req.first_scheduled_time = time.monotonic()
+            if res.restore_snapshot is not None:
+                self._pending_copies.append(StateCopy.restore(res.restore_snapshot, req.state_slot))
+                self._pending_restored.append(req.request_id)
+            else:
+                self._pending_copies.append(StateCopy.reset(req.state_slot))
+            self.running.append(req)
+        self.waiting.extendleft(reversed(deferred))
+
+    # -- step planning -----------------------------------------------------------------------
+
+    def _prefill_row(self, req: Request, budget: int, force: bool) -> StepRow | None:
+        start = req.num_computed
+        c = self.config.chunk
+        end = min((start // c + 1) * c, req.prompt_len)
+        if end - start > budget and not force:
+            return None
+        return StepRow(
+            seq_id=req.seq_id,
+            token_ids=tuple(req.prompt_token_ids[start:end]),
+            start_pos=start,
+            block_table=req.block_table,
+            state_slot=req.state_slot,
+            sample=end == req.prompt_len,
+            want_logits=end == req.prompt_len and _needs_logits(req),
+            top_logprobs=req.params.logprobs or 0,
+        )
+
+    @staticmethod
+    def _decode_row(req: Request) -> StepRow:
+        return StepRow(
+            seq_id=req.seq_id,
+            token_ids=(req.all_token_ids[-1],),
+            start_pos=req.num_tokens - 1,
+            block_table=req.block_table,
+            state_slot=req.state_slot,
+            sample=True,
+            want_logits=_needs_logits(req),
+            top_logprobs=req.params.logprobs or 0,
+        )
+
+    def schedule(self) -> ScheduledStep | None:
+        """Plan the next step, or None when nothing can run."""
+        self._admit()
+        decodes = [r for r in self.running if r.prefill_done]
+        prefills = [r for r in self.running if not r.prefill_done]
+        rows: list[StepRow] = []
+        reqs: list[Request] = []
+        run_decode = bool(decodes)
+        run_prefill = bool(prefills)
+        if not self.config.mixed_steps and decodes and prefills:
+            # All-prefill or all-decode: prefill first, but never starve decodes for long.
+            run_decode = self._prefill_streak >= self.config.max_prefill_streak
+            run_prefill = not run_decode
+        if run_decode:
+            for r in decodes:
+                rows.append(self._decode_row(r))
+                reqs.append(r)
+        budget = self.config.max_num_batched_tokens - len(rows)
+        if run_prefill:
+            for r in prefills:
+                row = self._prefill_row(r, budget, force=not rows)
+                if row is None:
+                    break
+                rows.append(row)
+                reqs.append(r)
+                budget -= row.num_tokens
+                if budget <= 0:
+                    break
+        if not rows:
+            return None
+        if run_prefill and decodes and not run_decode:
+            self._prefill_streak += 1
+        else:
+            self._prefill_streak = 0
+        width = max(len(r.block_table) for r in rows)
+        rows = [_pad_row(r, width) if len(r.block_table) < width else r for r in rows]
+        step = ScheduledStep(
+            StepBatch(tuple(rows)), reqs, self._pending_copies, self._pending_restored
+        )
+        self._pending_copies, self._pending_restored = [], []
+        return step
+
+    # -- results -----------------------------------------------------------------------------
+
+    def update(
+        self,
+        step: ScheduledStep,
+        tokens: list[int | None],
+        logprobs: list[dict[int, float] | None],
+        eos_token_ids: frozenset[int],
+    ) -> list[tuple[SnapshotSave, int]]:
+        """Record a successful step: computed positions, registrations, sampled tokens, stops.
+
+        Returns (save, state slot) pairs the engine must copy (state slot -> snapshot slot) and
+        then publish."""
+        saves: list[tuple[SnapshotSave, int]] = []
+        now = time.monotonic()
+        for row, req, tok, lp in zip(step.batch.rows, step.requests, tokens, logprobs, strict=True):
+            if req.finished:
+                continue
+            req.num_computed = row.end_pos
+            save = self.cache.on_computed(
+                req.request_id,
+                req.all_token_ids,
+                req.num_computed,
+                snapshot_ok=req.num_computed <= req.prompt_len,
+            )
+            if save is not None:
+                saves.append((save, req.state_slot))
+            if tok is None:
+                continue
+            req.output_token_ids.append(tok)
+            if lp is not None:
+                req.output_logprobs.append(lp)
+            if req.first_token_time is None:
+                req.first_token_time = now
+            reason = _stop_reason(req, tok, eos_token_ids)
+            if reason is not None:
+                self.finish(req, reason)
+        return saves
+
+    def fail(self, requests: list[Request], error: str) -> None:
+        for req in requests:
+            if not req.finished:
+                self.finish(req, FinishReason.ERROR, error=error)
+
+    def finish(self, req: Request, reason: FinishReason, error: str | None = None) -> None:
+        """Finish a request and return everything it holds to the pools. Idempotent."""
+        if req.finished:
+            return
+        if req.status is RequestStatus.WAITING:
+            with contextlib.suppress(ValueError):
+                self.waiting.remove(req)
+        elif req.status is RequestStatus.RUNNING:
+            self.running.remove(req)
+            self.cache.release(req.request_id)
+            self._free_slots.append(req.state_slot)
+            req.state_slot = -1
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = reason
+        req.error = error
+        req.finished_time = time.monotonic()
+
+
+def _needs_logits(req: Request) -> bool:
+    return not req.params.greedy or req.params.has_penalties
+
+
+def _pad_row(row: StepRow, width: int) -> StepRow:
+    return replace(row, block_table=row.block_table + (PAD_BLOCK,) * (width - len(row.block_table)))
+
+
+def _stop_reason(req: Request, tok: int, eos_token_ids: frozenset[int]) -> FinishReason | None:
+    p = req.params
+    n = len(req.output_token_ids)
+    if n >= p.min_tokens:
+        if not p.ignore_eos and tok in eos_token_ids:
+            return FinishReason.STOP
+        if p.stop_token_ids and tok in p.stop_token_ids:
+            return FinishReason.STOP
+    if n >= p.max_tokens:
+        return FinishReason.LENGTH
+    return None
+
+
+__all__ = ["PAD_SLOT", "ScheduledStep", "Scheduler", "SchedulerConfig"]

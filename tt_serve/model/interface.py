@@ -1,0 +1,150 @@
+"""The backend boundary: what the engine hands a backend and what it gets back.
+
+A backend (torch reference in ``model/ref``, ttnn in ``model/tt``) owns every device tensor:
+the paged KV pool, the GDN state slots and the GDN snapshot slots. The engine owns every
+decision: which rows run, which blocks and slots they use, when snapshots are saved or
+restored. Everything crossing this boundary is plain Python data (ints, tuples, numpy arrays
+for host-sampled logits), so ``engine/`` and ``cache/`` never import torch.
+
+Reserved indices (never handed to a request):
+  * KV block ``PAD_BLOCK`` (0): block tables are padded with it; writes to it are garbage.
+  * GDN state slot ``PAD_SLOT`` (0): the scratch slot padding rows run in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import numpy as np
+
+PAD_BLOCK = 0
+PAD_SLOT = 0
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """One sequence's slice of work in a step.
+
+    ``token_ids`` are computed at positions ``start_pos .. start_pos + len - 1``; their K/V are
+    written through ``block_table`` (logical block i of the sequence is physical block
+    ``block_table[i]``; padded with PAD_BLOCK) and the GDN layers read and update the state held
+    in ``state_slot``. A row with ``sample`` set produces the next token from its last position:
+    by device argmax (greedy) unless ``want_logits`` asks for the raw logits so the engine can
+    sample on the host. ``top_logprobs`` > 0 asks for the log-probabilities of the chosen token
+    and the top-k tokens (greedy rows; host-sampled rows compute them from the logits).
+    """
+
+    seq_id: int
+    token_ids: tuple[int, ...]
+    start_pos: int
+    block_table: tuple[int, ...]
+    state_slot: int
+    sample: bool
+    want_logits: bool = False
+    top_logprobs: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def end_pos(self) -> int:
+        return self.start_pos + len(self.token_ids)
+
+
+class Phase(StrEnum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+    MIXED = "mixed"
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """A step's rows. Block tables all have the same width (padded with PAD_BLOCK)."""
+
+    rows: tuple[StepRow, ...]
+
+    @property
+    def phase(self) -> Phase:
+        decode = [r.num_tokens == 1 and r.start_pos > 0 and r.sample for r in self.rows]
+        if all(decode):
+            return Phase.DECODE
+        if not any(decode):
+            return Phase.PREFILL
+        return Phase.MIXED
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(r.num_tokens for r in self.rows)
+
+
+@dataclass
+class StepOutput:
+    """Per-row results, indexed like ``StepBatch.rows``.
+
+    ``token_ids[i]`` is the greedy (device-argmax) token of a sampling row, or None for rows
+    that do not sample or asked for logits. ``logprobs[i]`` maps token id -> logprob (the chosen
+    token plus the top-k) when asked. ``logits[i]`` holds float32 logits [vocab] for rows with
+    ``want_logits``.
+    """
+
+    token_ids: list[int | None]
+    logprobs: list[dict[int, float] | None] = field(default_factory=list)
+    logits: dict[int, np.ndarray] = field(default_factory=dict)
+
+
+class CopyKind(StrEnum):
+    SAVE = "save"  # state slot -> snapshot slot
+    RESTORE = "restore"  # snapshot slot -> state slot
+    RESET = "reset"  # zero a state slot (fresh sequence)
+
+
+@dataclass(frozen=True)
+class StateCopy:
+    """A GDN state copy (all GDN layers: conv and recurrent state together)."""
+
+    kind: CopyKind
+    slot: int
+    snapshot: int = -1
+
+    @staticmethod
+    def save(slot: int, snapshot: int) -> StateCopy:
+        return StateCopy(CopyKind.SAVE, slot, snapshot)
+
+    @staticmethod
+    def restore(snapshot: int, slot: int) -> StateCopy:
+        return StateCopy(CopyKind.RESTORE, slot, snapshot)
+
+    @staticmethod
+    def reset(slot: int) -> StateCopy:
+        return StateCopy(CopyKind.RESET, slot)
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What every backend implements. All pools are allocated before any trace/graph capture."""
+
+    def allocate(
+        self,
+        *,
+        num_kv_blocks: int,
+        block_size: int,
+        num_state_slots: int,
+        num_snapshot_slots: int,
+    ) -> None:
+        """Allocate the paged KV pool, the GDN state slots and the GDN snapshot slots.
+
+        Counts include the reserved index 0 of the KV pool and of the state slots.
+        """
+        ...
+
+    def execute(self, batch: StepBatch) -> StepOutput:
+        """Run one step. Must not keep references to ``batch`` after returning."""
+        ...
+
+    def copy_states(self, ops: list[StateCopy] | tuple[StateCopy, ...]) -> None:
+        """Apply GDN state copies in order (save / restore / reset)."""
+        ...

@@ -1,0 +1,1 @@
+"""HTTP layer: FastAPI app, protocol models, metrics, and the serve entry point."""

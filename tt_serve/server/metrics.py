@@ -1,0 +1,165 @@
+"""Prometheus metrics with vLLM-like names under ``tt_serve:``.
+
+Engine-side numbers (prefix-cache queries and hits in tokens, running / waiting requests, KV and
+snapshot usage) are read from the engine's last published snapshot at scrape time; per-request
+numbers (latencies, token counters, finish reasons) are recorded by the server as requests end.
+Each app gets its own registry, so several servers can live in one process (tests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from tt_serve.engine.async_engine import EngineSnapshot
+from tt_serve.sequence import RequestOutput
+
+P = "tt_serve:"
+_LATENCY_BUCKETS = (
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+)
+_ITL_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+)
+
+
+class _EngineCollector(Collector):
+    def __init__(self, snapshot: Callable[[], EngineSnapshot | None]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._snapshot() or EngineSnapshot()
+        yield CounterMetricFamily(
+            f"{P}prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache.",
+            value=s.prefix_queries,
+        )
+        yield CounterMetricFamily(
+            f"{P}prefix_cache_hits",
+            "Prompt tokens served from the prefix cache.",
+            value=s.prefix_hits,
+        )
+        yield CounterMetricFamily(
+            f"{P}prefill_tokens_computed",
+            "Prompt tokens actually computed by the backend.",
+            value=s.prefill_tokens_computed,
+        )
+        yield GaugeMetricFamily(
+            f"{P}num_requests_running", "Requests in the running batch.", value=s.num_running
+        )
+        yield GaugeMetricFamily(
+            f"{P}num_requests_waiting", "Requests waiting for admission.", value=s.num_waiting
+        )
+        usage = s.kv_blocks_used / s.kv_blocks_total if s.kv_blocks_total else 0.0
+        yield GaugeMetricFamily(
+            f"{P}kv_cache_usage_perc",
+            "Fraction of KV blocks held by requests (1 = full).",
+            value=usage,
+        )
+        yield GaugeMetricFamily(
+            f"{P}kv_cache_blocks_used",
+            "KV blocks held by running requests.",
+            value=s.kv_blocks_used,
+        )
+        yield GaugeMetricFamily(
+            f"{P}snapshot_slots_used",
+            "GDN snapshot slots holding a snapshot.",
+            value=s.snapshot_slots_used,
+        )
+        yield GaugeMetricFamily(
+            f"{P}snapshot_slots_total",
+            "GDN snapshot slots allocated.",
+            value=s.snapshot_slots_total,
+        )
+
+
+class Metrics:
+    def __init__(self, snapshot: Callable[[], EngineSnapshot | None]) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        r.register(_EngineCollector(snapshot))
+        self.ttft = Histogram(
+            f"{P}time_to_first_token_seconds",
+            "Time to first token.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            f"{P}inter_token_latency_seconds",
+            "Time between output tokens.",
+            buckets=_ITL_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            f"{P}e2e_request_latency_seconds",
+            "End-to-end request latency.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue = Histogram(
+            f"{P}request_queue_time_seconds",
+            "Time spent waiting.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            f"{P}prompt_tokens", "Prompt tokens of finished requests.", registry=r
+        )
+        self.generation_tokens = Counter(f"{P}generation_tokens", "Generated tokens.", registry=r)
+        self.finished = Counter(
+            f"{P}request_success",
+            "Finished requests by finish reason.",
+            ["finished_reason"],
+            registry=r,
+        )
+
+    def observe_token(self, last_token_time: float | None, now: float) -> None:
+        if last_token_time is not None:
+            self.itl.observe(max(now - last_token_time, 0.0))
+
+    def observe_finished(self, out: RequestOutput) -> None:
+        self.prompt_tokens.inc(len(out.prompt_token_ids))
+        self.generation_tokens.inc(len(out.token_ids))
+        self.finished.labels(finished_reason=out.finish_reason or "abort").inc()
+        if out.first_token_time is not None:
+            self.ttft.observe(max(out.first_token_time - out.arrival_time, 0.0))
+        if out.finished_time is not None:
+            self.e2e.observe(max(out.finished_time - out.arrival_time, 0.0))
+        if out.first_scheduled_time is not None:
+            self.queue.observe(max(out.first_scheduled_time - out.arrival_time, 0.0))
