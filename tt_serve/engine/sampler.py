@@ -37,9 +37,10 @@ def apply_penalties(
         seen = np.unique(np.asarray([*prompt_ids, *output_ids], dtype=np.int64))
         seen = seen[(seen >= 0) & (seen < vocab)]
         vals = out[seen]
-        out[seen] = np.where(
-            vals > 0, vals / params.repetition_penalty, vals * params.repetition_penalty
-        )
+        with np.errstate(over="ignore", divide="ignore"):
+            out[seen] = np.where(
+                vals > 0, vals / params.repetition_penalty, vals * params.repetition_penalty
+            )
     if output_ids and (params.presence_penalty != 0.0 or params.frequency_penalty != 0.0):
         ids, counts = np.unique(np.asarray(output_ids, dtype=np.int64), return_counts=True)
         keep = (ids >= 0) & (ids < vocab)

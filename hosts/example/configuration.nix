@@ -1,0 +1,40 @@
+# Example Tenstorrent host: `nixos-rebuild switch --flake .#example`.
+# Replace the hardware parts (disks, boot loader) with your machine's
+# hardware-configuration.nix. The Tenstorrent kernel driver (tt-kmd) must be loaded so that
+# /dev/tenstorrent/N exist.
+{ ... }:
+{
+  networking.hostName = "tt-example";
+  nixpkgs.hostPlatform = "x86_64-linux";
+  system.stateVersion = "25.11";
+
+  boot.loader.systemd-boot.enable = true;
+  fileSystems."/" = {
+    device = "/dev/disk/by-label/nixos";
+    fsType = "ext4";
+  };
+
+  services.tenstorrent-serving = {
+    enable = true;
+    backend = "ttnn";
+    deviceIds = [ 0 ];
+    model = "/srv/models/Qwen3.6-35B-A3B";
+    servedModelName = "qwen3.6";
+    host = "0.0.0.0";
+    port = 8000;
+    openFirewall = true;
+    deviceArgmax = true;
+    deviceResident = true;
+    tracedPrefill = true;
+    prefillChunk = 2048;
+    blockSize = 64;
+    prefixCaching = {
+      enable = true;
+      snapshotSlots = 64;
+    };
+    maxBatchSize = 32;
+    maxNumBatchedTokens = 4096;
+    # Created out of band (not in the Nix store), readable by root only.
+    apiKeyFile = "/run/keys/tt-serve-api-key";
+  };
+}

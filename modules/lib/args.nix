@@ -1,0 +1,69 @@
+# The command lines the module runs. Builtins only (tests/nix evaluates this without nixpkgs).
+let
+  optional = cond: xs: if cond then xs else [ ];
+  flag = name: on: if on then "--${name}" else "--no-${name}";
+
+  # systemd splits ExecStart= itself (no shell): quote anything that is not a plain word,
+  # and escape its specifiers (%) and variable references ($) so values reach argv verbatim.
+  plain = s: builtins.match "[A-Za-z0-9_./:,=@+-]+" s != null;
+  escapeSystemdArg = s:
+    if plain s then s
+    else "\"" + builtins.replaceStrings [ "\\" "\"" "%" "$" ] [ "\\\\" "\\\"" "%%" "$$" ] s + "\"";
+  escapeSystemdArgs = xs: builtins.concatStringsSep " " (map escapeSystemdArg xs);
+
+  # Where the service's own health probe connects: a wildcard listen address is reachable on
+  # loopback; IPv6 literals need brackets in a URL.
+  probeHost = host:
+    if host == "0.0.0.0" || host == "" then "127.0.0.1"
+    else if host == "::" then "[::1]"
+    else if builtins.match ".*:.*" host != null then "[${host}]"
+    else host;
+in
+rec {
+  inherit escapeSystemdArg escapeSystemdArgs;
+
+  # cfg -> the `tt-serve serve` argv. Every setting is passed explicitly, so the unit alone says
+  # how the server runs (CLI defaults never leak into a deployment).
+  serveArgv = cfg:
+    [
+      "--host" cfg.host
+      "--port" (toString cfg.port)
+      "--backend" cfg.backend
+      "--device" cfg.device
+      "--device-ids" (builtins.concatStringsSep "," (map toString cfg.deviceIds))
+      "--dtype" cfg.dtype
+      (flag "device-argmax" cfg.deviceArgmax)
+      (flag "device-resident" cfg.deviceResident)
+      (flag "traced-prefill" cfg.tracedPrefill)
+      "--prefill-chunk" (toString cfg.prefillChunk)
+      "--block-size" (toString cfg.blockSize)
+      "--kv-blocks" (toString cfg.kvBlocks)
+      (flag "prefix-caching" cfg.prefixCaching.enable)
+      "--snapshot-slots" (toString cfg.prefixCaching.snapshotSlots)
+      "--max-batch-size" (toString cfg.maxBatchSize)
+      "--max-waiting" (toString cfg.maxWaiting)
+      "--max-num-batched-tokens" (toString cfg.maxNumBatchedTokens)
+      "--log-level" cfg.logLevel
+    ]
+    ++ optional (cfg.model != null) [ "--model" cfg.model ]
+    ++ optional (cfg.servedModelName != null) [ "--served-model-name" cfg.servedModelName ]
+    ++ optional (cfg.apiKeyFile != null) [ "--api-key-file" cfg.apiKeyFile ];
+
+  # The API key reaches the service as a systemd credential (LoadCredential=api-key:<file>),
+  # so the DynamicUser can read it; %d is the credentials directory, hence left unescaped.
+  execStart = exe: cfg:
+    escapeSystemdArgs ([ exe "serve" ] ++ serveArgv (cfg // { apiKeyFile = null; }))
+    + (if cfg.apiKeyFile != null then " --api-key-file %d/api-key" else "")
+    + (if (cfg.extraArgs or [ ]) != [ ] then " " + escapeSystemdArgs cfg.extraArgs else "");
+
+  healthUrl = cfg: "http://${probeHost cfg.host}:${toString cfg.port}/health";
+
+  # Readiness: ExecStartPost= polls /health, so the unit is "started" only once the model is
+  # loaded (and, on ttnn, traces are captured). TimeoutStartSec= bounds the whole wait.
+  healthProbe = curl: cfg:
+    escapeSystemdArgs [
+      "${curl}/bin/curl" "--silent" "--show-error" "--fail" "--output" "/dev/null"
+      "--max-time" "5" "--retry" "600" "--retry-delay" "2" "--retry-connrefused"
+      "--retry-all-errors" (healthUrl cfg)
+    ];
+}

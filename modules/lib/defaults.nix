@@ -1,0 +1,27 @@
+# Defaults of the serve settings: the single source for the module's mkOption defaults.
+# Builtins only. tt_serve/config.py's ServeConfig holds the same values (a test keeps them equal).
+{
+  model = null; # null: the built-in demo model
+  servedModelName = null;
+  host = "127.0.0.1";
+  port = 8000;
+  backend = "torch";
+  device = "cpu";
+  deviceIds = [ 0 ];
+  dtype = "auto";
+  deviceArgmax = true;
+  deviceResident = false;
+  tracedPrefill = false;
+  prefillChunk = 256;
+  blockSize = 64;
+  kvBlocks = 0; # 0: size the KV pool from free memory
+  prefixCaching = {
+    enable = true;
+    snapshotSlots = 32;
+  };
+  maxBatchSize = 16;
+  maxWaiting = 256;
+  maxNumBatchedTokens = 2048;
+  apiKeyFile = null;
+  logLevel = "info";
+}

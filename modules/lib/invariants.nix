@@ -1,0 +1,73 @@
+# The configuration rule set, as NixOS assertions: cfg -> [ { assertion; message; } ].
+# Builtins only, so the real evaluator runs it without nixpkgs (tests/nix).
+# tt_serve/config.py's validate() holds the same rules in the same order with the same
+# messages; tests/nix/test_invariants.py requires identical verdicts on one truth table.
+cfg:
+let
+  p = "services.tenstorrent-serving";
+  gdnChunk = 64; # tt_serve.config.GDN_CHUNK
+  ttnnMaxBatch = 32;
+  ttnnBlockAlign = 32; # ttnn keeps paged KV in TILE layout (32 x 32)
+  backends = [ "torch" "ttnn" ];
+  dtypes = [ "auto" "float32" "bfloat16" ];
+  logLevels = [ "critical" "error" "warning" "info" "debug" "trace" ];
+
+  # Nix has no modulo; truncating division gives a remainder that is 0 exactly when Python's is.
+  rem = a: b: a - (a / b) * b;
+  multiple = value: of: of > 0 && rem value of == 0;
+  isCuda = d: builtins.match "cuda(:[0-9]+)?" d != null;
+  elem = builtins.elem;
+  all = builtins.all;
+  s = toString;
+
+  ttnn = cfg.backend == "ttnn";
+  accelerated = ttnn || (cfg.backend == "torch" && isCuda cfg.device);
+  where = "got backend ${cfg.backend}, device ${cfg.device}";
+  ids = builtins.concatStringsSep "," (map toString cfg.deviceIds);
+  distinct = l: builtins.length (builtins.attrNames (builtins.listToAttrs
+    (map (i: { name = toString i; value = true; }) l))) == builtins.length l;
+  pc = cfg.prefixCaching;
+
+  rule = assertion: message: { inherit assertion message; };
+in
+[
+  (rule (cfg.port >= 1 && cfg.port <= 65535) "${p}.port must be in 1..65535 (got ${s cfg.port}).")
+  (rule (elem cfg.backend backends)
+    "${p}.backend must be one of torch, ttnn (got ${cfg.backend}).")
+  (rule (cfg.device == "cpu" || isCuda cfg.device)
+    "${p}.device must be cpu, cuda or cuda:N (got ${cfg.device}).")
+  (rule (!ttnn || (cfg.deviceIds != [ ] && all (i: i >= 0) cfg.deviceIds && distinct cfg.deviceIds))
+    "${p}.deviceIds must be a non-empty list of distinct non-negative integers on backend ttnn (got \"${ids}\").")
+  (rule (elem cfg.dtype dtypes)
+    "${p}.dtype must be one of auto, float32, bfloat16 (got ${cfg.dtype}).")
+  (rule (!cfg.deviceResident || cfg.deviceArgmax)
+    "${p}.deviceResident = true requires ${p}.deviceArgmax = true (the decode loop feeds sampled ids back on the device; logits never leave it).")
+  (rule (!cfg.deviceResident || accelerated)
+    "${p}.deviceResident = true needs ${p}.backend = \"ttnn\" or a CUDA ${p}.device (${where}).")
+  (rule (!cfg.tracedPrefill || accelerated)
+    "${p}.tracedPrefill = true needs ${p}.backend = \"ttnn\" or a CUDA ${p}.device (${where}).")
+  (rule (cfg.blockSize > 0) "${p}.blockSize must be positive (got ${s cfg.blockSize}).")
+  (rule (!ttnn || rem cfg.blockSize ttnnBlockAlign == 0)
+    "${p}.blockSize must be a multiple of ${s ttnnBlockAlign} on backend ttnn (TILE rows; got ${s cfg.blockSize}).")
+  (rule (cfg.prefillChunk > 0) "${p}.prefillChunk must be positive (got ${s cfg.prefillChunk}).")
+  (rule (!pc.enable || (multiple cfg.prefillChunk cfg.blockSize && rem cfg.prefillChunk gdnChunk == 0))
+    "${p}.prefixCaching.enable = true requires ${p}.prefillChunk (${s cfg.prefillChunk}) to be a multiple of ${p}.blockSize (${s cfg.blockSize}) and of the GDN chunk (${s gdnChunk}): snapshots are taken only at chunk boundaries.")
+  (rule (!pc.enable || pc.snapshotSlots >= 1)
+    "${p}.prefixCaching.enable = true requires ${p}.prefixCaching.snapshotSlots >= 1 (got ${s pc.snapshotSlots}).")
+  (rule (pc.snapshotSlots >= 0)
+    "${p}.prefixCaching.snapshotSlots must not be negative (got ${s pc.snapshotSlots}).")
+  (rule (!cfg.tracedPrefill || multiple cfg.prefillChunk cfg.blockSize)
+    "${p}.tracedPrefill = true requires ${p}.prefillChunk (${s cfg.prefillChunk}) to be a multiple of ${p}.blockSize (${s cfg.blockSize}).")
+  (if ttnn then
+    rule (cfg.maxBatchSize >= 1 && cfg.maxBatchSize <= ttnnMaxBatch)
+      "${p}.maxBatchSize must be in 1..${s ttnnMaxBatch} on backend ttnn (got ${s cfg.maxBatchSize})."
+  else
+    rule (cfg.maxBatchSize >= 1) "${p}.maxBatchSize must be at least 1 (got ${s cfg.maxBatchSize}).")
+  (rule (cfg.maxNumBatchedTokens >= cfg.prefillChunk)
+    "${p}.maxNumBatchedTokens (${s cfg.maxNumBatchedTokens}) must be at least ${p}.prefillChunk (${s cfg.prefillChunk}): one step must fit a whole chunk.")
+  (rule (cfg.maxWaiting >= 0) "${p}.maxWaiting must not be negative (got ${s cfg.maxWaiting}).")
+  (rule (cfg.kvBlocks >= 0)
+    "${p}.kvBlocks must not be negative (0 = size from memory; got ${s cfg.kvBlocks}).")
+  (rule (elem cfg.logLevel logLevels)
+    "${p}.logLevel must be one of ${builtins.concatStringsSep ", " logLevels} (got ${cfg.logLevel}).")
+]

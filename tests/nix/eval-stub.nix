@@ -1,0 +1,32 @@
+# Evaluates modules/tenstorrent-serving.nix against the stand-in lib (stub-nixpkgs) with the
+# given `services.tenstorrent-serving` settings (a JSON string, NixOS option names) and returns
+# what tests/nix/test_module_stub.py checks. Usage:
+#   nix-instantiate --eval --strict --json tests/nix/eval-stub.nix --argstr settings '{...}'
+{ settings ? "{}" }:
+let
+  lib = import ./stub-nixpkgs/lib.nix;
+  eval = lib.nixosSystem {
+    modules = [
+      ../../modules/tenstorrent-serving.nix
+      { services.tenstorrent-serving = builtins.fromJSON settings; }
+    ];
+  };
+  c = eval.config;
+  unit = c.systemd.services.tenstorrent-serving or null;
+  enabled = c.services.tenstorrent-serving.enable;
+in
+{
+  problems = eval.stubProblems;
+  options = builtins.attrNames eval.options.services.tenstorrent-serving;
+  failedAssertions =
+    map (a: a.message) (builtins.filter (a: !a.assertion) (if enabled then c.assertions else [ ]));
+  execStart = if enabled then unit.serviceConfig.ExecStart else null;
+  execStartPost = if enabled then unit.serviceConfig.ExecStartPost else null;
+  serviceConfig = if enabled then unit.serviceConfig else null;
+  unitConfig = if enabled then unit.unitConfig else null;
+  environment = if enabled then unit.environment else null;
+  firewallPorts = c.networking.firewall.allowedTCPPorts or null;
+  kernelParams = c.boot.kernelParams or null;
+  mounts = map (m: m.where) (if (c.systemd.mounts or null) == null then [ ] else c.systemd.mounts);
+  udevRules = c.services.udev.extraRules or null;
+}

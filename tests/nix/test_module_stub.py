@@ -1,0 +1,168 @@
+"""The NixOS module evaluated against a small stand-in for nixpkgs lib (tests/nix/stub-nixpkgs).
+
+What the stand-in checks: option names, defaults from modules/lib/defaults.nix, declared types,
+unknown options, mkIf wiring, the assertions list, ExecStart, firewall ports and the unit's
+hardening settings. What it does NOT check: real option merging and priorities (mkDefault,
+mkForce), submodules, and whether the systemd/users/firewall/udev settings are valid NixOS
+options or a valid systemd unit. Those need real nixpkgs (`nix flake check`, which evaluates the
+example host's toplevel).
+
+The argv the module builds is also fed to the real `tt-serve serve` argument parser.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import shlex
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from tests.nix.nixtools import ROOT, eval_module_stub
+from tt_serve.config import (
+    ServeConfig,
+    add_serve_arguments,
+    config_from_json_dict,
+    dry_run,
+    validate,
+)
+
+P = "services.tenstorrent-serving"
+EXAMPLE_HOST = {
+    "backend": "ttnn",
+    "model": "/srv/models/Qwen3.6 35B",
+    "servedModelName": "qwen3.6",
+    "host": "0.0.0.0",
+    "openFirewall": True,
+    "deviceResident": True,
+    "tracedPrefill": True,
+    "prefillChunk": 2048,
+    "deviceIds": [0, 1],
+    "maxBatchSize": 32,
+    "maxNumBatchedTokens": 4096,
+    "apiKeyFile": "/run/keys/api key",
+}
+
+
+def serve_argv(exec_start: str, credentials_dir: str = "/run/credentials/x") -> list[str]:
+    """ExecStart= as systemd would split it, minus the binary and the `serve` subcommand."""
+    argv = [a.replace("%d", credentials_dir) for a in shlex.split(exec_start)]
+    assert argv[0].endswith("/bin/tt-serve") and argv[1] == "serve"
+    return argv[2:]
+
+
+def parse_serve(argv: list[str]) -> ServeConfig:
+    parser = argparse.ArgumentParser(prog="tt-serve serve", exit_on_error=False)
+    add_serve_arguments(parser)
+    return ServeConfig.from_args(parser.parse_args(argv))
+
+
+def test_disabled_module_defines_nothing() -> None:
+    out = eval_module_stub({})
+    assert out["problems"] == []
+    assert out["execStart"] is None and out["failedAssertions"] == []
+    assert out["firewallPorts"] is None
+
+
+def test_options_are_the_documented_set() -> None:
+    options = set(eval_module_stub({})["options"])
+    assert {
+        "enable", "package", "model", "host", "port", "openFirewall", "backend", "device",
+        "deviceIds", "deviceResident", "deviceArgmax", "tracedPrefill", "prefillChunk",
+        "blockSize", "kvBlocks", "prefixCaching", "maxBatchSize", "apiKeyFile", "extraArgs",
+        "environment", "hugepages",
+    } <= options  # fmt: skip
+
+
+def test_defaults_execstart_and_hardening() -> None:
+    out = eval_module_stub({"enable": True})
+    assert out["problems"] == [] and out["failedAssertions"] == []
+    assert parse_serve(serve_argv(out["execStart"])) == ServeConfig()
+    sc = out["serviceConfig"]
+    assert sc["DynamicUser"] is True and sc["ProtectSystem"] == "strict"
+    assert sc["NoNewPrivileges"] is True and sc["PrivateTmp"] is True
+    assert sc["Restart"] == "on-failure"
+    assert sc["PrivateDevices"] is True and sc["DeviceAllow"] == []  # CPU: no devices
+    assert out["execStartPost"].endswith(" http://127.0.0.1:8000/health")
+    assert out["firewallPorts"] is None and out["kernelParams"] is None
+
+
+def test_ttnn_host_wiring() -> None:
+    out = eval_module_stub({"enable": True, **EXAMPLE_HOST})
+    assert out["problems"] == [] and out["failedAssertions"] == []
+    assert out["firewallPorts"] == [8000]
+    sc = out["serviceConfig"]
+    assert sc["DeviceAllow"] == ["char-tenstorrent rw"] and sc["PrivateDevices"] is False
+    assert sc["LoadCredential"] == ["api-key:/run/keys/api key"]
+    assert sc["ReadWritePaths"] == ["/dev/hugepages-1G"]
+    assert out["kernelParams"] == ["hugepagesz=1G", "hugepages=4"]
+    assert out["mounts"] == ["/dev/hugepages-1G"]
+    assert 'SUBSYSTEM=="tenstorrent"' in out["udevRules"]
+    # 0.0.0.0 is probed on loopback
+    assert out["execStartPost"].endswith(" http://127.0.0.1:8000/health")
+
+
+def test_argv_is_accepted_by_the_real_parser() -> None:
+    settings = {**EXAMPLE_HOST, "port": 8443, "logLevel": "debug"}
+    out = eval_module_stub({"enable": True, **settings})
+    cfg = parse_serve(serve_argv(out["execStart"], "/run/credentials/tenstorrent-serving.service"))
+    expected = config_from_json_dict(
+        {**settings, "apiKeyFile": "/run/credentials/tenstorrent-serving.service/api-key"}
+    )
+    assert cfg == expected
+    assert validate(cfg) == []
+    assert dry_run(cfg, out=open("/dev/null", "w")) == 0  # noqa: SIM115
+
+
+def test_extra_args_come_last_and_quoted() -> None:
+    out = eval_module_stub({"enable": True, "extraArgs": ["--max-waiting", "7"]})
+    argv = serve_argv(out["execStart"])
+    assert argv[-2:] == ["--max-waiting", "7"]
+    assert parse_serve(argv).max_waiting == 7
+
+
+def test_systemd_specials_are_escaped() -> None:
+    out = eval_module_stub({"enable": True, "model": '/m/100%"$HOME"'})
+    assert '"/m/100%%\\"$$HOME\\""' in out["execStart"]
+
+
+@pytest.mark.parametrize(
+    ("settings", "needle"),
+    [
+        ({"deviceResident": True, "deviceArgmax": False, "backend": "ttnn"},
+         f"{P}.deviceResident = true requires {P}.deviceArgmax = true"),
+        ({"backend": "ttnn", "maxBatchSize": 64}, f"{P}.maxBatchSize must be in 1..32"),
+        ({"prefillChunk": 96, "blockSize": 32}, "GDN chunk (64)"),
+    ],
+)  # fmt: skip
+def test_failed_assertions_reach_the_module(settings: dict[str, Any], needle: str) -> None:
+    out = eval_module_stub({"enable": True, **settings})
+    assert any(needle in m for m in out["failedAssertions"]), out["failedAssertions"]
+    assert out["failedAssertions"] == validate(config_from_json_dict(settings))
+
+
+def test_type_errors_and_unknown_options_are_reported() -> None:
+    out = eval_module_stub({"enable": True, "port": 70000, "bogus": 1, "backend": "cuda"})
+    assert f"A definition for option `{P}.port' is not of type" in "\n".join(out["problems"])
+    assert f"A definition for option `{P}.backend' is not of type" in "\n".join(out["problems"])
+    assert f"The option `{P}.bogus' does not exist." in out["problems"]
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("tt_serve.cli") is None, reason="tt_serve.cli not present yet"
+)
+def test_cli_dry_run_accepts_the_module_argv() -> None:
+    out = eval_module_stub({"enable": True, **EXAMPLE_HOST, "apiKeyFile": None})
+    argv = serve_argv(out["execStart"])
+    code = "import sys; from tt_serve.cli import main; sys.exit(main(sys.argv[1:]))"
+    result = subprocess.run(
+        [sys.executable, "-c", code, "serve", *argv, "--dry-run"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    expected = config_from_json_dict({**EXAMPLE_HOST, "apiKeyFile": None}).to_json_dict()
+    assert json.loads(result.stdout) == expected

@@ -1,0 +1,343 @@
+"""Serve configuration: one frozen dataclass, the ``serve`` flags, and the invariant rule set.
+
+The rules in :func:`validate` are the same rules, with the same messages, as the NixOS
+assertions in ``modules/lib/invariants.nix``; ``tests/nix`` evaluates both over one truth table
+and requires identical verdicts. Messages name options by their NixOS names
+(``services.tenstorrent-serving.<option>``) so that a deployment error and a CLI error read the
+same. Defaults mirror ``modules/lib/defaults.nix`` (a test keeps them equal).
+
+JSON files for ``tt-serve check-config`` use the NixOS option names (camelCase, with
+``prefixCaching = { enable; snapshotSlots; }`` nested), so ``builtins.toJSON`` of the module's
+settings can be checked directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+import sys
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+GDN_CHUNK = 64
+"""Chunk length of the Gated DeltaNet kernels; snapshot boundaries must fall on it."""
+
+NIX_PREFIX = "services.tenstorrent-serving"
+BACKENDS = ("torch", "ttnn")
+DTYPES = ("auto", "float32", "bfloat16")
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+TTNN_MAX_BATCH = 32
+TTNN_BLOCK_ALIGN = 32
+"""ttnn stores paged KV in TILE layout (32 x 32), so a KV block holds whole tile rows."""
+
+# Module-only NixOS options: accepted in check-config files, meaningless to the server.
+MODULE_ONLY_KEYS = frozenset(
+    {"enable", "package", "openFirewall", "extraArgs", "environment", "hugepages"}
+)
+_CUDA_DEVICE = re.compile(r"cuda(:[0-9]+)?")
+
+
+class ConfigError(ValueError):
+    """A configuration file could not be read as a serve configuration."""
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Everything ``tt-serve serve`` needs to start; no I/O, no defaults computed elsewhere."""
+
+    model: str | None = None
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    backend: str = "torch"
+    device: str = "cpu"
+    device_ids: tuple[int, ...] = (0,)
+    dtype: str = "auto"
+    device_argmax: bool = True
+    device_resident: bool = False
+    traced_prefill: bool = False
+    prefill_chunk: int = 256
+    block_size: int = 64
+    kv_blocks: int = 0
+    prefix_caching: bool = True
+    snapshot_slots: int = 32
+    max_batch_size: int = 16
+    max_waiting: int = 256
+    max_num_batched_tokens: int = 2048
+    api_key_file: str | None = None
+    log_level: str = "info"
+
+    @classmethod
+    def from_args(cls, ns: argparse.Namespace) -> ServeConfig:
+        """Build from a namespace parsed by a parser that :func:`add_serve_arguments` filled."""
+        values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)}
+        values["device_ids"] = tuple(values["device_ids"])
+        return cls(**values)
+
+    @property
+    def resolved_dtype(self) -> str:
+        """``auto`` is float32 for torch on the CPU and bfloat16 everywhere else."""
+        if self.dtype != "auto":
+            return self.dtype
+        return "float32" if self.backend == "torch" and self.device == "cpu" else "bfloat16"
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The configuration keyed by NixOS option names (the ``check-config`` format)."""
+        out: dict[str, Any] = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name == "prefix_caching":
+                out["prefixCaching"] = {"enable": value, "snapshotSlots": self.snapshot_slots}
+            elif field.name != "snapshot_slots":
+                out[_nix_name(field.name)] = list(value) if isinstance(value, tuple) else value
+        return out
+
+
+def _nix_name(field_name: str) -> str:
+    head, *rest = field_name.split("_")
+    return head + "".join(part.capitalize() for part in rest)
+
+
+def _device_ids(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"expected a comma-separated list of ints: {text!r}"
+        ) from exc
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """Define the ``tt-serve serve`` flags; defaults equal ``modules/lib/defaults.nix``."""
+    d = ServeConfig()
+    bool_flag = argparse.BooleanOptionalAction
+    add = parser.add_argument
+    add("--model", default=d.model, metavar="DIR", help="HF checkpoint dir (default: demo model)")
+    add("--served-model-name", default=d.served_model_name, metavar="NAME")
+    add("--host", default=d.host)
+    add("--port", type=int, default=d.port)
+    add("--backend", choices=BACKENDS, default=d.backend)
+    add("--device", default=d.device, help="torch backend: cpu | cuda | cuda:N")
+    add("--device-ids", type=_device_ids, default=d.device_ids, help="ttnn: comma list, e.g. 0,1")
+    add("--dtype", choices=DTYPES, default=d.dtype, help="auto: float32 on CPU, else bfloat16")
+    add("--device-argmax", action=bool_flag, default=d.device_argmax)
+    add("--device-resident", action=bool_flag, default=d.device_resident)
+    add("--traced-prefill", action=bool_flag, default=d.traced_prefill)
+    add("--prefill-chunk", type=int, default=d.prefill_chunk)
+    add("--block-size", type=int, default=d.block_size)
+    add("--kv-blocks", type=int, default=d.kv_blocks, help="0: size the KV pool from memory")
+    add("--prefix-caching", action=bool_flag, default=d.prefix_caching)
+    add("--snapshot-slots", type=int, default=d.snapshot_slots)
+    add("--max-batch-size", type=int, default=d.max_batch_size)
+    add("--max-waiting", type=int, default=d.max_waiting)
+    add("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
+    add("--api-key-file", default=d.api_key_file, metavar="PATH")
+    add("--log-level", choices=LOG_LEVELS, default=d.log_level)
+    add("--dry-run", action="store_true", help="validate, print the resolved config, exit")
+
+
+def validate(cfg: ServeConfig) -> list[str]:
+    """Every violated invariant, in rule order; empty means the configuration can work.
+
+    Keep this in the same order and wording as ``modules/lib/invariants.nix``.
+    """
+    p = NIX_PREFIX
+    ttnn = cfg.backend == "ttnn"
+    accelerated = ttnn or (
+        cfg.backend == "torch" and _CUDA_DEVICE.fullmatch(cfg.device) is not None
+    )
+    where = f"got backend {cfg.backend}, device {cfg.device}"
+    ids = ",".join(str(i) for i in cfg.device_ids)
+    rules: list[tuple[bool, str]] = [
+        (1 <= cfg.port <= 65535, f"{p}.port must be in 1..65535 (got {cfg.port})."),
+        (cfg.backend in BACKENDS, f"{p}.backend must be one of torch, ttnn (got {cfg.backend})."),
+        (
+            cfg.device == "cpu" or _CUDA_DEVICE.fullmatch(cfg.device) is not None,
+            f"{p}.device must be cpu, cuda or cuda:N (got {cfg.device}).",
+        ),
+        (
+            not ttnn or (len(cfg.device_ids) > 0 and min(cfg.device_ids) >= 0 and _distinct(cfg)),
+            f"{p}.deviceIds must be a non-empty list of distinct non-negative integers "
+            f'on backend ttnn (got "{ids}").',
+        ),
+        (
+            cfg.dtype in DTYPES,
+            f"{p}.dtype must be one of auto, float32, bfloat16 (got {cfg.dtype}).",
+        ),
+        (
+            not cfg.device_resident or cfg.device_argmax,
+            f"{p}.deviceResident = true requires {p}.deviceArgmax = true "
+            "(the decode loop feeds sampled ids back on the device; logits never leave it).",
+        ),
+        (
+            not cfg.device_resident or accelerated,
+            f'{p}.deviceResident = true needs {p}.backend = "ttnn" or a CUDA {p}.device ({where}).',
+        ),
+        (
+            not cfg.traced_prefill or accelerated,
+            f'{p}.tracedPrefill = true needs {p}.backend = "ttnn" or a CUDA {p}.device ({where}).',
+        ),
+        (cfg.block_size > 0, f"{p}.blockSize must be positive (got {cfg.block_size})."),
+        (
+            not ttnn or cfg.block_size % TTNN_BLOCK_ALIGN == 0,
+            f"{p}.blockSize must be a multiple of {TTNN_BLOCK_ALIGN} on backend ttnn "
+            f"(TILE rows; got {cfg.block_size}).",
+        ),
+        (cfg.prefill_chunk > 0, f"{p}.prefillChunk must be positive (got {cfg.prefill_chunk})."),
+        (
+            not cfg.prefix_caching
+            or (
+                _multiple(cfg.prefill_chunk, cfg.block_size) and cfg.prefill_chunk % GDN_CHUNK == 0
+            ),
+            f"{p}.prefixCaching.enable = true requires {p}.prefillChunk ({cfg.prefill_chunk}) "
+            f"to be a multiple of {p}.blockSize ({cfg.block_size}) and of the GDN chunk "
+            f"({GDN_CHUNK}): snapshots are taken only at chunk boundaries.",
+        ),
+        (
+            not cfg.prefix_caching or cfg.snapshot_slots >= 1,
+            f"{p}.prefixCaching.enable = true requires {p}.prefixCaching.snapshotSlots >= 1 "
+            f"(got {cfg.snapshot_slots}).",
+        ),
+        (
+            cfg.snapshot_slots >= 0,
+            f"{p}.prefixCaching.snapshotSlots must not be negative (got {cfg.snapshot_slots}).",
+        ),
+        (
+            not cfg.traced_prefill or _multiple(cfg.prefill_chunk, cfg.block_size),
+            f"{p}.tracedPrefill = true requires {p}.prefillChunk ({cfg.prefill_chunk}) "
+            f"to be a multiple of {p}.blockSize ({cfg.block_size}).",
+        ),
+        (
+            (1 <= cfg.max_batch_size <= TTNN_MAX_BATCH) if ttnn else cfg.max_batch_size >= 1,
+            f"{p}.maxBatchSize must be in 1..{TTNN_MAX_BATCH} on backend ttnn (got {cfg.max_batch_size})."
+            if ttnn
+            else f"{p}.maxBatchSize must be at least 1 (got {cfg.max_batch_size}).",
+        ),
+        (
+            cfg.max_num_batched_tokens >= cfg.prefill_chunk,
+            f"{p}.maxNumBatchedTokens ({cfg.max_num_batched_tokens}) must be at least "
+            f"{p}.prefillChunk ({cfg.prefill_chunk}): one step must fit a whole chunk.",
+        ),
+        (cfg.max_waiting >= 0, f"{p}.maxWaiting must not be negative (got {cfg.max_waiting})."),
+        (
+            cfg.kv_blocks >= 0,
+            f"{p}.kvBlocks must not be negative (0 = size from memory; got {cfg.kv_blocks}).",
+        ),
+        (
+            cfg.log_level in LOG_LEVELS,
+            f"{p}.logLevel must be one of {', '.join(LOG_LEVELS)} (got {cfg.log_level}).",
+        ),
+    ]
+    return [message for ok, message in rules if not ok]
+
+
+def _multiple(value: int, of: int) -> bool:
+    return of > 0 and value % of == 0
+
+
+def _distinct(cfg: ServeConfig) -> bool:
+    return len(set(cfg.device_ids)) == len(cfg.device_ids)
+
+
+# JSON key -> (dataclass field, accepted JSON types). bool is excluded from int on purpose.
+_JSON_FIELDS: dict[str, tuple[str, tuple[type, ...]]] = {
+    "model": ("model", (str, type(None))),
+    "servedModelName": ("served_model_name", (str, type(None))),
+    "host": ("host", (str,)),
+    "port": ("port", (int,)),
+    "backend": ("backend", (str,)),
+    "device": ("device", (str,)),
+    "deviceIds": ("device_ids", (list,)),
+    "dtype": ("dtype", (str,)),
+    "deviceArgmax": ("device_argmax", (bool,)),
+    "deviceResident": ("device_resident", (bool,)),
+    "tracedPrefill": ("traced_prefill", (bool,)),
+    "prefillChunk": ("prefill_chunk", (int,)),
+    "blockSize": ("block_size", (int,)),
+    "kvBlocks": ("kv_blocks", (int,)),
+    "maxBatchSize": ("max_batch_size", (int,)),
+    "maxWaiting": ("max_waiting", (int,)),
+    "maxNumBatchedTokens": ("max_num_batched_tokens", (int,)),
+    "apiKeyFile": ("api_key_file", (str, type(None))),
+    "logLevel": ("log_level", (str,)),
+}
+_PREFIX_CACHING_FIELDS = {
+    "enable": ("prefix_caching", bool),
+    "snapshotSlots": ("snapshot_slots", int),
+}
+
+
+def config_from_json_dict(data: Any) -> ServeConfig:
+    """Build a config from NixOS-named keys; unknown keys and wrong types raise ConfigError."""
+    if not isinstance(data, dict):
+        raise ConfigError("a configuration must be a JSON object")
+    known = set(_JSON_FIELDS) | {"prefixCaching"} | MODULE_ONLY_KEYS
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"unknown option(s): {', '.join(f'{NIX_PREFIX}.{k}' for k in unknown)}")
+    values: dict[str, Any] = {}
+    for key, (field, types) in _JSON_FIELDS.items():
+        if key in data:
+            values[field] = _typed(key, data[key], types)
+    if "device_ids" in values:
+        values["device_ids"] = tuple(_typed("deviceIds", i, (int,)) for i in values["device_ids"])
+    pc = data.get("prefixCaching", {})
+    if not isinstance(pc, dict):
+        raise ConfigError(f"{NIX_PREFIX}.prefixCaching must be an object")
+    bad = sorted(set(pc) - set(_PREFIX_CACHING_FIELDS))
+    if bad:
+        names = ", ".join(f"{NIX_PREFIX}.prefixCaching.{k}" for k in bad)
+        raise ConfigError(f"unknown option(s): {names}")
+    for key, (field, typ) in _PREFIX_CACHING_FIELDS.items():
+        if key in pc:
+            values[field] = _typed(f"prefixCaching.{key}", pc[key], (typ,))
+    return ServeConfig(**values)
+
+
+def _typed(key: str, value: Any, types: tuple[type, ...]) -> Any:
+    # JSON true/false are ints to Python; an int option must not accept them.
+    is_bool_for_int = isinstance(value, bool) and bool not in types
+    if is_bool_for_int or not isinstance(value, types):
+        names = " or ".join("null" if t is type(None) else t.__name__ for t in types)
+        raise ConfigError(f"{NIX_PREFIX}.{key} must be {names} (got {json.dumps(value)})")
+    return value
+
+
+def load_config_json(path: str) -> ServeConfig:
+    """Read a ``check-config`` JSON file (I/O lives here, not in the dataclass)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from exc
+    return config_from_json_dict(data)
+
+
+def check_config_main(path: str, out: TextIO | None = None) -> int:
+    """``tt-serve check-config FILE``: print OK (exit 0), each violation (exit 1), or the file
+    error (exit 2)."""
+    stream = out if out is not None else sys.stdout
+    try:
+        cfg = load_config_json(path)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=stream)
+        return 2
+    errors = validate(cfg)
+    for message in errors:
+        print(message, file=stream)
+    if not errors:
+        print("OK", file=stream)
+    return 1 if errors else 0
+
+
+def dry_run(cfg: ServeConfig, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """``serve --dry-run``: print the config as check-config JSON (exit 0) or the violations."""
+    errors = validate(cfg)
+    if errors:
+        for message in errors:
+            print(message, file=err if err is not None else sys.stderr)
+        return 1
+    print(json.dumps(cfg.to_json_dict(), indent=2, sort_keys=True), file=out or sys.stdout)
+    return 0
