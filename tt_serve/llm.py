@@ -61,7 +61,7 @@ def load_backend(opts: EngineOptions) -> tuple[Backend, ModelSpec]:
         tb = TorchBackend.from_pretrained(opts.model, device=opts.device, dtype=opts.dtype)
         return tb, tb.spec
     if opts.backend == "ttnn":
-        from tt_serve.model.tt.backend import TTBackend  # type: ignore[import-not-found]
+        from tt_serve.model.tt.backend import TTBackend
 
         tt = TTBackend.from_pretrained(opts.model, device=opts.device, dtype=opts.dtype)
         return tt, tt.spec

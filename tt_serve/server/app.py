@@ -549,7 +549,7 @@ def _completion_body(
 def _usage(
     prompts: list[list[int]], jobs: list[_Job], results: list[RequestOutput]
 ) -> dict[str, Any]:
-    cached = {}
+    cached: dict[int, int] = {}
     for job, out in zip(jobs, results, strict=True):
         cached.setdefault(job.prompt_index, out.cached_tokens)
     return usage(

@@ -84,7 +84,7 @@ def serve_main(argv: Sequence[str]) -> int:
         return 2
     logging.getLogger().setLevel(cfg.log_level.upper())
     if cfg.backend == "ttnn":
-        from tt_serve.model.tt.device import require_device  # type: ignore[import-not-found]
+        from tt_serve.model.tt.device import require_device
 
         require_device(cfg.device_ids)
     try:

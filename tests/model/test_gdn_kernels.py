@@ -1,0 +1,53 @@
+"""Our GDN chunked/recurrent kernels against HF's torch reference functions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.models.qwen3_5.modeling_qwen3_5 import (
+    torch_chunk_gated_delta_rule,
+    torch_recurrent_gated_delta_rule,
+)
+
+from tt_serve.model.ref.gdn import chunk_gated_delta, recurrent_gated_delta_step
+from tt_serve.model.ref.layers import l2norm
+
+
+def _inputs(t: int, seed: int) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    hk, hv, dk, dv = 2, 4, 32, 16
+    q, k = torch.randn(1, t, hk, dk, generator=g), torch.randn(1, t, hk, dk, generator=g)
+    v = torch.randn(1, t, hv, dv, generator=g)
+    gate = -torch.rand(1, t, hv, generator=g)
+    beta = torch.rand(1, t, hv, generator=g)
+    s0 = torch.randn(1, hv, dk, dv, generator=g) * 0.1
+    return q, k, v, gate, beta, s0
+
+
+def _ours(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    rep = 2
+    qq = l2norm(q[0]).repeat_interleave(rep, dim=1) * q.shape[-1] ** -0.5
+    return qq, l2norm(k[0]).repeat_interleave(rep, dim=1)
+
+
+@pytest.mark.parametrize("t", [1, 37, 64, 200])
+def test_chunk_matches_hf(t: int) -> None:
+    q, k, v, g, beta, s0 = _inputs(t, seed=t)
+    ref, ref_s = torch_chunk_gated_delta_rule(
+        q, k, v, g, beta, initial_state=s0, output_final_state=True, use_qk_l2norm_in_kernel=True
+    )
+    qq, kk = _ours(q, k)
+    out, s = chunk_gated_delta(qq, kk, v[0], g[0], beta[0], s0[0])
+    assert (out - ref[0]).abs().max().item() < 1e-5
+    assert (s - ref_s[0]).abs().max().item() < 1e-5
+
+
+def test_recurrent_step_matches_hf() -> None:
+    q, k, v, g, beta, s0 = _inputs(1, seed=3)
+    ref, ref_s = torch_recurrent_gated_delta_rule(
+        q, k, v, g, beta, initial_state=s0, output_final_state=True, use_qk_l2norm_in_kernel=True
+    )
+    qq, kk = _ours(q, k)
+    out, s = recurrent_gated_delta_step(qq, kk, v[0], g[0], beta[0], s0)
+    assert (out[0] - ref[0, 0]).abs().max().item() < 1e-6
+    assert (s - ref_s).abs().max().item() < 1e-6

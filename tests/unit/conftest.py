@@ -1,0 +1,23 @@
+"""Shared fixtures: the real Qwen3.5/3.6 vocabulary converted to tokenizer.json once per session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tt_serve.demo import write_tokenizer
+from tt_serve.tokenizer import Tokenizer
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory with the converted ``tokenizer.json`` + ``tokenizer_config.json``."""
+    path = tmp_path_factory.mktemp("qwen-tokenizer")
+    write_tokenizer(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def qwen_tok(qwen_tokenizer_dir: Path) -> Tokenizer:
+    return Tokenizer.from_dir(qwen_tokenizer_dir)

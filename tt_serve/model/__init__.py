@@ -1,0 +1,1 @@
+"""Model description (spec), checkpoint loading and the backends."""

@@ -1,0 +1,150 @@
+"""Gated DeltaNet layer: causal conv + gated delta rule over slot-addressed state pools.
+
+Multi-token rows run the chunked scan (chunk 64, grid aligned to the row's first token) from
+the state in their slot; single-token rows run one recurrent step, batched over rows. Conv and
+recurrent state are fp32 whatever the weight dtype. The delta rule for one v-head, per token t:
+    S ← S·exp(g_t);  S ← S + k_t ⊗ β_t (v_t − Sᵀk_t);  o_t = Sᵀ q_t
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from tt_serve.model.ref.layers import l2norm, rms_norm_gated
+from tt_serve.model.ref.plan import StepPlan
+from tt_serve.model.spec import GDN_CHUNK
+
+
+@dataclass(frozen=True)
+class GdnWeights:
+    in_proj_qkv: torch.Tensor  # [C, H], C = 2·Hk·dk + Hv·dv
+    in_proj_z: torch.Tensor  # [Hv·dv, H]
+    in_proj_b: torch.Tensor  # [Hv, H]
+    in_proj_a: torch.Tensor  # [Hv, H]
+    conv: torch.Tensor  # [C, K] fp32
+    a_log: torch.Tensor  # [Hv] fp32
+    dt_bias: torch.Tensor  # [Hv] fp32
+    norm: torch.Tensor  # [dv]
+    out_proj: torch.Tensor  # [H, Hv·dv]
+    num_k_heads: int
+    num_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    eps: float
+
+
+def chunk_gated_delta(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    chunk: int = GDN_CHUNK,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chunked gated delta rule for one sequence, fp32.
+
+    q, k [T, Hv, dk] (normalised, q pre-scaled), v [T, Hv, dv], g (log decay), beta [T, Hv],
+    state [Hv, dk, dv]. Returns (out [T, Hv, dv], final state). Within a chunk the delta-rule
+    updates are folded with the UT transform: (I + tril(β K Kᵀ ⊙ D, -1)) U = β V.
+    """
+    t = q.shape[0]
+    pad = (-t) % chunk
+    # Zero padding (k = v = β = g = 0) leaves the state untouched.
+    q, k, v = (F.pad(x, (0, 0, 0, 0, 0, pad)).transpose(0, 1) for x in (q, k, v))
+    g, beta = (F.pad(x, (0, 0, 0, pad)).transpose(0, 1) for x in (g, beta))
+    h, n = q.shape[0], (t + pad) // chunk
+    q, k, v = (x.reshape(h, n, chunk, x.shape[-1]) for x in (q, k, v))
+    g, beta = g.reshape(h, n, chunk), beta.reshape(h, n, chunk)
+
+    gc = g.cumsum(-1)  # log decay from chunk start to each position
+    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
+    decay = (gc[..., :, None] - gc[..., None, :]).masked_fill(~causal, float("-inf")).exp()
+    kb = k * beta[..., None]
+    vb = v * beta[..., None]
+    ut = (kb @ k.transpose(-1, -2)) * decay
+    u = torch.linalg.solve_triangular(ut, vb, upper=False, unitriangular=True)
+    w = torch.linalg.solve_triangular(ut, kb * gc.exp()[..., None], upper=False, unitriangular=True)
+    intra = (q @ k.transpose(-1, -2)) * decay
+    q_dec = q * gc.exp()[..., None]
+    k_dec = k * (gc[..., -1:] - gc).exp()[..., None]
+    chunk_decay = gc[..., -1].exp()[..., None, None]
+
+    out = torch.empty_like(v)
+    s = state
+    for i in range(n):
+        v_new = u[:, i] - w[:, i] @ s
+        out[:, i] = q_dec[:, i] @ s + intra[:, i] @ v_new
+        s = s * chunk_decay[:, i] + k_dec[:, i].transpose(-1, -2) @ v_new
+    out = out.reshape(h, n * chunk, -1)[:, :t].transpose(0, 1)
+    return out, s
+
+
+def recurrent_gated_delta_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token for B rows: q, k [B, Hv, dk], v [B, Hv, dv], g, beta [B, Hv], state [B, Hv, dk, dv]."""
+    s = state * g.exp()[..., None, None]
+    kv_mem = (s * k[..., None]).sum(-2)
+    delta = (v - kv_mem) * beta[..., None]
+    s = s + k[..., None] * delta[..., None, :]
+    return (s * q[..., None]).sum(-2), s
+
+
+def gdn_forward(
+    x: torch.Tensor,
+    w: GdnWeights,
+    plan: StepPlan,
+    conv_state: torch.Tensor,
+    rec_state: torch.Tensor,
+) -> torch.Tensor:
+    """x [T, H] (normed) -> [T, H]; reads and updates conv_state [S, C, K-1], rec_state [S, Hv, dk, dv]."""
+    qkv = F.linear(x, w.in_proj_qkv)
+    z = F.linear(x, w.in_proj_z)
+    beta = torch.sigmoid(F.linear(x, w.in_proj_b)).float()
+    g = -w.a_log.exp() * F.softplus(F.linear(x, w.in_proj_a).float() + w.dt_bias)
+
+    mixed = torch.empty(qkv.shape, dtype=torch.float32, device=x.device)
+    kconv = w.conv.shape[1]
+    for sp in plan.spans:
+        xs = qkv[sp.offset : sp.offset + sp.n].float().T  # [C, n]
+        full = torch.cat([conv_state[sp.slot], xs], dim=-1)
+        out = F.conv1d(full[None], w.conv[:, None, :], groups=full.shape[0])[0]
+        conv_state[sp.slot] = full[:, full.shape[1] - (kconv - 1) :]
+        mixed[sp.offset : sp.offset + sp.n] = F.silu(out).T
+    if plan.num_decode:
+        full = torch.cat([conv_state[plan.dec_slots], qkv[plan.dec_tokens].float()[..., None]], -1)
+        conv_state[plan.dec_slots] = full[..., 1:]
+        mixed[plan.dec_tokens] = F.silu((full * w.conv).sum(-1))
+
+    kd = w.num_k_heads * w.head_k_dim
+    rep = w.num_v_heads // w.num_k_heads
+    q, k, v = torch.split(mixed, [kd, kd, mixed.shape[-1] - 2 * kd], dim=-1)
+    q = l2norm(q.reshape(-1, w.num_k_heads, w.head_k_dim)).repeat_interleave(rep, dim=1)
+    k = l2norm(k.reshape(-1, w.num_k_heads, w.head_k_dim)).repeat_interleave(rep, dim=1)
+    q = q * w.head_k_dim**-0.5
+    v = v.reshape(-1, w.num_v_heads, w.head_v_dim)
+
+    core = torch.empty_like(v)
+    for sp in plan.spans:
+        r = slice(sp.offset, sp.offset + sp.n)
+        core[r], rec_state[sp.slot] = chunk_gated_delta(
+            q[r], k[r], v[r], g[r], beta[r], rec_state[sp.slot]
+        )
+    if plan.num_decode:
+        d = plan.dec_tokens
+        core[d], rec_state[plan.dec_slots] = recurrent_gated_delta_step(
+            q[d], k[d], v[d], g[d], beta[d], rec_state[plan.dec_slots]
+        )
+
+    zz = z.reshape(-1, w.num_v_heads, w.head_v_dim)
+    o = rms_norm_gated(core.to(x.dtype), zz, w.norm, w.eps)
+    return F.linear(o.reshape(x.shape[0], -1), w.out_proj)

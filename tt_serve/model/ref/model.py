@@ -1,0 +1,137 @@
+"""The hybrid Qwen3.5 / Qwen3-Next decoder stack over canonical weights (see model/weights.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from tt_serve.model.ref.attention import AttentionWeights, attention_forward
+from tt_serve.model.ref.gdn import GdnWeights, gdn_forward
+from tt_serve.model.ref.layers import rms_norm, rope_cos_sin, rope_inv_freq, swiglu
+from tt_serve.model.ref.moe import MoeWeights, moe_forward
+from tt_serve.model.ref.plan import StepPlan
+from tt_serve.model.ref.pools import Pools
+from tt_serve.model.spec import FULL_ATTENTION, ModelSpec
+
+
+@dataclass(frozen=True)
+class DenseMlpWeights:
+    gate: torch.Tensor
+    up: torch.Tensor
+    down: torch.Tensor
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    mixer: GdnWeights | AttentionWeights
+    mlp: DenseMlpWeights | MoeWeights
+    pool_index: int  # rank of this layer among layers of its kind (indexes Pools lists)
+
+
+class HybridModel:
+    """Stateless forward over a StepPlan; all sequence state lives in ``Pools``."""
+
+    def __init__(
+        self, spec: ModelSpec, weights: dict[str, torch.Tensor], device: torch.device
+    ) -> None:
+        self.spec = spec
+        w = {n: t.to(device) for n, t in weights.items()}
+        self.embed = w["embed_tokens.weight"]
+        self.final_norm = w["norm.weight"]
+        self.lm_head = w["lm_head.weight"]
+        self.inv_freq = rope_inv_freq(spec.rotary_dim, spec.rope_theta, device)
+        self.layers = [self._layer(spec, w, i) for i in range(spec.num_layers)]
+
+    @staticmethod
+    def _layer(spec: ModelSpec, w: dict[str, torch.Tensor], i: int) -> LayerWeights:
+        p = f"layers.{i}."
+        mixer: GdnWeights | AttentionWeights
+        if spec.layer_types[i] == FULL_ATTENTION:
+            a = p + "self_attn."
+            mixer = AttentionWeights(
+                q_proj=w[a + "q_proj.weight"],
+                k_proj=w[a + "k_proj.weight"],
+                v_proj=w[a + "v_proj.weight"],
+                o_proj=w[a + "o_proj.weight"],
+                q_norm=w[a + "q_norm.weight"],
+                k_norm=w[a + "k_norm.weight"],
+                num_heads=spec.num_attention_heads,
+                num_kv_heads=spec.num_kv_heads,
+                head_dim=spec.head_dim,
+                eps=spec.rms_norm_eps,
+            )
+            rank = spec.attention_layers.index(i)
+        else:
+            g = p + "linear_attn."
+            mixer = GdnWeights(
+                in_proj_qkv=w[g + "in_proj_qkv.weight"],
+                in_proj_z=w[g + "in_proj_z.weight"],
+                in_proj_b=w[g + "in_proj_b.weight"],
+                in_proj_a=w[g + "in_proj_a.weight"],
+                conv=w[g + "conv1d.weight"].float(),
+                a_log=w[g + "A_log"].float(),
+                dt_bias=w[g + "dt_bias"].float(),
+                norm=w[g + "norm.weight"],
+                out_proj=w[g + "out_proj.weight"],
+                num_k_heads=spec.linear_num_key_heads,
+                num_v_heads=spec.linear_num_value_heads,
+                head_k_dim=spec.linear_key_head_dim,
+                head_v_dim=spec.linear_value_head_dim,
+                eps=spec.rms_norm_eps,
+            )
+            rank = spec.gdn_layers.index(i)
+        m = p + "mlp."
+        mlp: DenseMlpWeights | MoeWeights
+        if spec.is_moe_layer(i):
+            mlp = MoeWeights(
+                router=w[m + "gate.weight"],
+                gate_up=w[m + "experts.gate_up_proj"],
+                down=w[m + "experts.down_proj"],
+                shared_gate=w[m + "shared_expert.gate_proj.weight"],
+                shared_up=w[m + "shared_expert.up_proj.weight"],
+                shared_down=w[m + "shared_expert.down_proj.weight"],
+                shared_expert_gate=w[m + "shared_expert_gate.weight"],
+                top_k=spec.num_experts_per_tok,
+                norm_topk_prob=spec.norm_topk_prob,
+            )
+        else:
+            mlp = DenseMlpWeights(
+                w[m + "gate_proj.weight"], w[m + "up_proj.weight"], w[m + "down_proj.weight"]
+            )
+        return LayerWeights(
+            w[p + "input_layernorm.weight"],
+            w[p + "post_attention_layernorm.weight"],
+            mixer,
+            mlp,
+            rank,
+        )
+
+    def hidden_states(self, plan: StepPlan, pools: Pools) -> torch.Tensor:
+        """Final-normed hidden states [T, H] of every token in the step."""
+        x = F.embedding(plan.token_ids, self.embed)
+        cos, sin = rope_cos_sin(plan.positions, self.inv_freq, x.dtype)
+        eps = self.spec.rms_norm_eps
+        for layer in self.layers:
+            h = rms_norm(x, layer.input_norm, eps)
+            if isinstance(layer.mixer, GdnWeights):
+                j = layer.pool_index
+                h = gdn_forward(h, layer.mixer, plan, pools.conv[j], pools.rec[j])
+            else:
+                j = layer.pool_index
+                h = attention_forward(h, layer.mixer, plan, cos, sin, pools.k[j], pools.v[j])
+            x = x + h
+            h = rms_norm(x, layer.post_norm, eps)
+            if isinstance(layer.mlp, MoeWeights):
+                h = moe_forward(h, layer.mlp)
+            else:
+                h = swiglu(h, layer.mlp.gate, layer.mlp.up, layer.mlp.down)
+            x = x + h
+        return rms_norm(x, self.final_norm, eps)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, H] -> fp32 logits [N, vocab]."""
+        return F.linear(hidden, self.lm_head).float()

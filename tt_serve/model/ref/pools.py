@@ -1,0 +1,82 @@
+"""Device pools owned by the torch backend: paged KV, GDN state slots and GDN snapshot slots."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tt_serve.model.interface import PAD_SLOT, CopyKind, StateCopy
+from tt_serve.model.spec import ModelSpec
+
+
+@dataclass
+class Pools:
+    """Per attention layer K and V ``[blocks, kv_heads, block_size, head_dim]``; per GDN layer
+    conv ``[slots, conv_dim, K-1]`` and recurrent ``[slots, Hv, dk, dv]`` state (fp32), and the
+    same shapes again for snapshots. Lists are indexed by the layer's rank among its kind."""
+
+    block_size: int
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+    conv: list[torch.Tensor]
+    rec: list[torch.Tensor]
+    snap_conv: list[torch.Tensor]
+    snap_rec: list[torch.Tensor]
+
+    @staticmethod
+    def allocate(
+        spec: ModelSpec,
+        *,
+        num_kv_blocks: int,
+        block_size: int,
+        num_state_slots: int,
+        num_snapshot_slots: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> Pools:
+        if num_kv_blocks < 2 or num_state_slots < 2:
+            raise ValueError("need at least 2 KV blocks and 2 state slots (index 0 is padding)")
+        kv_shape = (num_kv_blocks, spec.num_kv_heads, block_size, spec.head_dim)
+        conv_shape = (spec.conv_dim, spec.conv_state_len)
+        rec_shape = (
+            spec.linear_num_value_heads,
+            spec.linear_key_head_dim,
+            spec.linear_value_head_dim,
+        )
+
+        def zeros(*shape: int, dt: torch.dtype) -> torch.Tensor:
+            return torch.zeros(shape, dtype=dt, device=device)
+
+        f32 = torch.float32
+        n_attn, n_gdn = spec.num_attention_layers, spec.num_gdn_layers
+        return Pools(
+            block_size=block_size,
+            k=[zeros(*kv_shape, dt=dtype) for _ in range(n_attn)],
+            v=[zeros(*kv_shape, dt=dtype) for _ in range(n_attn)],
+            conv=[zeros(num_state_slots, *conv_shape, dt=f32) for _ in range(n_gdn)],
+            rec=[zeros(num_state_slots, *rec_shape, dt=f32) for _ in range(n_gdn)],
+            snap_conv=[zeros(num_snapshot_slots, *conv_shape, dt=f32) for _ in range(n_gdn)],
+            snap_rec=[zeros(num_snapshot_slots, *rec_shape, dt=f32) for _ in range(n_gdn)],
+        )
+
+    def copy_states(self, ops: list[StateCopy] | tuple[StateCopy, ...]) -> None:
+        num_slots = self.conv[0].shape[0] if self.conv else 0
+        num_snaps = self.snap_conv[0].shape[0] if self.snap_conv else 0
+        for op in ops:
+            if not 0 <= op.slot < num_slots or op.slot == PAD_SLOT:
+                raise ValueError(f"{op}: state slot out of range 1..{num_slots - 1}")
+            if op.kind != CopyKind.RESET and not 0 <= op.snapshot < num_snaps:
+                raise ValueError(f"{op}: snapshot slot out of range 0..{num_snaps - 1}")
+            for conv, rec, sconv, srec in zip(
+                self.conv, self.rec, self.snap_conv, self.snap_rec, strict=True
+            ):
+                if op.kind == CopyKind.SAVE:
+                    sconv[op.snapshot].copy_(conv[op.slot])
+                    srec[op.snapshot].copy_(rec[op.slot])
+                elif op.kind == CopyKind.RESTORE:
+                    conv[op.slot].copy_(sconv[op.snapshot])
+                    rec[op.slot].copy_(srec[op.snapshot])
+                else:
+                    conv[op.slot].zero_()
+                    rec[op.slot].zero_()

@@ -1,0 +1,368 @@
+"""The one thin adapter through which every ttnn call of the backend goes.
+
+``Ops`` wraps a ttnn module handle: the real package (``Ops.load()``, imported lazily so that
+``import tt_serve.model.tt`` works without ttnn) or, in tests, a contract fake with the same
+surface. Methods are deliberately one call deep, keyword names exactly as in ttnn 0.81.1, so
+``tests/tt_host`` can check every ``self.ttnn.<op>(..., kw=...)`` written here against the real
+nanobind signatures. Device tensors are opaque (``Tensor = Any``); host data is numpy.
+
+Rules this file keeps (see tt-metal's trace tech report): nothing here reads or writes the host
+while a trace is being captured (the callers only use ``write``/``read`` outside captures), and
+ops used under trace take every runtime value as a device tensor (chunk start, positions, page
+tables, constant tiles), never a Python int that would be baked into the captured program.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+Tensor = Any
+TILE = "tile"
+ROW_MAJOR = "row_major"
+
+
+class Ops:
+    """ttnn, one method per op. ``device`` is set by :meth:`open_device`."""
+
+    def __init__(self, ttnn_module: Any) -> None:
+        self.ttnn = ttnn_module
+        self.device: Any = None
+
+    @classmethod
+    def load(cls) -> Ops:
+        """The real ttnn (raises ImportError when it is not installed)."""
+        import ttnn
+
+        return cls(ttnn)
+
+    # ---- device --------------------------------------------------------------------------
+    def num_devices(self) -> int:
+        return int(self.ttnn.GetNumAvailableDevices())
+
+    def open_device(self, device_id: int, *, trace_region_size: int, l1_small_size: int) -> Any:
+        self.device = self.ttnn.open_device(
+            device_id=device_id,
+            trace_region_size=trace_region_size,
+            l1_small_size=l1_small_size,
+        )
+        return self.device
+
+    def close_device(self) -> None:
+        if self.device is not None:
+            self.ttnn.close_device(self.device)
+            self.device = None
+
+    def synchronize(self) -> None:
+        self.ttnn.synchronize_device(self.device)
+
+    # ---- dtypes and layouts --------------------------------------------------------------
+    def dtype(self, name: str) -> Any:
+        t = self.ttnn
+        table = {
+            "bfloat16": t.bfloat16,
+            "bfloat8_b": t.bfloat8_b,
+            "float32": t.float32,
+            "uint32": t.uint32,
+            "int32": t.int32,
+        }
+        return table[name]
+
+    def layout(self, name: str) -> Any:
+        return self.ttnn.TILE_LAYOUT if name == TILE else self.ttnn.ROW_MAJOR_LAYOUT
+
+    # ---- host <-> device (never inside a trace capture) ----------------------------------
+    def host(self, array: np.ndarray, dtype: str, layout: str = TILE) -> Tensor:
+        """A host ttnn tensor from numpy (torch-free: the nanobind ArrayLike constructor)."""
+        src: np.ndarray = np.ascontiguousarray(array, dtype=_numpy_source_dtype(dtype))
+        return self.ttnn.Tensor(src, data_type=self.dtype(dtype), layout=self.layout(layout))
+
+    def to_device(self, host: Tensor) -> Tensor:
+        return self.ttnn.to_device(host, self.device, memory_config=self.ttnn.DRAM_MEMORY_CONFIG)
+
+    def upload(self, array: np.ndarray, dtype: str, layout: str = TILE) -> Tensor:
+        return self.to_device(self.host(array, dtype, layout))
+
+    def zeros(self, shape: Sequence[int], dtype: str, layout: str = TILE) -> Tensor:
+        """A zero-filled device tensor: how persistent buffers and pools are allocated."""
+        return self.ttnn.zeros(
+            list(shape),
+            dtype=self.dtype(dtype),
+            layout=self.layout(layout),
+            device=self.device,
+            memory_config=self.ttnn.DRAM_MEMORY_CONFIG,
+        )
+
+    def write(self, host: Tensor, device_tensor: Tensor) -> None:
+        """Refresh a persistent device tensor in place (same shape, dtype and layout)."""
+        self.ttnn.copy_host_to_device_tensor(host, device_tensor)
+
+    def read(self, t: Tensor) -> np.ndarray:
+        """Device tensor -> numpy (float32 for float dtypes; numpy has no bfloat16)."""
+        if t.dtype in (self.ttnn.bfloat16, self.ttnn.bfloat8_b):
+            t = self.ttnn.typecast(t, self.ttnn.float32)
+        host = self.ttnn.from_device(t)
+        if host.layout == self.ttnn.TILE_LAYOUT:
+            host = self.ttnn.to_layout(host, self.ttnn.ROW_MAJOR_LAYOUT)
+        return np.asarray(host.to_numpy())
+
+    def dump(self, path: Path, host: Tensor) -> None:
+        self.ttnn.dump_tensor(str(path), host)
+
+    def load_tensor(self, path: Path) -> Tensor:
+        return self.ttnn.load_tensor(str(path), device=self.device)
+
+    def deallocate(self, t: Tensor) -> None:
+        self.ttnn.deallocate(t)
+
+    # ---- traces ----------------------------------------------------------------------------
+    def begin_trace(self) -> Any:
+        return self.ttnn.begin_trace_capture(self.device, cq_id=0)
+
+    def end_trace(self, trace_id: Any) -> None:
+        self.ttnn.end_trace_capture(self.device, trace_id, cq_id=0)
+
+    def execute_trace(self, trace_id: Any, *, blocking: bool) -> None:
+        self.ttnn.execute_trace(self.device, trace_id, cq_id=0, blocking=blocking)
+
+    def release_trace(self, trace_id: Any) -> None:
+        self.ttnn.release_trace(self.device, trace_id)
+
+    # ---- layout / data movement ------------------------------------------------------------
+    def reshape(self, x: Tensor, shape: Sequence[int]) -> Tensor:
+        return self.ttnn.reshape(x, list(shape))
+
+    def permute(self, x: Tensor, dims: Sequence[int]) -> Tensor:
+        return self.ttnn.permute(x, list(dims))
+
+    def slice(self, x: Tensor, start: Sequence[int], end: Sequence[int]) -> Tensor:
+        """Static slice: the bounds are compile-time constants of a captured program."""
+        return self.ttnn.slice(x, list(start), list(end))
+
+    def concat(self, xs: Sequence[Tensor], dim: int) -> Tensor:
+        return self.ttnn.concat(list(xs), dim)
+
+    def to_tile(self, x: Tensor) -> Tensor:
+        return self.ttnn.to_layout(x, self.ttnn.TILE_LAYOUT)
+
+    def to_row_major(self, x: Tensor) -> Tensor:
+        return self.ttnn.to_layout(x, self.ttnn.ROW_MAJOR_LAYOUT)
+
+    def typecast(self, x: Tensor, dtype: str) -> Tensor:
+        return self.ttnn.typecast(x, self.dtype(dtype))
+
+    def copy(self, src: Tensor, dst: Tensor) -> None:
+        """Device-to-device copy into an existing buffer (its address stays fixed)."""
+        self.ttnn.copy(src, dst)
+
+    def fill_slot(self, pool: Tensor, value: Tensor, slot: int) -> None:
+        """Write ``value`` [1, ...] into row ``slot`` of a pool [N, ...] in place (eager only)."""
+        self.ttnn.fill_cache(pool, value, slot)
+
+    def height_sharded(self, x: Tensor, rows: int) -> Tensor:
+        """Shard [1, B, heads, dim] one user per core, as paged_update_cache requires."""
+        grid = self.ttnn.num_cores_to_corerangeset(
+            rows, self.device.compute_with_storage_grid_size(), True
+        )
+        config = self.ttnn.create_sharded_memory_config(
+            shape=(32, x.shape[-1]),
+            core_grid=grid,
+            strategy=self.ttnn.ShardStrategy.HEIGHT,
+            use_height_and_width_as_shard_shape=True,
+        )
+        return self.ttnn.interleaved_to_sharded(x, config)
+
+    # ---- math --------------------------------------------------------------------------------
+    def embedding(self, ids: Tensor, weight: Tensor) -> Tensor:
+        return self.ttnn.embedding(ids, weight, layout=self.ttnn.TILE_LAYOUT)
+
+    def linear(self, x: Tensor, w: Tensor) -> Tensor:
+        """x [..., in] @ w [in, out] (weights are stored transposed, as ttnn expects)."""
+        return self.ttnn.linear(x, w)
+
+    def matmul(self, a: Tensor, b: Tensor) -> Tensor:
+        return self.ttnn.matmul(a, b)
+
+    def rms_norm(self, x: Tensor, weight: Tensor, eps: float) -> Tensor:
+        return self.ttnn.rms_norm(x, epsilon=eps, weight=weight)
+
+    def add(self, a: Tensor, b: Tensor | float) -> Tensor:
+        return self.ttnn.add(a, b)
+
+    def sub(self, a: Tensor | float, b: Tensor) -> Tensor:
+        return self.ttnn.sub(a, b)
+
+    def mul(self, a: Tensor, b: Tensor | float) -> Tensor:
+        return self.ttnn.mul(a, b)
+
+    def sigmoid(self, x: Tensor) -> Tensor:
+        return self.ttnn.sigmoid(x)
+
+    def silu(self, x: Tensor) -> Tensor:
+        return self.ttnn.silu(x)
+
+    def softplus(self, x: Tensor) -> Tensor:
+        return self.ttnn.softplus(x, beta=1.0, threshold=20.0)
+
+    def rsqrt(self, x: Tensor) -> Tensor:
+        return self.ttnn.rsqrt(x)
+
+    def reciprocal(self, x: Tensor) -> Tensor:
+        return self.ttnn.reciprocal(x)
+
+    def sum(self, x: Tensor, dim: int) -> Tensor:
+        return self.ttnn.sum(x, dim, keepdim=True)
+
+    def softmax(self, x: Tensor) -> Tensor:
+        return self.ttnn.softmax(x, -1, numeric_stable=True)
+
+    def ge(self, a: Tensor, b: Tensor) -> Tensor:
+        return self.ttnn.ge(a, b)
+
+    def topk(self, x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+        values, indices = self.ttnn.topk(x, k, -1, True, True)
+        return values, indices
+
+    def argmax(self, logits: Tensor) -> Tensor:
+        """Greedy ids on the device: UINT32, ROW_MAJOR (the multi-core argmax wants RM input)."""
+        return self.ttnn.argmax(self.ttnn.to_layout(logits, self.ttnn.ROW_MAJOR_LAYOUT), dim=-1)
+
+    # ---- paged attention -----------------------------------------------------------------------
+    def paged_fill_cache(self, cache: Tensor, x: Tensor, page_table: Tensor) -> None:
+        self.ttnn.experimental.paged_fill_cache(cache, x, page_table, batch_idx=0)
+
+    def paged_update_cache(
+        self, cache: Tensor, x: Tensor, positions: Tensor, page_table: Tensor
+    ) -> None:
+        self.ttnn.experimental.paged_update_cache(
+            cache, x, update_idxs_tensor=positions, page_table=page_table
+        )
+
+    def sdpa_program_config(self, q_chunk: int, k_chunk: int) -> Any:
+        return self.ttnn.SDPAProgramConfig(
+            compute_with_storage_grid_size=self.device.compute_with_storage_grid_size(),
+            q_chunk_size=q_chunk,
+            k_chunk_size=k_chunk,
+        )
+
+    def chunked_sdpa(
+        self,
+        q: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        page_table: Tensor,
+        chunk_start: Tensor,
+        *,
+        scale: float,
+        program_config: Any,
+    ) -> Tensor:
+        return self.ttnn.transformer.chunked_scaled_dot_product_attention(
+            q,
+            k_cache,
+            v_cache,
+            page_table,
+            chunk_start_idx_tensor=chunk_start,
+            scale=scale,
+            program_config=program_config,
+        )
+
+    def paged_sdpa_decode(
+        self,
+        q: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        page_table: Tensor,
+        cur_pos: Tensor,
+        *,
+        scale: float,
+    ) -> Tensor:
+        return self.ttnn.transformer.paged_scaled_dot_product_attention_decode(
+            q, k_cache, v_cache, page_table, cur_pos_tensor=cur_pos, scale=scale
+        )
+
+    # ---- Gated DeltaNet ----------------------------------------------------------------------
+    def conv_program_config(self, channel_chunk: int) -> Any:
+        return self.ttnn.QkvCausalConv1dSiluProgramConfig(channel_chunk_size=channel_chunk)
+
+    def qkv_causal_conv1d_silu(
+        self,
+        x: Tensor,
+        history: Tensor,
+        taps: Sequence[Tensor],
+        widths: tuple[int, int, int],
+        *,
+        start: Tensor,
+        program_config: Any,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        tap0, tap1, tap2, tap3 = taps
+        q, k, v = self.ttnn.experimental.kda.qkv_causal_conv1d_silu(
+            x,
+            history,
+            tap0,
+            tap1,
+            tap2,
+            tap3,
+            widths[0],
+            widths[1],
+            widths[2],
+            program_config=program_config,
+            actual_start=start,
+            predecessor_carry=history,  # single device: the local history is the carry
+        )
+        return q, k, v
+
+    def chunk_gated_delta_rule(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        g: Tensor,
+        beta: Tensor,
+        *,
+        state: Tensor,
+        scale: float,
+        chunk_size: int,
+        consts: tuple[Tensor, Tensor, Tensor, Tensor],
+    ) -> tuple[Tensor, Tensor]:
+        eye, tril, ones, masks = consts
+        o, final = self.ttnn.transformer.chunk_gated_delta_rule(
+            q,
+            k,
+            v,
+            g,
+            beta,
+            scale=scale,
+            initial_state=state,
+            output_final_state=True,
+            chunk_size=chunk_size,
+            eye=eye,
+            tril=tril,
+            ones=ones,
+            masks=masks,
+        )
+        return o, final
+
+    def fused_recurrent_gated_delta_rule(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        g: Tensor,
+        beta: Tensor,
+        *,
+        state: Tensor,
+        scale: float,
+    ) -> tuple[Tensor, Tensor]:
+        o, final = self.ttnn.transformer.fused_recurrent_gated_delta_rule(
+            q, k, v, g, beta, scale=scale, initial_state=state, output_final_state=True
+        )
+        return o, final
+
+
+def _numpy_source_dtype(dtype: str) -> type:
+    # Float data is handed over as float32 and rounded by ttnn (round-to-nearest-even to bf16,
+    # block-float for bfloat8_b); integer tensors keep their exact width.
+    return {"uint32": np.uint32, "int32": np.int32}.get(dtype, np.float32)

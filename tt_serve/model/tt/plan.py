@@ -1,0 +1,224 @@
+"""Host-side values for the persistent trace inputs (numpy only: no torch, no ttnn).
+
+A traced program has fixed shapes, so every per-step value reaches the device as a tensor of a
+fixed shape refreshed in place: token ids, the chunk start, page tables padded with the padding
+block, RoPE tables, validity masks and one-hot selectors. Everything that decides *values* lives
+here, where it is unit-testable without a device (the tt-metal Qwen3.5 port does the same in its
+``masked_bucket_trace.py``).
+
+Prefill runs one row per replay through a bucket of T tokens (T >= the row's n tokens); the
+padding tokens compute garbage that nothing reads: their GDN gates are zeroed (beta = g = 0 leaves
+the recurrent state untouched), the conv state is taken at the last *valid* token by a one-hot
+selector, their K/V land in the padding block, and the sampled logits come from the last valid
+token, again by a one-hot selector. Decode runs every GDN state slot as one batch row
+(row r = slot r); slots without work this step are idle: masked gates, ``cur_pos = -1`` and an
+all-padding page table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tt_serve.model.interface import PAD_BLOCK, StepRow
+
+TILE_SIZE = 32
+
+
+def pad_to_tile(n: int) -> int:
+    return -(-n // TILE_SIZE) * TILE_SIZE
+
+
+def choose_bucket(n: int, buckets: tuple[int, ...]) -> int:
+    """Smallest bucket holding n tokens."""
+    for b in sorted(buckets):
+        if b >= n:
+            return b
+    raise ValueError(f"a prefill row of {n} tokens exceeds the largest bucket {max(buckets)}")
+
+
+def make_buckets(block_size: int, max_chunk: int) -> tuple[int, ...]:
+    """Prefill buckets: block_size · 2^k up to max_chunk (each a multiple of the tile and of the
+    block, so a bucket fills whole pages), plus max_chunk itself."""
+    if block_size % TILE_SIZE or max_chunk % block_size:
+        raise ValueError(
+            f"block_size ({block_size}) must be a multiple of {TILE_SIZE} and divide "
+            f"the largest prefill chunk ({max_chunk})"
+        )
+    out, b = [], block_size
+    while b < max_chunk:
+        out.append(b)
+        b *= 2
+    out.append(max_chunk)
+    return tuple(out)
+
+
+def rope_tables(
+    positions: np.ndarray, head_dim: int, rotary_dim: int, theta: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin [N, head_dim] (rotate-half layout); channels past rotary_dim get cos 1, sin 0
+    so that one full-width formula ``x·cos + (x @ R)·sin`` implements partial RoPE."""
+    # fp32 like the torch reference: the angle is rounded to fp32 before cos/sin.
+    exponents = np.arange(0, rotary_dim, 2).astype(np.float32) / np.float32(rotary_dim)
+    inv_freq = (1.0 / np.power(theta, exponents.astype(np.float64))).astype(np.float32)
+    freqs = positions.astype(np.float32)[:, None] * inv_freq[None, :]
+    emb = np.concatenate([freqs, freqs], axis=-1).astype(np.float64)
+    cos = np.ones((len(positions), head_dim), dtype=np.float32)
+    sin = np.zeros((len(positions), head_dim), dtype=np.float32)
+    cos[:, :rotary_dim] = np.cos(emb)
+    sin[:, :rotary_dim] = np.sin(emb)
+    return cos, sin
+
+
+def rotation_matrix(head_dim: int, rotary_dim: int) -> np.ndarray:
+    """R [hd, hd] with ``(x @ R)[:rd] = rotate_half(x[:rd])`` and zero past rotary_dim."""
+    r = np.zeros((head_dim, head_dim), dtype=np.float32)
+    half = rotary_dim // 2
+    for j in range(half):
+        r[j + half, j] = -1.0
+        r[j, j + half] = 1.0
+    return r
+
+
+def gdn_const_tiles(chunk: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The constant tiles chunk_gated_delta_rule needs under trace: eye, tril, ones [1,1,C,C]
+    and three 16x16-quadrant masks packed as [1,1,32,96] (top-left, bottom-right, bottom-left)."""
+    eye = np.eye(chunk, dtype=np.float32)
+    tril = np.tril(np.ones((chunk, chunk), dtype=np.float32))
+    ones = np.ones((chunk, chunk), dtype=np.float32)
+    low_i = (np.arange(32) < 16)[:, None]
+    low_j = (np.arange(32) < 16)[None, :]
+    quads = [low_i & low_j, ~low_i & ~low_j, ~low_i & low_j]
+    masks = np.concatenate([q.astype(np.float32) for q in quads], axis=1)
+    return tuple(a[None, None] for a in (eye, tril, ones, masks))  # type: ignore[return-value]
+
+
+def padded_table(block_table: tuple[int, ...], width: int) -> np.ndarray:
+    if len(block_table) > width:
+        used = [b for b in block_table[width:] if b != PAD_BLOCK]
+        if used:
+            raise ValueError(f"block table needs {len(block_table)} pages, traces hold {width}")
+        block_table = block_table[:width]
+    out = np.full(width, PAD_BLOCK, dtype=np.int32)
+    out[: len(block_table)] = block_table
+    return out
+
+
+@dataclass(frozen=True)
+class PrefillValues:
+    """One prefill row in a bucket of ``bucket`` tokens; every array has a fixed shape."""
+
+    ids: np.ndarray  # [1, T] uint32
+    start: np.ndarray  # [1] int32 (chunked SDPA chunk_start_idx_tensor)
+    start_u32: np.ndarray  # [1] uint32 (causal conv actual_start)
+    page_table: np.ndarray  # [1, W] int32: the whole row (attention reads [0, start + T))
+    fill_table: np.ndarray  # [1, T / block] int32: the pages this chunk writes
+    cos: np.ndarray  # [1, T, 1, hd]
+    sin: np.ndarray
+    gate_mask: np.ndarray  # [1, T, Hv] 1 on valid tokens
+    conv_select: np.ndarray  # [1, K-1, K-1+T] one-hot rows of [history; x] kept as conv state
+    last_select: np.ndarray  # [1, 1, T] one-hot of the last valid token
+
+
+def prefill_values(
+    row: StepRow,
+    *,
+    bucket: int,
+    block_size: int,
+    width: int,
+    head_dim: int,
+    rotary_dim: int,
+    theta: float,
+    num_v_heads: int,
+    conv_state_len: int,
+) -> PrefillValues:
+    n, start = row.num_tokens, row.start_pos
+    if start % block_size:
+        raise ValueError(f"prefill chunk starts at {start}, not a multiple of {block_size}")
+    ids = np.zeros((1, bucket), dtype=np.uint32)
+    ids[0, :n] = row.token_ids
+    table = padded_table(row.block_table, width)
+    first, pages = start // block_size, bucket // block_size
+    valid_pages = -(-n // block_size)
+    fill = np.full((1, pages), PAD_BLOCK, dtype=np.int32)
+    fill[0, :valid_pages] = table[first : first + valid_pages]
+    cos, sin = rope_tables(np.arange(start, start + bucket), head_dim, rotary_dim, theta)
+    mask = np.zeros((1, bucket, num_v_heads), dtype=np.float32)
+    mask[0, :n] = 1.0
+    k1 = conv_state_len
+    select = np.zeros((1, k1, k1 + bucket), dtype=np.float32)
+    # [history (k1 rows); x] -> rows n .. n+k1-1 are the k1 inputs before token n.
+    select[0, np.arange(k1), n + np.arange(k1)] = 1.0
+    last = np.zeros((1, 1, bucket), dtype=np.float32)
+    last[0, 0, n - 1] = 1.0
+    return PrefillValues(
+        ids=ids,
+        start=np.array([start], dtype=np.int32),
+        start_u32=np.array([start], dtype=np.uint32),
+        page_table=table[None],
+        fill_table=fill,
+        cos=cos[None, :, None, :],
+        sin=sin[None, :, None, :],
+        gate_mask=mask,
+        conv_select=select,
+        last_select=last,
+    )
+
+
+@dataclass(frozen=True)
+class DecodeValues:
+    """All state slots as one decode batch (row r = slot r)."""
+
+    ids: np.ndarray  # [1, S] uint32
+    cur_pos: np.ndarray  # [S] int32, -1 = idle (paged SDPA decode skips the row)
+    write_pos: np.ndarray  # [S] int32 (idle rows write position 0 of the padding block)
+    page_table: np.ndarray  # [S, W] int32
+    cos: np.ndarray  # [1, S, 1, hd]
+    sin: np.ndarray
+    gate_mask: np.ndarray  # [1, S, Hv]
+    conv_mask: np.ndarray  # [S, 1, 1, 1]
+    active: tuple[int, ...]  # slots that run
+
+
+def decode_values(
+    rows: list[StepRow],
+    *,
+    num_slots: int,
+    width: int,
+    head_dim: int,
+    rotary_dim: int,
+    theta: float,
+    num_v_heads: int,
+) -> DecodeValues:
+    ids = np.zeros((1, num_slots), dtype=np.uint32)
+    cur = np.full(num_slots, -1, dtype=np.int32)
+    write = np.zeros(num_slots, dtype=np.int32)
+    table = np.full((num_slots, width), PAD_BLOCK, dtype=np.int32)
+    positions = np.zeros(num_slots, dtype=np.int64)
+    mask = np.zeros((1, num_slots, num_v_heads), dtype=np.float32)
+    conv = np.zeros((num_slots, 1, 1, 1), dtype=np.float32)
+    for row in rows:
+        s = row.state_slot
+        if not 0 < s < num_slots:
+            raise ValueError(f"state slot {s} outside 1..{num_slots - 1}")
+        if cur[s] != -1:
+            raise ValueError(f"two decode rows share state slot {s}")
+        ids[0, s] = row.token_ids[0]
+        cur[s] = write[s] = row.start_pos
+        positions[s] = row.start_pos
+        table[s] = padded_table(row.block_table, width)
+        mask[0, s] = 1.0
+        conv[s] = 1.0
+    cos, sin = rope_tables(positions, head_dim, rotary_dim, theta)
+    return DecodeValues(
+        ids=ids,
+        cur_pos=cur,
+        write_pos=write,
+        page_table=table,
+        cos=cos[None, :, None, :],
+        sin=sin[None, :, None, :],
+        gate_mask=mask,
+        conv_mask=conv,
+        active=tuple(r.state_slot for r in rows),
+    )

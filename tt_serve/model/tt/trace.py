@@ -1,0 +1,56 @@
+"""Trace bookkeeping: one captured trace per (phase, bucket), captured after a compile run.
+
+tt-metal's rules, kept here: run the exact program once before capturing (every kernel must be
+in the program cache), capture only device ops (the program never touches the host), replay
+with the persistent buffers refreshed in place, and capture everything up front, after the pools
+exist, so nothing is allocated behind a live trace. ``traced=False`` runs the same programs
+eagerly: the debugging path, and the reference the traced path is compared with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from tt_serve.model.tt.ops import Ops
+
+
+class Programs:
+    def __init__(self, ops: Ops, *, traced: bool) -> None:
+        self.ops = ops
+        self.traced = traced
+        self._programs: dict[Hashable, Callable[[], None]] = {}
+        self._traces: dict[Hashable, Any] = {}
+
+    def add(self, key: Hashable, program: Callable[[], None]) -> None:
+        if key in self._programs:
+            raise ValueError(f"program {key!r} registered twice")
+        self._programs[key] = program
+
+    def capture_all(self) -> None:
+        """Compile-run then capture every registered program (no-op when eager)."""
+        if not self.traced:
+            return
+        for key, program in self._programs.items():
+            if key in self._traces:
+                continue
+            program()  # fills the program cache; inputs are idle, so no state changes
+            trace_id = self.ops.begin_trace()
+            program()
+            self.ops.end_trace(trace_id)
+            self._traces[key] = trace_id
+
+    @property
+    def num_traces(self) -> int:
+        return len(self._traces)
+
+    def run(self, key: Hashable, *, blocking: bool = False) -> None:
+        if self.traced:
+            self.ops.execute_trace(self._traces[key], blocking=blocking)
+        else:
+            self._programs[key]()
+
+    def release(self) -> None:
+        for trace_id in self._traces.values():
+            self.ops.release_trace(trace_id)
+        self._traces.clear()

@@ -1,0 +1,185 @@
+"""Weight conversion to ttnn layouts, once, with an on-disk cache of the converted tensors.
+
+Canonical checkpoint tensors (``model/weights.py``) become host ttnn tensors laid out the way the
+device ops want them: linear weights transposed to [in, out] TILE in the group's precision, the
+attention q projection split into its query and gate halves, Qwen RMSNorm weights stored as
+``1 + w``, GDN conv taps as four [1, 1, 1, C] vectors (oldest first), the gate constants
+``dt_bias`` and ``-exp(A_log)`` in fp32, embeddings ROW_MAJOR. The numpy layout step is separate
+from the ttnn step so that ``tests/tt_host`` can check it against the real ``ttnn.Tensor``.
+
+The cache folder holds one ``.tensorbin`` per tensor (``ttnn.dump_tensor``) and a manifest keyed
+by the checkpoint id, the precision and this file's format version; a stale key is rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tt_serve.model.spec import FULL_ATTENTION, ModelSpec
+from tt_serve.model.tt.ops import ROW_MAJOR, TILE, Ops, Tensor
+from tt_serve.model.tt.precision import Precision
+
+if TYPE_CHECKING:
+    import torch
+
+FORMAT_VERSION = 1
+CACHE_ENV = "TT_SERVE_TTNN_WEIGHT_CACHE"
+
+
+@dataclass(frozen=True)
+class HostWeight:
+    array: np.ndarray  # float32 (rounded by ttnn to ``dtype``)
+    dtype: str
+    layout: str
+
+
+def linear_t(w: np.ndarray) -> np.ndarray:
+    """torch [out, in] -> ttnn [in, out]."""
+    return np.ascontiguousarray(w.T)
+
+
+def norm_weight(w: np.ndarray, *, plus_one: bool) -> np.ndarray:
+    """[dim] -> [1, 1, dim/32, 32] ROW_MAJOR, the ttnn RMSNorm weight layout."""
+    v = (1.0 + w) if plus_one else w
+    return v.astype(np.float32).reshape(1, 1, -1, 32)
+
+
+def split_q_gate(q_proj: np.ndarray, heads: int, head_dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows come per head as [q | gate]; return (q [heads·hd, H], gate [heads·hd, H])."""
+    per = q_proj.reshape(heads, 2 * head_dim, -1)
+    h = q_proj.shape[-1]
+    return per[:, :head_dim].reshape(-1, h), per[:, head_dim:].reshape(-1, h)
+
+
+def conv_taps(conv: np.ndarray) -> list[np.ndarray]:
+    """conv [C, K] -> K taps [1, 1, 1, C]; tap 0 multiplies the oldest input."""
+    return [np.ascontiguousarray(conv[:, j]).reshape(1, 1, 1, -1) for j in range(conv.shape[1])]
+
+
+def layout_weights(
+    spec: ModelSpec, w: dict[str, np.ndarray], precision: Precision
+) -> dict[str, HostWeight]:
+    """Canonical float32 arrays -> device layouts (pure numpy)."""
+    p = precision
+    out: dict[str, HostWeight] = {
+        "embed": HostWeight(w["embed_tokens.weight"], "bfloat16", ROW_MAJOR),
+        "norm": HostWeight(norm_weight(w["norm.weight"], plus_one=True), "bfloat16", ROW_MAJOR),
+        "lm_head": HostWeight(linear_t(w["lm_head.weight"]), p.lm_head, TILE),
+    }
+
+    def lin(name: str, key: str, dtype: str) -> None:
+        out[name] = HostWeight(linear_t(w[key]), dtype, TILE)
+
+    def norm(name: str, key: str, plus_one: bool = True) -> None:
+        out[name] = HostWeight(norm_weight(w[key], plus_one=plus_one), "bfloat16", ROW_MAJOR)
+
+    for i, kind in enumerate(spec.layer_types):
+        s, L = f"layers.{i}.", f"{i}."
+        norm(L + "input_norm", s + "input_layernorm.weight")
+        norm(L + "post_norm", s + "post_attention_layernorm.weight")
+        if kind == FULL_ATTENTION:
+            a = s + "self_attn."
+            q, gate = split_q_gate(w[a + "q_proj.weight"], spec.num_attention_heads, spec.head_dim)
+            out[L + "q"] = HostWeight(linear_t(q), p.attention, TILE)
+            out[L + "gate"] = HostWeight(linear_t(gate), p.attention, TILE)
+            for n in ("k", "v", "o"):
+                lin(L + n, a + f"{n}_proj.weight", p.attention)
+            norm(L + "q_norm", a + "q_norm.weight")
+            norm(L + "k_norm", a + "k_norm.weight")
+        else:
+            g = s + "linear_attn."
+            for n in ("qkv", "z", "b", "a"):
+                lin(L + n, g + f"in_proj_{n}.weight", p.gdn)
+            lin(L + "out", g + "out_proj.weight", p.gdn)
+            norm(L + "gdn_norm", g + "norm.weight", plus_one=False)
+            for j, tap in enumerate(conv_taps(w[g + "conv1d.weight"])):
+                out[L + f"tap{j}"] = HostWeight(tap, "bfloat16", TILE)
+            hv = spec.linear_num_value_heads
+            dt = w[g + "dt_bias"].astype(np.float32).reshape(1, 1, hv)
+            neg_a = (-np.exp(w[g + "A_log"].astype(np.float32))).reshape(1, 1, hv)
+            out[L + "dt_bias"] = HostWeight(dt, "float32", TILE)
+            out[L + "neg_a"] = HostWeight(neg_a, "float32", TILE)
+        m = s + "mlp."
+        if spec.is_moe_layer(i):
+            _moe(out, w, m, L, spec, p)
+        else:
+            for n in ("gate", "up", "down"):
+                lin(L + n, m + f"{n}_proj.weight", p.mlp)
+    return out
+
+
+def _moe(
+    out: dict[str, HostWeight],
+    w: dict[str, np.ndarray],
+    m: str,
+    L: str,
+    spec: ModelSpec,
+    p: Precision,
+) -> None:
+    inter = spec.moe_intermediate_size
+    out[L + "router"] = HostWeight(linear_t(w[m + "gate.weight"]), "bfloat16", TILE)
+    gate_up, down = w[m + "experts.gate_up_proj"], w[m + "experts.down_proj"]
+    for e in range(spec.num_experts):
+        out[L + f"e{e}.gate"] = HostWeight(linear_t(gate_up[e, :inter]), p.experts, TILE)
+        out[L + f"e{e}.up"] = HostWeight(linear_t(gate_up[e, inter:]), p.experts, TILE)
+        out[L + f"e{e}.down"] = HostWeight(linear_t(down[e]), p.experts, TILE)
+    for n in ("gate", "up", "down"):
+        key = m + f"shared_expert.{n}_proj.weight"
+        out[L + f"shared.{n}"] = HostWeight(linear_t(w[key]), p.mlp, TILE)
+    out[L + "shared_gate"] = HostWeight(
+        linear_t(w[m + "shared_expert_gate.weight"]), "bfloat16", TILE
+    )
+
+
+def to_numpy(weights: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    return {n: t.detach().float().cpu().numpy() for n, t in weights.items()}
+
+
+def cache_key(spec: ModelSpec, precision: Precision) -> str:
+    text = f"v{FORMAT_VERSION}|{spec.model_id}|{spec.num_layers}|{precision.key()}"
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def default_cache_dir() -> Path:
+    root = os.environ.get(CACHE_ENV)
+    return Path(root) if root else Path.home() / ".cache" / "tt-serve" / "ttnn-weights"
+
+
+def load_device_weights(
+    ops: Ops,
+    spec: ModelSpec,
+    precision: Precision,
+    source: Callable[[], dict[str, np.ndarray]],
+    cache_dir: Path | None,
+) -> dict[str, Tensor]:
+    """Device weights from the cache when its key matches, else converted from ``source()``
+    (and written to the cache when a folder is given)."""
+    key = cache_key(spec, precision)
+    folder = cache_dir / key if cache_dir is not None else None
+    manifest = folder / "manifest.json" if folder is not None else None
+    if manifest is not None and manifest.exists():
+        meta: dict[str, Any] = json.loads(manifest.read_text())
+        if meta.get("key") == key:
+            assert folder is not None
+            return {
+                n: ops.load_tensor(folder / f"{i}.tensorbin") for i, n in enumerate(meta["names"])
+            }
+    host = {
+        n: ops.host(hw.array, hw.dtype, hw.layout)
+        for n, hw in layout_weights(spec, source(), precision).items()
+    }
+    if folder is not None and manifest is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        names = sorted(host)
+        for i, n in enumerate(names):
+            ops.dump(folder / f"{i}.tensorbin", host[n])
+        manifest.write_text(json.dumps({"key": key, "names": names}))
+    return {n: ops.to_device(t) for n, t in host.items()}
