@@ -9,7 +9,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: setup serve test lint fmt nix-tools clean
+.PHONY: setup serve test lint fmt nix-tools ttnn-venv clean
 
 setup: $(VENV)/.installed
 
@@ -30,7 +30,11 @@ nix-tools:
 	  echo "installing nix-bin (Debian) for tests/nix"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nix-bin >/dev/null; }
 
-test: setup nix-tools
+# ttnn 0.81.1 ships cp310/cp312 wheels only: tests/tt_host drive it in a separate 3.12 venv.
+ttnn-venv:
+	bash scripts/setup-ttnn-venv
+
+test: setup nix-tools ttnn-venv
 	bash scripts/run-tests $(PYTEST_ARGS)
 
 lint: setup
@@ -43,4 +47,4 @@ fmt: setup
 	$(VENV)/bin/ruff check --fix tt_serve tests bench scripts
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-ttnn .pytest_cache .mypy_cache .ruff_cache

@@ -52,6 +52,8 @@ class EngineOptions:
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None
     mixed_steps: bool = True
+    traced: bool = False  # traced prefill (ttnn traces / CUDA graphs)
+    device_resident: bool = False
 
 
 def load_backend(opts: EngineOptions) -> tuple[Backend, ModelSpec]:
@@ -63,7 +65,14 @@ def load_backend(opts: EngineOptions) -> tuple[Backend, ModelSpec]:
     if opts.backend == "ttnn":
         from tt_serve.model.tt.backend import TTBackend
 
-        tt = TTBackend.from_pretrained(opts.model, device=opts.device, dtype=opts.dtype)
+        tt = TTBackend.from_pretrained(
+            opts.model,
+            device=opts.device,
+            dtype=opts.dtype,
+            traced=opts.traced,
+            device_resident=opts.device_resident,
+            max_prefill_chunk=opts.chunk,
+        )
         return tt, tt.spec
     raise ValueError(f"unknown backend {opts.backend!r}; choose 'torch' or 'ttnn'")
 

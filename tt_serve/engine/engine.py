@@ -12,7 +12,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -66,9 +66,7 @@ class _Tracked:
     stream: TextStream | None
     text: str = ""
     sent_tokens: int = 0
-    sent_text: int = 0
-    reported_finish: bool = False
-    extra: dict[str, object] = field(default_factory=dict)
+    stopped: bool = False  # a stop string ended the text
 
 
 class Engine:
@@ -188,7 +186,7 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         step = self.scheduler.schedule()
         if step is None:
-            return self._collect([])
+            return self._collect()
         try:
             if step.pre_copies:
                 self.backend.copy_states(step.pre_copies)
@@ -198,14 +196,14 @@ class Engine:
             )
         except Exception as exc:  # the batch fails; the engine keeps serving
             self._fail_step(step, exc)
-            return self._collect(step.requests)
+            return self._collect()
         finally:
             for rid in step.restored:
                 self.cache.restore_done(rid)
         self._count_tokens(step)
         saves = self.scheduler.update(step, tokens, logprobs, self.config.eos_token_ids)
         self._save_snapshots(saves)
-        return self._collect(step.requests)
+        return self._collect()
 
     def _count_tokens(self, step: ScheduledStep) -> None:
         for row, req in zip(step.batch.rows, step.requests, strict=True):
@@ -273,7 +271,7 @@ class Engine:
 
     # -- outputs -----------------------------------------------------------------------------
 
-    def _collect(self, reqs: list[Request]) -> list[RequestOutput]:
+    def _collect(self) -> list[RequestOutput]:
         """Outputs for requests that progressed or finished since the last report."""
         outs: list[RequestOutput] = []
         for rid, t in list(self._tracked.items()):
@@ -282,13 +280,13 @@ class Engine:
             if not new_tokens and not req.finished:
                 continue
             new_text = ""
-            if t.stream is not None and new_tokens and not t.extra.get("stopped"):
+            if t.stream is not None and new_tokens and not t.stopped:
                 delta, stopped = t.stream.push(new_tokens)
                 new_text += delta
                 if stopped:
-                    t.extra["stopped"] = True
+                    t.stopped = True
                     self.scheduler.finish(req, FinishReason.STOP)
-            if t.stream is not None and req.finished and not t.extra.get("stopped"):
+            if t.stream is not None and req.finished and not t.stopped:
                 new_text += t.stream.flush()
             t.text += new_text
             t.sent_tokens = len(req.output_token_ids)

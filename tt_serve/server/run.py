@@ -46,8 +46,10 @@ def make_loader(cfg: ServeConfig, model_dir: str) -> Callable[[ServerState], Non
         opts = EngineOptions(
             model=model_dir,
             backend=cfg.backend,
-            device=cfg.device,
+            device=cfg.device if cfg.backend == "torch" else ",".join(map(str, cfg.device_ids)),
             dtype=resolve_dtype(cfg),
+            traced=cfg.traced_prefill,
+            device_resident=cfg.device_resident,
             prefix_caching=cfg.prefix_caching,
             block_size=cfg.block_size,
             chunk=cfg.prefill_chunk,

@@ -72,6 +72,7 @@ class TTBackend:
         self.buckets: tuple[int, ...] = ()
         self.width = 0
         self._fed: dict[int, int] = {}  # slot -> id the last decode replay left on the device
+        self.device_fed_decodes = 0  # decode steps whose ids came from the device (resident)
 
     @classmethod
     def from_pretrained(
@@ -217,6 +218,7 @@ class TTBackend:
         )
         if fed:
             self.ops.copy(bufs.out_ids, bufs.ids)
+            self.device_fed_decodes += 1
         bufs.write(self.ops, values, skip=("ids",) if fed else ())
         self.programs.run(("decode", self.pools.num_slots))
         picks = [(i, rows[i].state_slot, rows[i]) for i in idx if rows[i].sample]

@@ -98,7 +98,7 @@ class TTModel:
                 norm_topk_prob=spec.norm_topk_prob,
             )
         else:
-            mlp = (w[p + "gate"], w[p + "up"], w[p + "down"])
+            mlp = (w[p + "mlp.gate"], w[p + "mlp.up"], w[p + "mlp.down"])
         return Layer(w[p + "input_norm"], w[p + "post_norm"], mixer, mlp, rank)
 
     def _mlp(self, x: Tensor, layer: Layer) -> Tensor:

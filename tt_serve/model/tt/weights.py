@@ -30,7 +30,7 @@ from tt_serve.model.tt.precision import Precision
 if TYPE_CHECKING:
     import torch
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 CACHE_ENV = "TT_SERVE_TTNN_WEIGHT_CACHE"
 
 
@@ -75,11 +75,16 @@ def layout_weights(
         "lm_head": HostWeight(linear_t(w["lm_head.weight"]), p.lm_head, TILE),
     }
 
+    def put(name: str, hw: HostWeight) -> None:
+        if name in out:
+            raise ValueError(f"two weights map to the device name {name!r}")
+        out[name] = hw
+
     def lin(name: str, key: str, dtype: str) -> None:
-        out[name] = HostWeight(linear_t(w[key]), dtype, TILE)
+        put(name, HostWeight(linear_t(w[key]), dtype, TILE))
 
     def norm(name: str, key: str, plus_one: bool = True) -> None:
-        out[name] = HostWeight(norm_weight(w[key], plus_one=plus_one), "bfloat16", ROW_MAJOR)
+        put(name, HostWeight(norm_weight(w[key], plus_one=plus_one), "bfloat16", ROW_MAJOR))
 
     for i, kind in enumerate(spec.layer_types):
         s, L = f"layers.{i}.", f"{i}."
@@ -88,8 +93,8 @@ def layout_weights(
         if kind == FULL_ATTENTION:
             a = s + "self_attn."
             q, gate = split_q_gate(w[a + "q_proj.weight"], spec.num_attention_heads, spec.head_dim)
-            out[L + "q"] = HostWeight(linear_t(q), p.attention, TILE)
-            out[L + "gate"] = HostWeight(linear_t(gate), p.attention, TILE)
+            put(L + "q", HostWeight(linear_t(q), p.attention, TILE))
+            put(L + "gate", HostWeight(linear_t(gate), p.attention, TILE))
             for n in ("k", "v", "o"):
                 lin(L + n, a + f"{n}_proj.weight", p.attention)
             norm(L + "q_norm", a + "q_norm.weight")
@@ -112,7 +117,7 @@ def layout_weights(
             _moe(out, w, m, L, spec, p)
         else:
             for n in ("gate", "up", "down"):
-                lin(L + n, m + f"{n}_proj.weight", p.mlp)
+                lin(L + f"mlp.{n}", m + f"{n}_proj.weight", p.mlp)
     return out
 
 

@@ -1,0 +1,149 @@
+"""The command line as a user runs it: `tt-serve serve` (also with no --model: the demo model
+is created in the user's cache on first use), `generate --json`, and config refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.server.conftest import MODEL_NAME
+
+CLI = [sys.executable, "-m", "tt_serve.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[str], timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, (
+            f"server exited early: {proc.stdout.read() if proc.stdout else ''}"
+        )
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise AssertionError("server did not become healthy")
+
+
+def run_server(
+    args: list[str], env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[str], str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [*CLI, "serve", "--port", str(port), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def stop(proc: subprocess.Popen[str]) -> str:
+    proc.terminate()
+    try:
+        out, _ = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    return out
+
+
+def test_serve_without_model_creates_the_demo_model(tmp_path: Path) -> None:
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    proc, url = run_server(["--kv-blocks", "256"], env)
+    try:
+        wait_healthy(url, proc)
+        r = httpx.post(
+            f"{url}/v1/completions",
+            json={"model": "demo-qwen3_5-v1", "prompt": "Hello", "max_tokens": 4, "temperature": 0},
+            timeout=60,
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] >= 1
+    finally:
+        out = stop(proc)
+    assert "demo model" in out.lower()
+    assert (tmp_path / "cache" / "tt-serve").is_dir()
+
+
+def test_serve_binds_loopback_and_serves_a_model_dir(demo_dir: Path) -> None:
+    proc, url = run_server(
+        ["--model", str(demo_dir), "--served-model-name", MODEL_NAME, "--kv-blocks", "256"]
+    )
+    try:
+        wait_healthy(url, proc)
+        models = httpx.get(f"{url}/v1/models").json()
+        assert models["data"][0]["id"] == MODEL_NAME
+    finally:
+        stop(proc)
+
+
+def test_serve_refuses_invalid_config() -> None:
+    r = subprocess.run(
+        [*CLI, "serve", "--device-resident", "--no-device-argmax"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode != 0
+    assert "deviceResident" in r.stderr and "deviceArgmax" in r.stderr
+
+
+def test_serve_rejects_a_folder_without_config(tmp_path: Path) -> None:
+    r = subprocess.run(
+        [*CLI, "serve", "--model", str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 2 and "config.json" in r.stderr
+
+
+def test_generate_json(demo_dir: Path) -> None:
+    r = subprocess.run(
+        [
+            *CLI,
+            "generate",
+            "--model",
+            str(demo_dir),
+            "--prompt-ids",
+            "1,2,3",
+            "--max-tokens",
+            "3",
+            "--temperature",
+            "0",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert len(out["token_ids"]) == 3 and out["finish_reason"] == "length"
+    assert isinstance(out["text"], str) and out["cached_tokens"] == 0
+
+
+@pytest.mark.parametrize("args", [["--prompt-ids", ""], ["--prompt-ids", "1,x"]])
+def test_generate_bad_input_names_the_problem(demo_dir: Path, args: list[str]) -> None:
+    r = subprocess.run(
+        [*CLI, "generate", "--model", str(demo_dir), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 2
+    assert "prompt" in r.stderr or "integers" in r.stderr

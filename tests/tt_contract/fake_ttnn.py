@@ -1,0 +1,885 @@
+"""CONTRACT FAKE of the ttnn surface that ``tt_serve/model/tt/ops.py`` uses. Not a simulator.
+
+It computes each op's documented semantics with torch in float32 (so the tt backend can be
+compared token for token with the torch reference; device numerics are tested only in
+``tests/tt_hardware``) and enforces the ttnn rules the backend must respect, raising
+``ContractViolation`` when one is broken:
+
+* tile: TILE tensors pad to 32; paged caches, chunk lengths and conv widths must be tile-aligned;
+* dtype: op inputs have the documented dtypes/layouts (uint32 ids, int32 page tables and
+  positions, cache dtype == fill input dtype, bfloat8_b only in TILE, ...); argmax returns
+  UINT32 ROW_MAJOR; copies need equal shape, dtype and layout;
+* host_io: no host read or write while a trace is being captured;
+* alloc: no device buffer allocated after a trace's capture may be alive when it replays;
+* identity: a trace's inputs must still be alive (same buffers) at replay;
+* one_trace: capturing a program identical to a live trace (same ops and shapes) is refused;
+* runtime_args: under capture, the chunk start and cache positions must be device tensors, and
+  chunk_gated_delta_rule must get its constant tiles explicitly;
+* program_cache: every program captured must have run eagerly before (compile run).
+
+Replay re-runs the recorded ops on the recorded buffers, in place, like a device trace.
+"""
+
+from __future__ import annotations
+
+import itertools
+import pickle
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from tt_serve.model.ref.gdn import chunk_gated_delta, recurrent_gated_delta_step
+from tt_serve.model.ref.layers import l2norm
+
+
+class ContractViolation(AssertionError):
+    def __init__(self, rule: str, message: str) -> None:
+        super().__init__(f"[{rule}] {message}")
+        self.rule = rule
+
+
+class DataType(Enum):
+    BFLOAT16 = "bfloat16"
+    BFLOAT8_B = "bfloat8_b"
+    FLOAT32 = "float32"
+    UINT32 = "uint32"
+    INT32 = "int32"
+
+
+class Layout(Enum):
+    TILE = "tile"
+    ROW_MAJOR = "row_major"
+
+
+INT_TYPES = (DataType.UINT32, DataType.INT32)
+
+
+@dataclass(eq=False)
+class Buffer:
+    data: torch.Tensor
+    serial: int
+    on_device: bool
+    freed: bool = False
+    sharded: bool = False
+
+
+class Tensor:
+    """A handle; device buffers die with their last handle (as ttnn tensors do)."""
+
+    def __init__(self, fake: FakeTTNN, buf: Buffer, dtype: DataType, layout: Layout) -> None:
+        self._fake, self.buffer, self.dtype, self.layout = fake, buf, dtype, layout
+
+    def __del__(self) -> None:
+        self.buffer.freed = True
+        self._fake._buffers.discard(self.buffer)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.buffer.data.shape)
+
+    @property
+    def padded_shape(self) -> tuple[int, ...]:
+        s = list(self.shape)
+        if self.layout is Layout.TILE and len(s) >= 2:
+            s[-1], s[-2] = -(-s[-1] // 32) * 32, -(-s[-2] // 32) * 32
+        return tuple(s)
+
+    def to_numpy(self) -> np.ndarray:
+        if self.buffer.on_device:
+            raise ContractViolation("host_io", "to_numpy() of a device tensor: from_device first")
+        d = self.buffer.data
+        return d.numpy().astype(np.uint32 if self.dtype is DataType.UINT32 else d.numpy().dtype)
+
+
+@dataclass
+class Trace:
+    steps: list[tuple[Callable[[], None], list[Buffer]]] = field(default_factory=list)
+    inputs: list[Buffer] = field(default_factory=list)
+    signature: list[tuple[Any, ...]] = field(default_factory=list)
+    end_serial: int = 0
+    released: bool = False
+
+
+class FakeDevice:
+    def compute_with_storage_grid_size(self) -> tuple[int, int]:
+        return (8, 8)
+
+
+class FakeTTNN:
+    """The module-like fake: attribute names as in ttnn 0.81.1."""
+
+    def __init__(self, *, num_devices: int = 1) -> None:
+        self._num_devices = num_devices
+        self._serial = itertools.count(1)
+        self._capturing: int | None = None
+        self._traces: dict[int, Trace] = {}
+        self._trace_ids = itertools.count(1)
+        self._program_cache: set[tuple[Any, ...]] = set()
+        self._buffers: set[Buffer] = set()
+        self.bfloat16, self.bfloat8_b = DataType.BFLOAT16, DataType.BFLOAT8_B
+        self.float32, self.uint32, self.int32 = DataType.FLOAT32, DataType.UINT32, DataType.INT32
+        self.TILE_LAYOUT, self.ROW_MAJOR_LAYOUT = Layout.TILE, Layout.ROW_MAJOR
+        self.DRAM_MEMORY_CONFIG = SimpleNamespace(sharded=False)
+        self.ShardStrategy = SimpleNamespace(HEIGHT="height")
+        self.Tensor = self._host_tensor
+        self.experimental = SimpleNamespace(
+            paged_fill_cache=self._paged_fill_cache,
+            paged_update_cache=self._paged_update_cache,
+            kda=SimpleNamespace(qkv_causal_conv1d_silu=self._qkv_conv),
+        )
+        self.transformer = SimpleNamespace(
+            chunked_scaled_dot_product_attention=self._chunked_sdpa,
+            paged_scaled_dot_product_attention_decode=self._sdpa_decode,
+            chunk_gated_delta_rule=self._chunk_gdr,
+            fused_recurrent_gated_delta_rule=self._recurrent_gdr,
+        )
+        self.counts: dict[str, int] = {}
+
+    # ---- bookkeeping -------------------------------------------------------------------------
+    @property
+    def capturing(self) -> bool:
+        return self._capturing is not None
+
+    def _new(self, data: torch.Tensor, dtype: DataType, layout: Layout, device: bool) -> Tensor:
+        if dtype is DataType.BFLOAT8_B and layout is not Layout.TILE:
+            raise ContractViolation("dtype", "Layout must be Layout::TILE for bfloat8_b")
+        data = data.to(torch.int64 if dtype in INT_TYPES else torch.float32)
+        buf = Buffer(data, next(self._serial), device)
+        if device:
+            self._buffers.add(buf)
+        return Tensor(self, buf, dtype, layout)
+
+    def _no_host_io(self, what: str) -> None:
+        if self.capturing:
+            raise ContractViolation("host_io", f"{what} while a trace is being captured")
+
+    def _live(self, *ts: Tensor) -> None:
+        for t in ts:
+            if t.buffer.freed:
+                raise ContractViolation("identity", "use of a deallocated tensor")
+            if not t.buffer.on_device:
+                raise ContractViolation("host_io", "device op on a host tensor")
+
+    def _op(
+        self,
+        name: str,
+        inputs: Sequence[Tensor],
+        compute: Callable[[], Any],
+        write: Callable[[Any], list[Buffer]],
+    ) -> Any:
+        """Run an op now; under capture also record it for replay (same buffers, in place)."""
+        self._live(*inputs)
+        self.counts[name] = self.counts.get(name, 0) + 1
+        sig = (name, tuple((t.shape, t.dtype, t.layout) for t in inputs))
+        result = compute()
+        outs = write(result)
+        if self._capturing is None:
+            self._program_cache.add(sig)
+            return outs
+        if sig not in self._program_cache:
+            raise ContractViolation("program_cache", f"{name} captured before any compile run")
+        trace = self._traces[self._capturing]
+        in_bufs = [t.buffer for t in inputs]
+        trace.inputs.extend(b for b in in_bufs if b.serial < trace.end_serial)
+        trace.signature.append(sig)
+        targets = [b for b in outs] if isinstance(outs, list) else []
+
+        def replay() -> None:
+            for buf, new in zip(targets, _flat(compute()), strict=True):
+                buf.data = new.detach().clone()
+
+        trace.steps.append((replay, in_bufs))
+        _detach_closure(compute)
+        return outs
+
+    def _out(self, result: torch.Tensor, dtype: DataType, layout: Layout) -> Tensor:
+        return self._new(result, dtype, layout, True)
+
+    def _single(
+        self,
+        name: str,
+        inputs: Sequence[Tensor],
+        fn: Callable[[], torch.Tensor],
+        dtype: DataType,
+        layout: Layout = Layout.TILE,
+    ) -> Tensor:
+        holder: list[Tensor] = []
+
+        def write(res: torch.Tensor) -> list[Buffer]:
+            t = self._out(res, dtype, layout)
+            holder.append(t)
+            return [t.buffer]
+
+        self._op(name, inputs, fn, write)
+        return holder[0]
+
+    def _inplace(
+        self, name: str, inputs: Sequence[Tensor], target: Tensor, fn: Callable[[], torch.Tensor]
+    ) -> Tensor:
+        def write(res: torch.Tensor) -> list[Buffer]:
+            target.buffer.data = res.detach().clone()
+            return [target.buffer]
+
+        self._op(name, [*inputs, target], fn, write)
+        return target
+
+    # ---- device and traces -------------------------------------------------------------------
+    def GetNumAvailableDevices(self) -> int:
+        return self._num_devices
+
+    def open_device(
+        self, *, device_id: int, trace_region_size: int, l1_small_size: int
+    ) -> FakeDevice:
+        if device_id >= self._num_devices:
+            raise RuntimeError("No chips detected in the cluster")
+        return FakeDevice()
+
+    def close_device(self, device: FakeDevice) -> None:
+        pass
+
+    def synchronize_device(self, device: FakeDevice) -> None:
+        pass
+
+    def begin_trace_capture(self, device: FakeDevice, *, cq_id: int = 0) -> int:
+        if self.capturing:
+            raise ContractViolation("host_io", "nested trace capture")
+        tid = next(self._trace_ids)
+        self._traces[tid] = Trace(end_serial=next(self._serial))
+        self._capturing = tid
+        return tid
+
+    def end_trace_capture(self, device: FakeDevice, trace_id: int, *, cq_id: int = 0) -> None:
+        trace = self._traces[trace_id]
+        self._capturing = None
+        trace.end_serial = next(self._serial)
+        for other_id, other in self._traces.items():
+            if other_id != trace_id and not other.released and other.signature == trace.signature:
+                raise ContractViolation(
+                    "one_trace", f"trace {trace_id} repeats trace {other_id}: one trace per bucket"
+                )
+
+    def execute_trace(
+        self, device: FakeDevice, trace_id: int, *, cq_id: int = 0, blocking: bool = True
+    ) -> None:
+        self._no_host_io("execute_trace")
+        trace = self._traces[trace_id]
+        if trace.released:
+            raise ContractViolation("identity", f"trace {trace_id} was released")
+        for buf in trace.inputs:
+            if buf.freed:
+                raise ContractViolation("identity", "a trace input was deallocated or rebound")
+        late = [b for b in self._buffers if b.serial > trace.end_serial]
+        if late:
+            raise ContractViolation(
+                "alloc", f"{len(late)} device buffer(s) allocated after capture are alive at replay"
+            )
+        for replay, _ in trace.steps:
+            replay()
+
+    def release_trace(self, device: FakeDevice, trace_id: int) -> None:
+        self._traces[trace_id].released = True
+
+    # ---- host <-> device --------------------------------------------------------------------
+    def _host_tensor(
+        self, array: Any, data_type: DataType | None = None, layout: Layout | None = None
+    ) -> Tensor:
+        arr = np.asarray(array)
+        dtype = data_type or DataType.FLOAT32
+        return self._new(
+            torch.from_numpy(arr.astype(np.int64 if dtype in INT_TYPES else np.float32)),
+            dtype,
+            layout or Layout.ROW_MAJOR,
+            False,
+        )
+
+    def to_device(self, tensor: Tensor, device: FakeDevice, memory_config: Any = None) -> Tensor:
+        self._no_host_io("to_device")
+        return self._new(tensor.buffer.data.clone(), tensor.dtype, tensor.layout, True)
+
+    def from_device(self, tensor: Tensor, blocking: bool = True) -> Tensor:
+        self._no_host_io("from_device")
+        self._live(tensor)
+        return self._new(tensor.buffer.data.clone(), tensor.dtype, tensor.layout, False)
+
+    def copy_host_to_device_tensor(self, host: Tensor, device_tensor: Tensor) -> None:
+        self._no_host_io("copy_host_to_device_tensor")
+        self._live(device_tensor)
+        _same("copy_host_to_device_tensor", host, device_tensor)
+        device_tensor.buffer.data = host.buffer.data.clone()
+
+    def zeros(
+        self,
+        shape: Sequence[int],
+        dtype: DataType | None = None,
+        layout: Layout | None = None,
+        device: FakeDevice | None = None,
+        memory_config: Any = None,
+    ) -> Tensor:
+        if device is not None:
+            self._no_host_io("zeros(device=...) upload")
+        dt = dtype or DataType.BFLOAT16
+        return self._new(
+            torch.zeros(list(shape)), dt, layout or Layout.ROW_MAJOR, device is not None
+        )
+
+    def deallocate(self, tensor: Tensor, force: bool = False) -> None:
+        tensor.buffer.freed = True
+        self._buffers.discard(tensor.buffer)
+
+    def dump_tensor(self, file_name: str, tensor: Tensor) -> None:
+        payload = (tensor.buffer.data.numpy(), tensor.dtype.value, tensor.layout.value)
+        Path(file_name).write_bytes(pickle.dumps(payload))
+
+    def load_tensor(self, file_name: str, *, device: FakeDevice | None = None) -> Tensor:
+        data, dtype, layout = pickle.loads(Path(file_name).read_bytes())
+        return self._new(
+            torch.from_numpy(data), DataType(dtype), Layout(layout), device is not None
+        )
+
+    # ---- configs --------------------------------------------------------------------------
+    def SDPAProgramConfig(
+        self,
+        *,
+        compute_with_storage_grid_size: Any,
+        q_chunk_size: int,
+        k_chunk_size: int,
+    ) -> Any:
+        return SimpleNamespace(q_chunk_size=q_chunk_size, k_chunk_size=k_chunk_size)
+
+    def QkvCausalConv1dSiluProgramConfig(self, *, channel_chunk_size: int) -> Any:
+        return SimpleNamespace(channel_chunk_size=channel_chunk_size)
+
+    def num_cores_to_corerangeset(self, n: int, grid: Any, row_wise: bool) -> Any:
+        return SimpleNamespace(num_cores=n)
+
+    def create_sharded_memory_config(
+        self,
+        shape: Any,
+        core_grid: Any,
+        strategy: Any,
+        use_height_and_width_as_shard_shape: bool = False,
+    ) -> Any:
+        return SimpleNamespace(sharded=True, cores=core_grid.num_cores, shard_shape=shape)
+
+    def interleaved_to_sharded(self, x: Tensor, config: Any) -> Tensor:
+        if x.shape[1] > config.cores:
+            raise ContractViolation("dtype", "more users than cores in the height-sharded config")
+        out = self._single("interleaved_to_sharded", [x], lambda: x.buffer.data, x.dtype, x.layout)
+        out.buffer.sharded = True
+        return out
+
+    # ---- data movement ------------------------------------------------------------------------
+    def reshape(self, x: Tensor, shape: Sequence[int]) -> Tensor:
+        if int(np.prod(list(shape))) != x.buffer.data.numel():
+            raise ContractViolation("dtype", f"reshape {x.shape} -> {list(shape)}")
+        return self._single(
+            "reshape", [x], lambda: x.buffer.data.reshape(list(shape)), x.dtype, x.layout
+        )
+
+    def permute(self, x: Tensor, dims: Sequence[int]) -> Tensor:
+        return self._single(
+            "permute", [x], lambda: x.buffer.data.permute(*dims).contiguous(), x.dtype, x.layout
+        )
+
+    def slice(self, x: Tensor, start: Sequence[int], end: Sequence[int]) -> Tensor:
+        idx = tuple(slice(a, b) for a, b in zip(start, end, strict=True))
+        return self._single("slice", [x], lambda: x.buffer.data[idx].clone(), x.dtype, x.layout)
+
+    def concat(self, xs: Sequence[Tensor], dim: int = 0) -> Tensor:
+        if len({(t.dtype, t.layout) for t in xs}) != 1:
+            raise ContractViolation("dtype", "concat of mixed dtypes or layouts")
+        return self._single(
+            "concat",
+            xs,
+            lambda: torch.cat([t.buffer.data for t in xs], dim),
+            xs[0].dtype,
+            xs[0].layout,
+        )
+
+    def to_layout(self, x: Tensor, layout: Layout) -> Tensor:
+        if x.dtype is DataType.BFLOAT8_B and layout is not Layout.TILE:
+            raise ContractViolation("dtype", "Layout must be Layout::TILE for bfloat8_b")
+        if not x.buffer.on_device:
+            return self._new(x.buffer.data.clone(), x.dtype, layout, False)
+        return self._single("to_layout", [x], lambda: x.buffer.data, x.dtype, layout)
+
+    def typecast(self, x: Tensor, dtype: DataType) -> Tensor:
+        return self._single("typecast", [x], lambda: x.buffer.data, dtype, x.layout)
+
+    def copy(self, a: Tensor, b: Tensor) -> Tensor:
+        _same("copy", a, b)
+        return self._inplace("copy", [a], b, lambda: a.buffer.data)
+
+    def fill_cache(self, cache: Tensor, x: Tensor, batch_idx: int) -> Tensor:
+        if cache.dtype != x.dtype or cache.shape[1:] != x.shape[1:] or x.shape[0] != 1:
+            raise ContractViolation(
+                "dtype", f"fill_cache {x.shape}/{x.dtype} into {cache.shape}/{cache.dtype}"
+            )
+
+        def fn() -> torch.Tensor:
+            new = cache.buffer.data.clone()
+            new[batch_idx] = x.buffer.data[0]
+            return new
+
+        return self._inplace("fill_cache", [x], cache, fn)
+
+    # ---- math ---------------------------------------------------------------------------------
+    def embedding(self, ids: Tensor, weight: Tensor, *, layout: Layout | None = None) -> Tensor:
+        if ids.dtype is not DataType.UINT32 or ids.layout is not Layout.ROW_MAJOR:
+            raise ContractViolation(
+                "dtype", f"embedding ids must be UINT32 ROW_MAJOR, got {ids.dtype}"
+            )
+        return self._single(
+            "embedding",
+            [ids, weight],
+            lambda: F.embedding(ids.buffer.data, weight.buffer.data),
+            weight.dtype,
+            layout or Layout.ROW_MAJOR,
+        )
+
+    def linear(self, a: Tensor, b: Tensor) -> Tensor:
+        return self.matmul(a, b)
+
+    def matmul(self, a: Tensor, b: Tensor) -> Tensor:
+        if a.layout is not Layout.TILE or b.layout is not Layout.TILE:
+            raise ContractViolation("tile", "matmul operands must be TILE")
+        if a.shape[-1] != b.shape[-2]:
+            raise ContractViolation("dtype", f"matmul {a.shape} @ {b.shape}")
+        return self._single("matmul", [a, b], lambda: a.buffer.data @ b.buffer.data, a.dtype)
+
+    def rms_norm(self, x: Tensor, *, epsilon: float, weight: Tensor) -> Tensor:
+        def fn() -> torch.Tensor:
+            d = x.buffer.data
+            return (
+                d
+                * torch.rsqrt(d.pow(2).mean(-1, keepdim=True) + epsilon)
+                * weight.buffer.data.reshape(-1)
+            )
+
+        return self._single("rms_norm", [x, weight], fn, x.dtype)
+
+    def _binary(self, name: str, a: Any, b: Any, f: Callable[[Any, Any], torch.Tensor]) -> Tensor:
+        ts = [t for t in (a, b) if isinstance(t, Tensor)]
+        for t in ts:
+            if t.layout is not Layout.TILE:
+                raise ContractViolation("tile", f"{name} on a ROW_MAJOR tensor")
+
+        def val(v: Any) -> Any:
+            return v.buffer.data if isinstance(v, (Tensor, Ref)) else v
+
+        return self._single(name, ts, lambda: f(val(a), val(b)), ts[0].dtype)
+
+    def add(self, a: Any, b: Any) -> Tensor:
+        return self._binary("add", a, b, lambda x, y: x + y)
+
+    def sub(self, a: Any, b: Any) -> Tensor:
+        return self._binary("sub", a, b, lambda x, y: x - y)
+
+    def mul(self, a: Any, b: Any) -> Tensor:
+        return self._binary("mul", a, b, lambda x, y: x * y)
+
+    def ge(self, a: Any, b: Any) -> Tensor:
+        return self._binary("ge", a, b, lambda x, y: (x >= y).float())
+
+    def _unary(self, name: str, x: Tensor, f: Callable[[torch.Tensor], torch.Tensor]) -> Tensor:
+        return self._single(name, [x], lambda: f(x.buffer.data), x.dtype)
+
+    def sigmoid(self, x: Tensor) -> Tensor:
+        return self._unary("sigmoid", x, torch.sigmoid)
+
+    def silu(self, x: Tensor) -> Tensor:
+        return self._unary("silu", x, F.silu)
+
+    def softplus(self, x: Tensor, *, beta: float, threshold: float) -> Tensor:
+        return self._unary("softplus", x, lambda d: F.softplus(d, beta=beta, threshold=threshold))
+
+    def rsqrt(self, x: Tensor) -> Tensor:
+        return self._unary("rsqrt", x, torch.rsqrt)
+
+    def reciprocal(self, x: Tensor) -> Tensor:
+        return self._unary("reciprocal", x, torch.reciprocal)
+
+    def sum(self, x: Tensor, dim: int, keepdim: bool = False) -> Tensor:
+        return self._unary("sum", x, lambda d: d.sum(dim, keepdim=keepdim))
+
+    def softmax(self, x: Tensor, dim: int = -1, *, numeric_stable: bool = True) -> Tensor:
+        return self._unary("softmax", x, lambda d: torch.softmax(d, dim))
+
+    def topk(self, x: Tensor, k: int, dim: int, largest: bool, sorted: bool) -> list[Tensor]:
+        vals = self._unary("topk", x, lambda d: d.topk(k, dim, largest, sorted).values)
+        idx = self._single(
+            "topk_idx",
+            [x],
+            lambda: x.buffer.data.topk(k, dim, largest, sorted).indices,
+            DataType.UINT32,
+            Layout.TILE,
+        )
+        return [vals, idx]
+
+    def argmax(self, x: Tensor, dim: int | None = None) -> Tensor:
+        if x.dtype not in (DataType.BFLOAT16, DataType.FLOAT32):
+            raise ContractViolation("dtype", f"argmax input must be bf16/fp32, got {x.dtype}")
+        if dim is None and x.layout is not Layout.ROW_MAJOR:
+            raise ContractViolation("dtype", "argmax over all dims needs ROW_MAJOR")
+        return self._single(
+            "argmax", [x], lambda: x.buffer.data.argmax(dim=-1), DataType.UINT32, Layout.ROW_MAJOR
+        )
+
+    # ---- paged attention ------------------------------------------------------------------------
+    def _check_cache(self, cache: Tensor, table: Tensor) -> None:
+        if cache.layout is not Layout.TILE or cache.shape[2] % 32 or cache.shape[3] % 32:
+            raise ContractViolation(
+                "tile", f"paged cache {cache.shape} must be TILE with 32-aligned block/head"
+            )
+        if table.dtype is not DataType.INT32 or table.layout is not Layout.ROW_MAJOR:
+            raise ContractViolation("dtype", "page tables must be INT32 ROW_MAJOR")
+
+    def _paged_fill_cache(
+        self, cache: Tensor, x: Tensor, page_table: Tensor, *, batch_idx: int = 0
+    ) -> Tensor:
+        self._check_cache(cache, page_table)
+        if x.dtype != cache.dtype:
+            raise ContractViolation(
+                "dtype", f"paged_fill_cache input {x.dtype} != cache {cache.dtype}"
+            )
+        if x.shape[2] % 32:
+            raise ContractViolation("tile", f"paged_fill_cache of {x.shape[2]} tokens")
+
+        def fn() -> torch.Tensor:
+            new, bs = cache.buffer.data.clone(), cache.shape[2]
+            t = x.shape[2]
+            pos = torch.arange(t)
+            blocks = page_table.buffer.data[batch_idx, pos // bs]
+            new[blocks, :, pos % bs] = x.buffer.data[0].permute(1, 0, 2)
+            return new
+
+        return self._inplace("paged_fill_cache", [x, page_table], cache, fn)
+
+    def _paged_update_cache(
+        self,
+        cache: Tensor,
+        x: Tensor,
+        *,
+        update_idxs: Sequence[int] = (),
+        update_idxs_tensor: Tensor | None = None,
+        page_table: Tensor | None = None,
+    ) -> Tensor:
+        if update_idxs_tensor is None:
+            if self.capturing:
+                raise ContractViolation(
+                    "runtime_args", "paged_update_cache positions as a list under trace"
+                )
+            raise ContractViolation("runtime_args", "pass positions as update_idxs_tensor")
+        assert page_table is not None
+        self._check_cache(cache, page_table)
+        if not x.buffer.sharded:
+            raise ContractViolation("dtype", "paged_update_cache input must be height-sharded")
+        if update_idxs_tensor.dtype is not DataType.INT32:
+            raise ContractViolation("dtype", "update_idxs_tensor must be INT32")
+
+        def fn() -> torch.Tensor:
+            new, bs = cache.buffer.data.clone(), cache.shape[2]
+            for b, p in enumerate(update_idxs_tensor.buffer.data.tolist()):
+                if p >= 0:
+                    new[page_table.buffer.data[b, p // bs], :, p % bs] = x.buffer.data[0, b]
+            return new
+
+        return self._inplace("paged_update_cache", [x, update_idxs_tensor, page_table], cache, fn)
+
+    @staticmethod
+    def _attend(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        scores = (q @ k.transpose(-1, -2)) * scale
+        probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+        return probs @ v
+
+    @staticmethod
+    def _gather(cache: torch.Tensor, row: torch.Tensor, length: int) -> torch.Tensor:
+        g = cache[row]  # [W, kvh, bs, hd]
+        return g.permute(1, 0, 2, 3).reshape(cache.shape[1], -1, cache.shape[3])[:, :length]
+
+    def _chunked_sdpa(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        page_table: Tensor,
+        chunk_start_idx: int | None = None,
+        *,
+        chunk_start_idx_tensor: Tensor | None = None,
+        scale: float | None = None,
+        program_config: Any = None,
+    ) -> Tensor:
+        if chunk_start_idx_tensor is None:
+            if self.capturing:
+                raise ContractViolation("runtime_args", "chunk start as a Python int under trace")
+        elif chunk_start_idx_tensor.dtype is not DataType.INT32:
+            raise ContractViolation("dtype", "chunk_start_idx_tensor must be INT32")
+        self._check_cache(k, page_table)
+        t, hd = q.shape[2], q.shape[3]
+        if t % 32:
+            raise ContractViolation("tile", f"chunked SDPA chunk of {t} tokens")
+        qc = program_config.q_chunk_size if program_config is not None else 32
+        sc = scale if scale is not None else hd**-0.5
+
+        def fn() -> torch.Tensor:
+            start = (
+                int(chunk_start_idx_tensor.buffer.data.reshape(-1)[0])
+                if chunk_start_idx_tensor is not None
+                else int(chunk_start_idx or 0)
+            )
+            if start % qc:
+                raise ContractViolation("tile", f"chunk start {start} not a multiple of {qc}")
+            end = start + t
+            row = page_table.buffer.data[0]
+            keys = self._gather(k.buffer.data, row, end)
+            vals = self._gather(v.buffer.data, row, end)
+            rep = q.shape[1] // keys.shape[0]
+            keys, vals = keys.repeat_interleave(rep, 0), vals.repeat_interleave(rep, 0)
+            mask = torch.arange(end)[None, :] <= torch.arange(start, end)[:, None]
+            return self._attend(q.buffer.data[0], keys, vals, mask, sc)[None]
+
+        ins = [q, k, v, page_table] + (
+            [chunk_start_idx_tensor] if chunk_start_idx_tensor is not None else []
+        )
+        return self._single("chunked_sdpa", ins, fn, q.dtype)
+
+    def _sdpa_decode(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        page_table: Tensor,
+        *,
+        cur_pos_tensor: Tensor | None = None,
+        scale: float | None = None,
+    ) -> Tensor:
+        if cur_pos_tensor is None or cur_pos_tensor.dtype is not DataType.INT32:
+            raise ContractViolation(
+                "runtime_args", "decode positions must be an INT32 cur_pos_tensor"
+            )
+        self._check_cache(k, page_table)
+        b, nh, hd = q.shape[1], q.shape[2], q.shape[3]
+        sc = scale if scale is not None else hd**-0.5
+
+        def fn() -> torch.Tensor:
+            out = torch.zeros(1, b, -(-nh // 32) * 32, hd)
+            for i, p in enumerate(cur_pos_tensor.buffer.data.tolist()):
+                if p < 0:
+                    continue
+                row = page_table.buffer.data[i]
+                keys = self._gather(k.buffer.data, row, p + 1)
+                vals = self._gather(v.buffer.data, row, p + 1)
+                rep = nh // keys.shape[0]
+                qi = q.buffer.data[0, i].reshape(keys.shape[0], rep, hd)
+                mask = torch.ones(rep, p + 1, dtype=torch.bool)
+                out[0, i, :nh] = self._attend(qi, keys, vals, mask, sc).reshape(nh, hd)
+            return out
+
+        return self._single("sdpa_decode", [q, k, v, page_table, cur_pos_tensor], fn, q.dtype)
+
+    # ---- Gated DeltaNet ---------------------------------------------------------------------------
+    def _qkv_conv(
+        self,
+        x: Tensor,
+        history: Tensor,
+        tap0: Tensor,
+        tap1: Tensor,
+        tap2: Tensor,
+        tap3: Tensor,
+        q_width: int,
+        k_width: int,
+        v_width: int,
+        *,
+        program_config: Any,
+        actual_start: Tensor,
+        predecessor_carry: Tensor,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        taps = [tap0, tap1, tap2, tap3]
+        c = q_width + k_width + v_width
+        if history.layout is not Layout.ROW_MAJOR or history.dtype is not DataType.BFLOAT16:
+            raise ContractViolation("dtype", "conv history must be ROW_MAJOR BFLOAT16")
+        if x.dtype is not DataType.BFLOAT16 or any(
+            t.layout is not Layout.TILE or t.dtype is not DataType.BFLOAT16 for t in taps
+        ):
+            raise ContractViolation("dtype", "conv input and taps must be BFLOAT16 (taps TILE)")
+        if actual_start.dtype is not DataType.UINT32:
+            raise ContractViolation("dtype", "actual_start must be UINT32")
+        if x.shape[1] % 32 or any(w % 32 for w in (q_width, k_width, v_width)) or x.shape[2] != c:
+            raise ContractViolation(
+                "tile", f"conv T={x.shape[1]} widths={q_width, k_width, v_width}"
+            )
+        if c % program_config.channel_chunk_size:
+            raise ContractViolation("tile", "channel_chunk_size must divide the channels")
+
+        def fn() -> tuple[torch.Tensor, ...]:
+            if int(actual_start.buffer.data.reshape(-1)[0]) % 32:
+                raise ContractViolation("tile", "actual_start must be 32-aligned")
+            full = torch.cat([history.buffer.data[0], x.buffer.data[0]], 0).T  # [C, 3+T]
+            w = torch.stack([t.buffer.data.reshape(-1) for t in taps], 1)[:, None, :]
+            out = F.silu(F.conv1d(full[None], w, groups=c)[0]).T[None]  # [1, T, C]
+            return tuple(torch.split(out, [q_width, k_width, v_width], -1))
+
+        outs: list[Tensor] = []
+
+        def write(res: tuple[torch.Tensor, ...]) -> list[Buffer]:
+            outs.extend(self._out(r, DataType.BFLOAT16, Layout.TILE) for r in res)
+            return [o.buffer for o in outs]
+
+        self._op("qkv_causal_conv1d_silu", [x, history, *taps, actual_start], fn, write)
+        return outs[0], outs[1], outs[2]
+
+    def _gdr_out(
+        self,
+        name: str,
+        ins: list[Tensor],
+        fn: Callable[[], tuple[torch.Tensor, torch.Tensor]],
+        o_layout: Layout,
+    ) -> tuple[Tensor, Tensor]:
+        outs: list[Tensor] = []
+
+        def write(res: tuple[torch.Tensor, torch.Tensor]) -> list[Buffer]:
+            outs.append(self._out(res[0], DataType.FLOAT32, o_layout))
+            outs.append(self._out(res[1], DataType.FLOAT32, Layout.TILE))
+            return [o.buffer for o in outs]
+
+        self._op(name, ins, fn, write)
+        return outs[0], outs[1]
+
+    def _chunk_gdr(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        g: Tensor,
+        beta: Tensor,
+        *,
+        scale: float | None = None,
+        initial_state: Tensor | None = None,
+        output_final_state: bool = False,
+        chunk_size: int = 64,
+        eye: Tensor | None = None,
+        tril: Tensor | None = None,
+        ones: Tensor | None = None,
+        masks: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        consts = [eye, tril, ones, masks]
+        if self.capturing and any(c is None for c in consts):
+            raise ContractViolation(
+                "runtime_args", "chunk_gated_delta_rule under trace needs eye/tril/ones/masks"
+            )
+        if any(t.layout is not Layout.TILE for t in (q, k, v, g, beta)):
+            raise ContractViolation("tile", "chunk_gated_delta_rule inputs must be TILE")
+        if initial_state is None or initial_state.dtype is not DataType.FLOAT32:
+            raise ContractViolation("dtype", "initial_state must be FLOAT32")
+        b, t = q.shape[0], q.shape[1]
+        hv, dv = initial_state.shape[1], initial_state.shape[3]
+        if len(q.shape) == 3 and (chunk_size != 32 or t % 32 or initial_state.shape[2] != dv):
+            raise ContractViolation(
+                "tile", "flat chunk_gated_delta_rule needs chunk 32, T%32==0, K==V"
+            )
+
+        def fn() -> tuple[torch.Tensor, torch.Tensor]:
+            dk = initial_state.shape[2]
+            qd = q.buffer.data.reshape(b, t, -1, dk)
+            kd = k.buffer.data.reshape(b, t, -1, dk)
+            rep = hv // qd.shape[2]
+            sc = scale if scale is not None else dk**-0.5
+            outs, finals = [], []
+            for i in range(b):
+                qi = l2norm(qd[i]).repeat_interleave(rep, 1) * sc
+                ki = l2norm(kd[i]).repeat_interleave(rep, 1)
+                vi = v.buffer.data[i].reshape(t, hv, dv)
+                o, s = chunk_gated_delta(
+                    qi,
+                    ki,
+                    vi,
+                    g.buffer.data[i],
+                    beta.buffer.data[i],
+                    initial_state.buffer.data[i],
+                    chunk=chunk_size,
+                )
+                outs.append(o)
+                finals.append(s)
+            return torch.stack(outs), torch.stack(finals)
+
+        ins = [q, k, v, g, beta, initial_state] + [c for c in consts if c is not None]
+        return self._gdr_out("chunk_gated_delta_rule", ins, fn, Layout.ROW_MAJOR)
+
+    def _recurrent_gdr(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        g: Tensor,
+        beta: Tensor,
+        *,
+        scale: float | None = None,
+        initial_state: Tensor | None = None,
+        output_final_state: bool = False,
+    ) -> tuple[Tensor, Tensor]:
+        if initial_state is None or initial_state.dtype is not DataType.FLOAT32:
+            raise ContractViolation("dtype", "initial_state must be FLOAT32")
+        if q.shape[1] != 1:
+            raise ContractViolation("dtype", "decode runs one token per row")
+
+        def fn() -> tuple[torch.Tensor, torch.Tensor]:
+            hv, dk = v.shape[2], q.shape[3]
+            rep = hv // q.shape[2]
+            qd = q.buffer.data[:, 0].repeat_interleave(rep, 1) * (
+                scale if scale is not None else dk**-0.5
+            )
+            kd = k.buffer.data[:, 0].repeat_interleave(rep, 1)
+            o, s = recurrent_gated_delta_step(
+                qd,
+                kd,
+                v.buffer.data[:, 0],
+                g.buffer.data[:, 0],
+                beta.buffer.data[:, 0],
+                initial_state.buffer.data,
+            )
+            return o[:, None], s
+
+        return self._gdr_out(
+            "fused_recurrent_gated_delta_rule", [q, k, v, g, beta, initial_state], fn, Layout.TILE
+        )
+
+
+def _same(what: str, a: Tensor, b: Tensor) -> None:
+    if a.shape != b.shape or a.dtype != b.dtype or a.layout != b.layout:
+        raise ContractViolation(
+            "dtype", f"{what}: {a.shape}/{a.dtype}/{a.layout} vs {b.shape}/{b.dtype}/{b.layout}"
+        )
+
+
+class Ref:
+    """What a recorded op keeps of a tensor: its buffer, not the user's handle (a trace does
+    not keep the tensors it read alive; their addresses may be reused after capture)."""
+
+    def __init__(self, t: Tensor) -> None:
+        self.buffer, self.dtype, self.layout = t.buffer, t.dtype, t.layout
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.buffer.data.shape)
+
+
+def _detach_closure(fn: Callable[..., Any]) -> None:
+    for cell in fn.__closure__ or ():
+        value = cell.cell_contents
+        if isinstance(value, Tensor):
+            cell.cell_contents = Ref(value)
+        elif isinstance(value, (list, tuple)) and any(isinstance(v, Tensor) for v in value):
+            cell.cell_contents = type(value)(Ref(v) if isinstance(v, Tensor) else v for v in value)
+
+
+def _flat(result: Any) -> list[torch.Tensor]:
+    return list(result) if isinstance(result, tuple) else [result]

@@ -1,0 +1,67 @@
+"""Build tt backends on the contract fake and drive them (and the torch backend) via the engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tests.tt_contract.fake_ttnn import FakeTTNN
+from tt_serve.engine.engine import Engine, EngineConfig
+from tt_serve.engine.scheduler import SchedulerConfig
+from tt_serve.model.interface import Backend
+from tt_serve.model.ref import TorchBackend
+from tt_serve.model.spec import ModelSpec
+from tt_serve.model.tt.backend import TTBackend
+from tt_serve.model.tt.ops import Ops
+from tt_serve.model.weights import load_weights
+from tt_serve.sequence import SamplingParams
+
+BLOCK = 64
+CHUNK = 128
+
+
+def tt_backend(path: Path, fake: FakeTTNN | None = None, **kw: Any) -> TTBackend:
+    ops = Ops(fake or FakeTTNN())
+    ops.open_device(0, trace_region_size=1 << 20, l1_small_size=0)
+    spec = ModelSpec.from_hf_dir(path)
+    kw.setdefault("max_prefill_chunk", CHUNK)
+    return TTBackend(spec, load_weights(path, spec), ops=ops, **kw)
+
+
+def torch_backend(path: Path) -> TorchBackend:
+    return TorchBackend.from_pretrained(path)
+
+
+def engine(backend: Backend, spec: ModelSpec, *, prefix_caching: bool = True) -> Engine:
+    config = EngineConfig(
+        scheduler=SchedulerConfig(max_batch=4, chunk=CHUNK, block_size=BLOCK, mixed_steps=False),
+        num_kv_blocks=48,
+        num_snapshot_slots=8,
+        max_model_len=1024,
+        vocab_size=spec.vocab_size,
+        prefix_caching=prefix_caching,
+    )
+    return Engine(backend, config)
+
+
+def generate(eng: Engine, prompts: list[list[int]], n: int) -> list[tuple[list[int], int]]:
+    """Greedy tokens and cached-token counts, one request after another (so later prompts can
+    hit the prefix cache the earlier ones filled)."""
+    out = []
+    for i, p in enumerate(prompts):
+        eng.add_request(f"r{i}", p, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
+        done = None
+        while eng.has_unfinished():
+            for o in eng.step():
+                if o.finished:
+                    done = o
+        assert done is not None and done.error is None, done
+        out.append((list(done.token_ids), done.cached_tokens))
+    return out
+
+
+def prompt(n: int, seed: int, vocab: int = 4096) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return [int(t) for t in torch.randint(3, vocab, (n,), generator=g)]
