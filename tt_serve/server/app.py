@@ -8,25 +8,22 @@ state slots and snapshot pins.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
 import threading
-import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tt_serve.engine.async_engine import AsyncEngine, EngineSnapshot, QueueFullError
-from tt_serve.sequence import RequestError, RequestOutput, SamplingParams
+from tt_serve.engine.async_engine import AsyncEngine
+from tt_serve.server.jobs import encode_prompts, make_jobs, run_all, sse
 from tt_serve.server.metrics import Metrics
 from tt_serve.server.protocol import (
     APIError,
@@ -34,32 +31,14 @@ from tt_serve.server.protocol import (
     CompletionRequest,
     error_body,
     new_id,
-    now,
-    usage,
 )
-from tt_serve.tokenizer import Tokenizer
+from tt_serve.server.responses import chat_body, completion_body, stream_chat, stream_completion
+from tt_serve.server.state import ServerState
 
 log = logging.getLogger(__name__)
 
 DEFAULT_CHAT_MAX_TOKENS = 512
 MAX_BODY_BYTES = 8 << 20
-
-
-@dataclass
-class ServerState:
-    """What the endpoints need once loading is done."""
-
-    model_name: str
-    api_key: str | None = None
-    engine: AsyncEngine | None = None
-    tokenizer: Tokenizer | None = None
-    max_model_len: int = 0
-    load_error: str | None = None
-    created: int = field(default_factory=now)
-
-    @property
-    def ready(self) -> bool:
-        return self.engine is not None
 
 
 class _BodyLimit:
@@ -247,19 +226,19 @@ def create_app(state: ServerState, loader: Callable[[ServerState], None] | None 
                 "computed for cached prefixes)",
                 param="echo",
             )
-        prompts = _encode_prompts(body.prompt, state.tokenizer)
+        prompts = encode_prompts(body.prompt, state.tokenizer)
         max_tokens = body.max_tokens if body.max_tokens is not None else 16
-        jobs = _jobs(body, prompts, max_tokens, body.logprobs, engine)
+        jobs = make_jobs(body, prompts, max_tokens, body.logprobs, engine)
         rid = new_id("cmpl")
         if body.stream:
-            return _sse(
-                _stream_completion(rid, body, prompts, jobs, state, metrics),
+            return sse(
+                stream_completion(rid, body, prompts, jobs, state, metrics),
                 request,
                 [j.request_id for j in jobs],
                 engine,
             )
-        results = await _run_all(request, engine, jobs, metrics)
-        return JSONResponse(_completion_body(rid, body, prompts, jobs, results, state))
+        results = await run_all(request, engine, jobs, metrics)
+        return JSONResponse(completion_body(rid, body, prompts, jobs, results, state))
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
@@ -289,451 +268,20 @@ def create_app(state: ServerState, loader: Callable[[ServerState], None] | None 
         if limit is None:
             limit = max(1, min(DEFAULT_CHAT_MAX_TOKENS, state.max_model_len - len(prompt)))
         k = (body.top_logprobs or 0) if body.logprobs else None
-        jobs = _jobs(body, [prompt], limit, k, engine)
+        jobs = make_jobs(body, [prompt], limit, k, engine)
         rid = new_id("chatcmpl")
         if body.stream:
-            return _sse(
-                _stream_chat(rid, body, prompt, jobs, state, metrics),
+            return sse(
+                stream_chat(rid, body, prompt, jobs, state, metrics),
                 request,
                 [j.request_id for j in jobs],
                 engine,
             )
-        results = await _run_all(request, engine, jobs, metrics)
-        return JSONResponse(_chat_body(rid, body, prompt, jobs, results, state))
+        results = await run_all(request, engine, jobs, metrics)
+        return JSONResponse(chat_body(rid, body, prompt, jobs, results, state))
 
     app.add_middleware(_BodyLimit, limit=MAX_BODY_BYTES)
     return app
 
 
-# -- request plumbing --------------------------------------------------------------------------
-
-
-@dataclass
-class _Job:
-    request_id: str
-    prompt_index: int
-    choice: int
-    prompt: list[int]
-    params: SamplingParams
-
-
-def _encode_prompts(prompt: Any, tok: Tokenizer | None) -> list[list[int]]:
-    if isinstance(prompt, str):
-        items: list[Any] = [prompt]
-    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-        items = [prompt]
-    else:
-        items = list(prompt)
-    if not items:
-        raise APIError(400, "prompt must not be empty", param="prompt")
-    out: list[list[int]] = []
-    for p in items:
-        if isinstance(p, str):
-            if tok is None:
-                raise APIError(400, "this model ships no tokenizer: send token ids", param="prompt")
-            out.append(tok.encode(p))
-        else:
-            out.append([int(t) for t in p])
-    return out
-
-
-def _jobs(
-    body: Any,
-    prompts: list[list[int]],
-    max_tokens: int,
-    logprobs: int | None,
-    engine: AsyncEngine,
-) -> list[_Job]:
-    waiting = engine.snapshot.num_waiting
-    if waiting + len(prompts) * body.n > engine.max_waiting:
-        raise APIError(
-            503,
-            f"the waiting queue is full ({engine.max_waiting} requests); retry later",
-            type="server_unavailable",
-            code="queue_full",
-        )
-    jobs = []
-    for i, p in enumerate(prompts):
-        for c in range(body.n):
-            params = body.sampling_params(max_tokens, logprobs, seed_offset=c)
-            try:
-                engine.validate(p, params)
-            except RequestError as exc:
-                raise APIError(
-                    400,
-                    str(exc),
-                    param="prompt" if "prompt" in str(exc) else None,
-                    code="context_length_exceeded" if "context" in str(exc) else None,
-                ) from exc
-            jobs.append(_Job(new_id("req"), i, c, p, params))
-    return jobs
-
-
-async def _consume(
-    engine: AsyncEngine,
-    job: _Job,
-    metrics: Metrics,
-    on_output: Callable[[RequestOutput], Any] | None = None,
-) -> RequestOutput:
-    last: RequestOutput | None = None
-    last_time: float | None = None
-    try:
-        async for out in engine.generate(job.request_id, job.prompt, job.params):
-            t = time.monotonic()
-            if out.new_token_ids:
-                metrics.observe_token(last_time, t)
-                last_time = t
-            last = out
-            if on_output is not None:
-                await on_output(out)
-    except QueueFullError as exc:
-        raise APIError(503, str(exc), type="server_unavailable", code="queue_full") from exc
-    except RequestError as exc:
-        raise APIError(400, str(exc)) from exc
-    assert last is not None
-    metrics.observe_finished(last)
-    if last.finish_reason == "error":
-        raise APIError(500, f"generation failed: {last.error}", type="server_error")
-    return last
-
-
-async def _run_all(
-    request: Request, engine: AsyncEngine, jobs: list[_Job], metrics: Metrics
-) -> list[RequestOutput]:
-    """Run jobs concurrently; a client disconnect cancels (and so aborts) all of them."""
-    tasks = [asyncio.ensure_future(_consume(engine, j, metrics)) for j in jobs]
-    gathered = asyncio.gather(*tasks)
-
-    async def watch() -> None:
-        while not gathered.done():
-            if await request.is_disconnected():
-                gathered.cancel()
-                return
-            await asyncio.sleep(0.1)
-
-    watcher = asyncio.ensure_future(watch())
-    try:
-        return list(await gathered)
-    except BaseException:
-        for t in tasks:
-            t.cancel()
-        raise
-    finally:
-        watcher.cancel()
-
-
-def _sse(
-    gen: AsyncIterator[dict[str, Any]],
-    request: Request,
-    request_ids: list[str],
-    engine: AsyncEngine,
-) -> StreamingResponse:
-    async def body() -> AsyncIterator[bytes]:
-        try:
-            async for chunk in gen:
-                yield f"data: {json.dumps(chunk)}\n\n".encode()
-        except APIError as exc:
-            yield f"data: {json.dumps(exc.body())}\n\n".encode()
-        finally:
-            # Runs on normal end, on error and when the client goes away (cancellation).
-            await gen.aclose()  # type: ignore[attr-defined]
-            for rid in request_ids:
-                engine.abort(rid)
-        yield b"data: [DONE]\n\n"
-
-    return StreamingResponse(
-        body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-    )
-
-
-async def _merged(
-    engine: AsyncEngine, jobs: list[_Job], metrics: Metrics
-) -> AsyncIterator[tuple[_Job, RequestOutput]]:
-    """Outputs of several concurrent jobs, as they come."""
-    q: asyncio.Queue[tuple[_Job, RequestOutput] | BaseException | None] = asyncio.Queue()
-
-    async def run(job: _Job) -> None:
-        async def put(out: RequestOutput) -> None:
-            await q.put((job, out))
-
-        try:
-            await _consume(engine, job, metrics, put)
-        except BaseException as exc:
-            await q.put(exc)
-            raise
-        finally:
-            await q.put(None)
-
-    tasks = [asyncio.ensure_future(run(j)) for j in jobs]
-    remaining = len(tasks)
-    try:
-        while remaining:
-            item = await q.get()
-            if item is None:
-                remaining -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield item
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-# -- completions -------------------------------------------------------------------------------
-
-
-def _token_text(tok: Tokenizer | None, t: int) -> str:
-    return tok.decode([t], skip_special_tokens=False) if tok is not None else str(t)
-
-
-def _completion_logprobs(
-    out: RequestOutput, tok: Tokenizer | None, offset: int, start: int = 0
-) -> dict[str, Any] | None:
-    if out.logprobs is None:
-        return None
-    tokens, token_lps, tops, offsets = [], [], [], []
-    pos = offset
-    for t, d in zip(out.token_ids[start:], out.logprobs[start:], strict=False):
-        s = _token_text(tok, t)
-        tokens.append(s)
-        token_lps.append(d.get(t))
-        tops.append({_token_text(tok, k): v for k, v in d.items()})
-        offsets.append(pos)
-        pos += len(s)
-    return {
-        "tokens": tokens,
-        "token_logprobs": token_lps,
-        "top_logprobs": tops,
-        "text_offset": offsets,
-    }
-
-
-def _out_text(out: RequestOutput) -> str:
-    return out.text if out.text is not None else ""
-
-
-def _completion_body(
-    rid: str,
-    body: CompletionRequest,
-    prompts: list[list[int]],
-    jobs: list[_Job],
-    results: list[RequestOutput],
-    state: ServerState,
-) -> dict[str, Any]:
-    choices = []
-    tok = state.tokenizer
-    for idx, (job, out) in enumerate(zip(jobs, results, strict=True)):
-        prefix = ""
-        if body.echo:
-            prefix = tok.decode(job.prompt) if tok is not None else ""
-        choices.append(
-            {
-                "index": idx,
-                "text": prefix + _out_text(out),
-                "logprobs": _completion_logprobs(out, tok, len(prefix)),
-                "finish_reason": out.finish_reason,
-            }
-        )
-    return {
-        "id": rid,
-        "object": "text_completion",
-        "created": now(),
-        "model": state.model_name,
-        "choices": choices,
-        "usage": _usage(prompts, jobs, results),
-    }
-
-
-def _usage(
-    prompts: list[list[int]], jobs: list[_Job], results: list[RequestOutput]
-) -> dict[str, Any]:
-    cached: dict[int, int] = {}
-    for job, out in zip(jobs, results, strict=True):
-        cached.setdefault(job.prompt_index, out.cached_tokens)
-    return usage(
-        sum(len(p) for p in prompts), sum(len(o.token_ids) for o in results), sum(cached.values())
-    )
-
-
-async def _stream_completion(
-    rid: str,
-    body: CompletionRequest,
-    prompts: list[list[int]],
-    jobs: list[_Job],
-    state: ServerState,
-    metrics: Metrics,
-) -> AsyncIterator[dict[str, Any]]:
-    engine = state.engine
-    assert engine is not None
-    tok = state.tokenizer
-    index = {j.request_id: i for i, j in enumerate(jobs)}
-    finals: dict[str, RequestOutput] = {}
-    created = now()
-    if body.echo:
-        for i, job in enumerate(jobs):
-            text = tok.decode(job.prompt) if tok is not None else ""
-            yield {
-                "id": rid,
-                "object": "text_completion",
-                "created": created,
-                "model": state.model_name,
-                "choices": [{"index": i, "text": text, "logprobs": None, "finish_reason": None}],
-            }
-    sent: dict[str, int] = {}
-    async for job, out in _merged(engine, jobs, metrics):
-        start = sent.get(job.request_id, 0)
-        sent[job.request_id] = len(out.token_ids)
-        if out.finished:
-            finals[job.request_id] = out
-        if not out.new_text and not out.new_token_ids and not out.finished:
-            continue
-        yield {
-            "id": rid,
-            "object": "text_completion",
-            "created": created,
-            "model": state.model_name,
-            "choices": [
-                {
-                    "index": index[job.request_id],
-                    "text": out.new_text,
-                    "logprobs": _completion_logprobs(out, tok, 0, start),
-                    "finish_reason": out.finish_reason,
-                }
-            ],
-        }
-    if body.stream_options is not None and body.stream_options.include_usage:
-        results = [finals[j.request_id] for j in jobs]
-        yield {
-            "id": rid,
-            "object": "text_completion",
-            "created": created,
-            "model": state.model_name,
-            "choices": [],
-            "usage": _usage(prompts, jobs, results),
-        }
-
-
-# -- chat --------------------------------------------------------------------------------------
-
-
-def _chat_logprobs(
-    out: RequestOutput, tok: Tokenizer | None, k: int, start: int = 0
-) -> dict[str, Any] | None:
-    if out.logprobs is None:
-        return None
-    content = []
-    for t, d in zip(out.token_ids[start:], out.logprobs[start:], strict=False):
-        s = _token_text(tok, t)
-        tops = sorted(((v, kk) for kk, v in d.items()), reverse=True)[:k]
-        content.append(
-            {
-                "token": s,
-                "logprob": d.get(t),
-                "bytes": list(s.encode()),
-                "top_logprobs": [
-                    {
-                        "token": _token_text(tok, kk),
-                        "logprob": v,
-                        "bytes": list(_token_text(tok, kk).encode()),
-                    }
-                    for v, kk in tops
-                ],
-            }
-        )
-    return {"content": content}
-
-
-def _chat_body(
-    rid: str,
-    body: ChatCompletionRequest,
-    prompt: list[int],
-    jobs: list[_Job],
-    results: list[RequestOutput],
-    state: ServerState,
-) -> dict[str, Any]:
-    k = body.top_logprobs or 0
-    choices = [
-        {
-            "index": i,
-            "message": {"role": "assistant", "content": _out_text(out)},
-            "logprobs": _chat_logprobs(out, state.tokenizer, k),
-            "finish_reason": out.finish_reason,
-        }
-        for i, out in enumerate(results)
-    ]
-    return {
-        "id": rid,
-        "object": "chat.completion",
-        "created": now(),
-        "model": state.model_name,
-        "choices": choices,
-        "usage": _usage([prompt], jobs, results),
-    }
-
-
-async def _stream_chat(
-    rid: str,
-    body: ChatCompletionRequest,
-    prompt: list[int],
-    jobs: list[_Job],
-    state: ServerState,
-    metrics: Metrics,
-) -> AsyncIterator[dict[str, Any]]:
-    engine = state.engine
-    assert engine is not None
-    created = now()
-    index = {j.request_id: i for i, j in enumerate(jobs)}
-    k = body.top_logprobs or 0
-
-    def chunk(choices: list[dict[str, Any]]) -> dict[str, Any]:
-        return {
-            "id": rid,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": state.model_name,
-            "choices": choices,
-        }
-
-    for i in range(len(jobs)):
-        yield chunk(
-            [
-                {
-                    "index": i,
-                    "delta": {"role": "assistant", "content": ""},
-                    "logprobs": None,
-                    "finish_reason": None,
-                }
-            ]
-        )
-    finals: dict[str, RequestOutput] = {}
-    sent: dict[str, int] = {}
-    async for job, out in _merged(engine, jobs, metrics):
-        start = sent.get(job.request_id, 0)
-        sent[job.request_id] = len(out.token_ids)
-        if out.finished:
-            finals[job.request_id] = out
-        if not out.new_text and not out.new_token_ids and not out.finished:
-            continue
-        delta = {"content": out.new_text} if out.new_text else {}
-        yield chunk(
-            [
-                {
-                    "index": index[job.request_id],
-                    "delta": delta,
-                    "logprobs": _chat_logprobs(out, state.tokenizer, k, start)
-                    if body.logprobs
-                    else None,
-                    "finish_reason": out.finish_reason,
-                }
-            ]
-        )
-    if body.stream_options is not None and body.stream_options.include_usage:
-        results = [finals[j.request_id] for j in jobs]
-        final = chunk([])
-        final["usage"] = _usage([prompt], jobs, results)
-        yield final
-
-
-__all__ = ["EngineSnapshot", "ServerState", "create_app"]
+__all__ = ["ServerState", "create_app"]

@@ -1,0 +1,26 @@
+"""What the HTTP endpoints share once the model is loaded."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tt_serve.engine.async_engine import AsyncEngine
+from tt_serve.server.protocol import now
+from tt_serve.tokenizer import Tokenizer
+
+
+@dataclass
+class ServerState:
+    """What the endpoints need once loading is done."""
+
+    model_name: str
+    api_key: str | None = None
+    engine: AsyncEngine | None = None
+    tokenizer: Tokenizer | None = None
+    max_model_len: int = 0
+    load_error: str | None = None
+    created: int = field(default_factory=now)
+
+    @property
+    def ready(self) -> bool:
+        return self.engine is not None
