@@ -56,11 +56,23 @@ class EngineOptions:
     device_resident: bool = False
 
 
-def load_backend(opts: EngineOptions) -> tuple[Backend, ModelSpec]:
+def load_backend(opts: EngineOptions, max_model_len: int) -> tuple[Backend, ModelSpec]:
     if opts.backend == "torch":
         from tt_serve.model.ref.backend import TorchBackend
 
-        tb = TorchBackend.from_pretrained(opts.model, device=opts.device, dtype=opts.dtype)
+        # On CUDA, traced prefill means CUDA graphs for prefill chunk buckets and decode batch
+        # buckets; device residency rides on the graphed decode path.
+        graphs = opts.device.startswith("cuda") and (opts.traced or opts.device_resident)
+        tb = TorchBackend.from_pretrained(
+            opts.model,
+            device=opts.device,
+            dtype=opts.dtype,
+            cuda_graphs=graphs,
+            traced_prefill=graphs and opts.traced,
+            device_resident=graphs and opts.device_resident,
+            max_prefill_chunk=opts.chunk,
+            max_model_len=max_model_len,
+        )
         return tb, tb.spec
     if opts.backend == "ttnn":
         from tt_serve.model.tt.backend import TTBackend
@@ -111,8 +123,11 @@ def size_pools(opts: EngineOptions, spec: ModelSpec, max_model_len: int) -> tupl
 def build_engine(
     opts: EngineOptions, *, tokenizer: Tokenizer | None = None
 ) -> tuple[Engine, ModelSpec]:
-    backend, spec = load_backend(opts)
-    max_len = min(opts.max_model_len or spec.max_position_embeddings, spec.max_position_embeddings)
+    from tt_serve.model.spec import ModelSpec
+
+    limit = ModelSpec.from_hf_dir(opts.model).max_position_embeddings
+    max_len = min(opts.max_model_len or limit, limit)
+    backend, spec = load_backend(opts, max_len)
     blocks, snaps = size_pools(opts, spec, max_len)
     eos = set(spec.eos_token_ids)
     if tokenizer is not None:
@@ -181,6 +196,8 @@ class LLM:
         max_num_batched_tokens: int = 2048,
         max_model_len: int | None = None,
         mixed_steps: bool = True,
+        traced: bool = False,
+        device_resident: bool = False,
         **unknown: Any,
     ) -> None:
         if unknown:
@@ -199,6 +216,8 @@ class LLM:
             max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len,
             mixed_steps=mixed_steps,
+            traced=traced,
+            device_resident=device_resident,
         )
         self.tokenizer = load_tokenizer(model)
         self.engine, self.spec = build_engine(self.options, tokenizer=self.tokenizer)

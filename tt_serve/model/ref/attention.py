@@ -31,19 +31,40 @@ class AttentionWeights:
     eps: float
 
 
-def _gather(pool: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+def gather_blocks(pool: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
     """pool [N, kvh, bs, hd], tables [B, W] -> [B, kvh, W·bs, hd]."""
     b, w = tables.shape
     g = pool[tables]  # [B, W, kvh, bs, hd]
     return g.permute(0, 2, 1, 3, 4).reshape(b, pool.shape[1], w * pool.shape[2], pool.shape[3])
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """q [B, kvh, rep·n.., hd] grouped per kv head; mask True where a key is visible."""
     scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
     scores = scores.masked_fill(~mask, float("-inf"))
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     return probs @ v
+
+
+def project_qkv(
+    x: torch.Tensor, w: AttentionWeights, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [T, H] -> q [T, heads, hd] (normed, roped), gate [T, heads·hd], k, v [T, kvh, hd]."""
+    t, hd, kvh = x.shape[0], w.head_dim, w.num_kv_heads
+    qg = F.linear(x, w.q_proj).reshape(t, w.num_heads, 2 * hd)
+    q, gate = qg[..., :hd], qg[..., hd:].reshape(t, -1)
+    q = apply_partial_rope(rms_norm(q, w.q_norm, w.eps), cos, sin)
+    k = apply_partial_rope(
+        rms_norm(F.linear(x, w.k_proj).reshape(t, kvh, hd), w.k_norm, w.eps), cos, sin
+    )
+    v = F.linear(x, w.v_proj).reshape(t, kvh, hd)
+    return q, gate, k, v
+
+
+def gated_output(out: torch.Tensor, gate: torch.Tensor, w: AttentionWeights) -> torch.Tensor:
+    """Per-head attention output [T, heads, hd] -> sigmoid-gated, projected [T, H]."""
+    attn = out.reshape(out.shape[0], -1) * torch.sigmoid(gate)
+    return F.linear(attn, w.o_proj)
 
 
 def attention_forward(
@@ -58,35 +79,28 @@ def attention_forward(
     """x [T, H] (normed) -> [T, H]; writes this step's K/V into the pools first."""
     t, hd, kvh = x.shape[0], w.head_dim, w.num_kv_heads
     rep = w.num_heads // kvh
-    qg = F.linear(x, w.q_proj).reshape(t, w.num_heads, 2 * hd)
-    q, gate = qg[..., :hd], qg[..., hd:].reshape(t, -1)
-    q = apply_partial_rope(rms_norm(q, w.q_norm, w.eps), cos, sin)
-    k = apply_partial_rope(
-        rms_norm(F.linear(x, w.k_proj).reshape(t, kvh, hd), w.k_norm, w.eps), cos, sin
-    )
-    v = F.linear(x, w.v_proj).reshape(t, kvh, hd)
+    q, gate, k, v = project_qkv(x, w, cos, sin)
     k_pool[plan.kv_blocks, :, plan.kv_offsets] = k.to(k_pool.dtype)
     v_pool[plan.kv_blocks, :, plan.kv_offsets] = v.to(v_pool.dtype)
 
     out = torch.empty(t, w.num_heads, hd, dtype=x.dtype, device=x.device)
     for sp in plan.spans:
         end = sp.start_pos + sp.n
-        keys = _gather(k_pool, sp.block_table[None])[0, :, :end].to(x.dtype)
-        vals = _gather(v_pool, sp.block_table[None])[0, :, :end].to(x.dtype)
+        keys = gather_blocks(k_pool, sp.block_table[None])[0, :, :end].to(x.dtype)
+        vals = gather_blocks(v_pool, sp.block_table[None])[0, :, :end].to(x.dtype)
         qs = q[sp.offset : sp.offset + sp.n].reshape(sp.n, kvh, rep, hd).permute(1, 2, 0, 3)
         qpos = torch.arange(sp.start_pos, end, device=x.device)
         mask = torch.arange(end, device=x.device)[None, :] <= qpos[:, None]  # [n, end]
-        o = _attend(qs.reshape(kvh, rep * sp.n, hd), keys, vals, mask.repeat(rep, 1))
+        o = attend(qs.reshape(kvh, rep * sp.n, hd), keys, vals, mask.repeat(rep, 1))
         out[sp.offset : sp.offset + sp.n] = (
             o.reshape(kvh, rep, sp.n, hd).permute(2, 0, 1, 3).reshape(sp.n, w.num_heads, hd)
         )
     if plan.num_decode:
         b = plan.num_decode
-        keys = _gather(k_pool, plan.dec_tables).to(x.dtype)
-        vals = _gather(v_pool, plan.dec_tables).to(x.dtype)
+        keys = gather_blocks(k_pool, plan.dec_tables).to(x.dtype)
+        vals = gather_blocks(v_pool, plan.dec_tables).to(x.dtype)
         qd = q[plan.dec_tokens].reshape(b, kvh, rep, hd)
         pos = torch.arange(keys.shape[2], device=x.device)
         mask = (pos[None, :] < plan.dec_lens[:, None])[:, None, None, :]  # [B, 1, 1, L]
-        out[plan.dec_tokens] = _attend(qd, keys, vals, mask).reshape(b, w.num_heads, hd)
-    attn = out.reshape(t, -1) * torch.sigmoid(gate)
-    return F.linear(attn, w.o_proj)
+        out[plan.dec_tokens] = attend(qd, keys, vals, mask).reshape(b, w.num_heads, hd)
+    return gated_output(out, gate, w)

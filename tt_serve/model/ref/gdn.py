@@ -99,6 +99,40 @@ def recurrent_gated_delta_step(
     return (s * q[..., None]).sum(-2), s
 
 
+def project_inputs(
+    x: torch.Tensor, w: GdnWeights
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [T, H] -> qkv [T, C] (pre-conv), z [T, Hv·dv], beta [T, Hv] and log decay g (fp32)."""
+    qkv = F.linear(x, w.in_proj_qkv)
+    z = F.linear(x, w.in_proj_z)
+    beta = torch.sigmoid(F.linear(x, w.in_proj_b)).float()
+    g = -w.a_log.exp() * F.softplus(F.linear(x, w.in_proj_a).float() + w.dt_bias)
+    return qkv, z, beta, g
+
+
+def split_heads(
+    mixed: torch.Tensor, w: GdnWeights
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Post-conv channels [T, C] -> q (l2-normed, scaled), k (l2-normed) [T, Hv, dk], v [T, Hv, dv]."""
+    kd = w.num_k_heads * w.head_k_dim
+    rep = w.num_v_heads // w.num_k_heads
+    q, k, v = torch.split(mixed, [kd, kd, mixed.shape[-1] - 2 * kd], dim=-1)
+    q = l2norm(q.reshape(-1, w.num_k_heads, w.head_k_dim)).repeat_interleave(rep, dim=1)
+    k = l2norm(k.reshape(-1, w.num_k_heads, w.head_k_dim)).repeat_interleave(rep, dim=1)
+    q = q * w.head_k_dim**-0.5
+    v = v.reshape(-1, w.num_v_heads, w.head_v_dim)
+    return q, k, v
+
+
+def gated_output(
+    core: torch.Tensor, z: torch.Tensor, w: GdnWeights, dtype: torch.dtype
+) -> torch.Tensor:
+    """Delta-rule output [T, Hv, dv] -> gated-normed, projected [T, H]."""
+    zz = z.reshape(-1, w.num_v_heads, w.head_v_dim)
+    o = rms_norm_gated(core.to(dtype), zz, w.norm, w.eps)
+    return F.linear(o.reshape(core.shape[0], -1), w.out_proj)
+
+
 def gdn_forward(
     x: torch.Tensor,
     w: GdnWeights,
@@ -107,11 +141,7 @@ def gdn_forward(
     rec_state: torch.Tensor,
 ) -> torch.Tensor:
     """x [T, H] (normed) -> [T, H]; reads and updates conv_state [S, C, K-1], rec_state [S, Hv, dk, dv]."""
-    qkv = F.linear(x, w.in_proj_qkv)
-    z = F.linear(x, w.in_proj_z)
-    beta = torch.sigmoid(F.linear(x, w.in_proj_b)).float()
-    g = -w.a_log.exp() * F.softplus(F.linear(x, w.in_proj_a).float() + w.dt_bias)
-
+    qkv, z, beta, g = project_inputs(x, w)
     mixed = torch.empty(qkv.shape, dtype=torch.float32, device=x.device)
     kconv = w.conv.shape[1]
     for sp in plan.spans:
@@ -125,14 +155,7 @@ def gdn_forward(
         conv_state[plan.dec_slots] = full[..., 1:]
         mixed[plan.dec_tokens] = F.silu((full * w.conv).sum(-1))
 
-    kd = w.num_k_heads * w.head_k_dim
-    rep = w.num_v_heads // w.num_k_heads
-    q, k, v = torch.split(mixed, [kd, kd, mixed.shape[-1] - 2 * kd], dim=-1)
-    q = l2norm(q.reshape(-1, w.num_k_heads, w.head_k_dim)).repeat_interleave(rep, dim=1)
-    k = l2norm(k.reshape(-1, w.num_k_heads, w.head_k_dim)).repeat_interleave(rep, dim=1)
-    q = q * w.head_k_dim**-0.5
-    v = v.reshape(-1, w.num_v_heads, w.head_v_dim)
-
+    q, k, v = split_heads(mixed, w)
     core = torch.empty_like(v)
     for sp in plan.spans:
         r = slice(sp.offset, sp.offset + sp.n)
@@ -145,6 +168,4 @@ def gdn_forward(
             q[d], k[d], v[d], g[d], beta[d], rec_state[plan.dec_slots]
         )
 
-    zz = z.reshape(-1, w.num_v_heads, w.head_v_dim)
-    o = rms_norm_gated(core.to(x.dtype), zz, w.norm, w.eps)
-    return F.linear(o.reshape(x.shape[0], -1), w.out_proj)
+    return gated_output(core, z, w, x.dtype)

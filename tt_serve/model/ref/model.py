@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -14,6 +15,9 @@ from tt_serve.model.ref.moe import MoeWeights, moe_forward
 from tt_serve.model.ref.plan import StepPlan
 from tt_serve.model.ref.pools import Pools
 from tt_serve.model.spec import FULL_ATTENTION, ModelSpec
+
+GdnMixer = Callable[[torch.Tensor, GdnWeights, int], torch.Tensor]
+AttentionMixer = Callable[[torch.Tensor, AttentionWeights, int], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -114,15 +118,25 @@ class HybridModel:
         """Final-normed hidden states [T, H] of every token in the step."""
         x = F.embedding(plan.token_ids, self.embed)
         cos, sin = rope_cos_sin(plan.positions, self.inv_freq, x.dtype)
+
+        def gdn(h: torch.Tensor, w: GdnWeights, j: int) -> torch.Tensor:
+            return gdn_forward(h, w, plan, pools.conv[j], pools.rec[j])
+
+        def attn(h: torch.Tensor, w: AttentionWeights, j: int) -> torch.Tensor:
+            return attention_forward(h, w, plan, cos, sin, pools.k[j], pools.v[j])
+
+        return self.run_layers(x, gdn, attn)
+
+    def run_layers(self, x: torch.Tensor, gdn: GdnMixer, attn: AttentionMixer) -> torch.Tensor:
+        """The decoder stack over embedded tokens x [T, H] with the given token mixers (the
+        eager plan-driven ones, or the static masked ones of the graph path); final-normed."""
         eps = self.spec.rms_norm_eps
         for layer in self.layers:
             h = rms_norm(x, layer.input_norm, eps)
             if isinstance(layer.mixer, GdnWeights):
-                j = layer.pool_index
-                h = gdn_forward(h, layer.mixer, plan, pools.conv[j], pools.rec[j])
+                h = gdn(h, layer.mixer, layer.pool_index)
             else:
-                j = layer.pool_index
-                h = attention_forward(h, layer.mixer, plan, cos, sin, pools.k[j], pools.v[j])
+                h = attn(h, layer.mixer, layer.pool_index)
             x = x + h
             h = rms_norm(x, layer.post_norm, eps)
             if isinstance(layer.mlp, MoeWeights):

@@ -80,3 +80,9 @@ class Pools:
                 else:
                     conv[op.slot].zero_()
                     rec[op.slot].zero_()
+
+    def zero_slot(self, slot: int) -> None:
+        """Zero one state slot in every GDN layer (keeps the padding slot's garbage bounded)."""
+        for conv, rec in zip(self.conv, self.rec, strict=True):
+            conv[slot].zero_()
+            rec[slot].zero_()

@@ -1,0 +1,203 @@
+"""The bucketed (graph-captured) path of the torch backend.
+
+On CPU the bucketed programs run eagerly through the same persistent buffers (the graph
+runner's CPU twin): bucket selection, padding, the buffer refresh, the masked prefill, the
+deviceResident feed and the eager fallback are all checked against the plain eager path here.
+The capture itself needs CUDA; those tests skip with the reason printed.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.model import driver as d
+from tt_serve.engine.engine import Engine, EngineConfig
+from tt_serve.engine.scheduler import SchedulerConfig
+from tt_serve.model.interface import PAD_BLOCK, PAD_SLOT, StepBatch, StepOutput, StepRow
+from tt_serve.model.ref import TorchBackend
+from tt_serve.model.ref.buckets import (
+    NoBucket,
+    choose_bucket,
+    decode_buckets,
+    decode_values,
+    prefill_buckets,
+    prefill_values,
+)
+from tt_serve.model.ref.static import FlatInputs, decode_shapes
+from tt_serve.sequence import SamplingParams
+
+CUDA = torch.cuda.is_available()
+NO_CUDA = "needs a CUDA device (torch.cuda.is_available() is False): CUDA graph capture"
+STATIC: dict[str, Any] = dict(
+    cuda_graphs=True, traced_prefill=True, device_resident=True, max_prefill_chunk=128
+)
+
+
+def test_bucket_selection() -> None:
+    assert decode_buckets(16) == (1, 2, 4, 8, 16)
+    assert decode_buckets(20) == (1, 2, 4, 8, 16, 20)
+    assert decode_buckets(100) == (1, 2, 4, 8, 16, 32)
+    assert prefill_buckets(256) == (64, 128, 256)
+    assert prefill_buckets(192) == (64, 128, 192)
+    with pytest.raises(ValueError, match="GDN chunk"):
+        prefill_buckets(100)
+    assert choose_bucket(5, (1, 2, 4, 8)) == 8
+    assert choose_bucket(64, (64, 128)) == 64
+    with pytest.raises(NoBucket):
+        choose_bucket(9, (1, 2, 4, 8))
+
+
+def test_padding_values() -> None:
+    rows = [
+        StepRow(1, (7,), 20, (5, 9, 3, 0), 3, True),
+        StepRow(2, (8,), 0, (4,), 1, True),
+    ]
+    v = decode_values(rows, [True, False], bucket=4, block_size=16, width=3)
+    assert v.ids == [7, 8, 0, 0] and v.fed == [1, 0, 0, 0]
+    assert v.slots == [3, 1, PAD_SLOT, PAD_SLOT] and v.lens == [21, 1, 1, 1]
+    assert v.kv_blocks == [9, 4, PAD_BLOCK, PAD_BLOCK] and v.kv_offsets == [4, 0, 0, 0]
+    assert v.tables == [[5, 9, 0], [4, 0, 0], [0, 0, 0], [0, 0, 0]]
+    with pytest.raises(NoBucket, match="graphs hold"):
+        decode_values(rows[:1], [False], bucket=1, block_size=16, width=1)
+
+    row = StepRow(1, tuple(range(3, 73)), 64, (6, 2, 8, 5, 11), 2, True)
+    p = prefill_values(row, bucket=128, block_size=32, width=6, conv_state_len=3)
+    assert p.valid == [1] * 70 + [0] * 58
+    assert p.positions[:2] == [64, 65] and p.positions[70:] == [0] * 58
+    assert p.kv_blocks[0] == 8 and p.kv_blocks[69] == 11 and set(p.kv_blocks[70:]) == {PAD_BLOCK}
+    assert p.table == [6, 2, 8, 5, 11, 0] and p.slot == [2]
+    assert p.conv_idx == [70, 71, 72] and p.last == [69]
+    idle = prefill_values(None, bucket=64, block_size=32, width=2, conv_state_len=3)
+    assert idle.slot == [PAD_SLOT] and set(idle.valid) == {0} and idle.table == [0, 0]
+
+
+def test_flat_inputs_refresh_in_place() -> None:
+    inp = FlatInputs(decode_shapes(2, 3), torch.device("cpu"))
+    ptr = inp.views["tables"].data_ptr()
+    rows = [StepRow(1, (7,), 40, (5, 9, 3), 3, True)]
+    inp.write(decode_values(rows, [False], bucket=2, block_size=16, width=3))
+    assert inp.views["tables"].data_ptr() == ptr
+    assert inp.views["tables"].tolist() == [[5, 9, 3], [0, 0, 0]]
+    assert inp.views["kv_blocks"].tolist() == [3, 0] and inp.views["ids"].tolist() == [7, 0]
+    inp.write(decode_values([], [], bucket=2, block_size=16, width=3))
+    assert inp.views["ids"].tolist() == [0, 0] and inp.views["tables"].sum() == 0
+
+
+def _engine(be: TorchBackend, *, caching: bool = True) -> Engine:
+    sc = SchedulerConfig(max_batch=6, max_num_batched_tokens=512, chunk=128, block_size=16)
+    cfg = EngineConfig(
+        scheduler=sc,
+        num_kv_blocks=400,
+        num_snapshot_slots=8,
+        max_model_len=1024,
+        vocab_size=be.spec.vocab_size,
+        prefix_caching=caching,
+    )
+    return Engine(be, cfg)
+
+
+def _generate(eng: Engine, prompts: list[list[int]], n: int) -> list[tuple[list[int], int]]:
+    sp = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+    for i, p in enumerate(prompts):
+        eng.add_request(str(i), p, sp)
+    done: dict[str, tuple[list[int], int]] = {}
+    while eng.has_unfinished():
+        for o in eng.step():
+            if o.finish_reason is not None:
+                done[o.request_id] = (o.token_ids, o.cached_tokens)
+    return [done[str(i)] for i in range(len(prompts))]
+
+
+def test_bucketed_engine_equals_eager(dense_dir: Path) -> None:
+    r = random.Random(0)
+    head = [r.randrange(3, 4096) for _ in range(256)]
+    prompts = [[r.randrange(3, 4096) for _ in range(n)] for n in (5, 64, 130, 200)]
+    prompts += [head + [5, 6, 7], head + [9] * 40]
+    plain = _generate(_engine(TorchBackend.from_pretrained(dense_dir)), prompts, 8)
+    be = TorchBackend.from_pretrained(dense_dir, max_model_len=1024, **STATIC)
+    got = _generate(_engine(be), prompts, 8)
+    assert [t for t, _ in got] == [t for t, _ in plain]
+    assert len({t for toks, _ in plain for t in toks}) > 10
+    assert got[-1][1] == 256  # the warm tail ran through a tail bucket
+    assert be.static is not None
+    runs = be.static.runner.runs
+    assert runs[("prefill", 128)] and runs[("prefill", 64)] and runs[("decode", 6)]
+    assert be.static.num_fed_rows > 0
+
+
+def _same(a: StepOutput, b: StepOutput) -> None:
+    assert a.token_ids == b.token_ids
+    assert a.logits.keys() == b.logits.keys()
+    for i, la in a.logits.items():
+        assert torch.allclose(torch.from_numpy(la), torch.from_numpy(b.logits[i]), atol=1e-4)
+    for pa, pb in zip(a.logprobs, b.logprobs, strict=True):
+        assert (pa is None) == (pb is None)
+        if pa is not None and pb is not None:
+            assert pa.keys() == pb.keys()
+            assert max(abs(pa[k] - pb[k]) for k in pa) < 1e-4
+
+
+def test_outputs_and_eager_fallback(dense_dir: Path) -> None:
+    plain = d.backend(dense_dir, slots=5)
+    # Graphs hold 10 blocks of 16 (positions < 160); prefill buckets 64 and 128.
+    be = TorchBackend.from_pretrained(dense_dir, max_model_len=160, **STATIC)
+    be.allocate(num_kv_blocks=6 * d.WIDTH + 1, block_size=d.BLOCK, num_state_slots=5,
+                num_snapshot_slots=4)  # fmt: skip
+    assert be.static is not None
+    runs = be.static.runner.runs
+    p = d.prompt(159, seed=3)
+    steps = [
+        # 150 tokens > the largest bucket: eager; 40 and 20 tokens: buckets 64 and 64.
+        [
+            d.row(0, p[:150], 0, top_logprobs=3),
+            d.row(1, p[:40], 0, want_logits=True),
+            d.row(2, p[:20], 0, sample=False),
+        ],
+        # Decode bucket 4, with logprobs, host logits, and a one-token prompt.
+        [
+            d.row(0, [p[150]], 150, top_logprobs=2),
+            d.row(1, [9], 40, want_logits=True),
+            d.row(2, p[20:21], 20),
+            d.row(3, [4], 0),
+        ],
+    ]
+    for step in steps:
+        _same(plain.execute(StepBatch(tuple(step))), be.execute(StepBatch(tuple(step))))
+    assert runs[("prefill", 64)] == 2 and runs[("decode", 4)] == 1 and sum(runs.values()) == 3
+    # Position 160 needs an 11th block: this decode group runs eagerly, the prefill bucketed.
+    step = [d.row(0, [p[151]], 160), d.row(1, p[:100], 41)]
+    _same(plain.execute(StepBatch(tuple(step))), be.execute(StepBatch(tuple(step))))
+    assert runs[("prefill", 128)] == 1 and sum(runs.values()) == 4
+
+
+def test_moe_bucketed_equals_eager(moe_dir: Path) -> None:
+    prompts = [d.prompt(n, seed=n) for n in (30, 100)]
+    plain = _generate(_engine(TorchBackend.from_pretrained(moe_dir)), prompts, 5)
+    got = _generate(_engine(TorchBackend.from_pretrained(moe_dir, **STATIC)), prompts, 5)
+    assert got == plain
+
+
+def test_device_resident_needs_graphs(dense_dir: Path) -> None:
+    with pytest.raises(ValueError, match="cuda_graphs"):
+        TorchBackend.from_pretrained(dense_dir, device_resident=True)
+
+
+@pytest.mark.skipif(not CUDA, reason=NO_CUDA)
+def test_cuda_graphs_equal_buffered_eager(dense_dir: Path) -> None:
+    prompts = [d.prompt(n, seed=n) for n in (7, 90, 300)]
+    outs = []
+    for capture in (False, True):
+        be = TorchBackend.from_pretrained(
+            dense_dir,
+            device="cuda",
+            capture_graphs=capture,
+            **STATIC,
+        )
+        outs.append(_generate(_engine(be), prompts, 12))
+        assert be.static is not None and be.static.runner.num_graphs == (6 if capture else 0)
+    assert outs[0] == outs[1]

@@ -1,0 +1,41 @@
+"""The CUDA check script's CPU dry run: every check passes on the tiny model, the ledger line is
+written, and the driver needs neither safetensors nor transformers (the GPU machine lacks them)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DRIVER = """
+import sys
+sys.modules["safetensors"] = None  # importing either now fails: the driver must not need them
+sys.modules["transformers"] = None
+from bench.gpu.check import main
+sys.argv = ["check", "--device", "cpu", "--tiny", "--ledger", sys.argv[1]]
+raise SystemExit(main())
+"""
+
+
+def test_check_dry_run(tmp_path: Path) -> None:
+    ledger = tmp_path / "runs" / "gpu-check.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OUT": str(tmp_path / "out")}
+    proc = subprocess.run(
+        [sys.executable, "-c", DRIVER, str(ledger)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for name in ("graph_equals_buffered", "warm_equals_cold", "device_resident_fed"):
+        assert f"PASS {name}" in proc.stdout
+    (line,) = ledger.read_text().splitlines()
+    assert (tmp_path / "out" / "gpu-check.jsonl").read_text().splitlines() == [line]
+    rec = json.loads(line)
+    assert rec["graph_vs_eager_identical"] and rec["distinct_tokens"] > 5
+    assert rec["ttft_cold_ms"] > 0 and rec["decode_ms_graph_b8"] > 0

@@ -1,0 +1,177 @@
+"""Bucket selection and padding for the static-shape (graph-captured) torch path; no torch.
+
+A captured graph has fixed shapes, so every step is fitted into a bucket and padded:
+
+* decode: single-token rows run together in a batch bucket of B rows (powers of two up to the
+  number of usable state slots). Padding rows use ``PAD_SLOT`` and an all-``PAD_BLOCK`` table at
+  position 0; they compute garbage in the reserved slot and block that no real row reads.
+* prefill: one multi-token row per replay in a length bucket of T tokens (``GDN_CHUNK``·2^k up
+  to the largest chunk). The T - n padding tokens sit at position 0, write their K/V into
+  ``PAD_BLOCK`` and are masked out of the GDN scan (zero k, v, beta and log-decay leave the
+  recurrent state exactly unchanged); the conv state is taken at the last *valid* token.
+
+Every block table is cut to the blocks a row needs and padded with ``PAD_BLOCK`` to one fixed
+width W (the most blocks one sequence may hold). Values are plain int lists, ready to be packed
+into one host tensor and copied to the device in a single transfer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tt_serve.model.interface import PAD_BLOCK, PAD_SLOT, StepRow
+from tt_serve.model.spec import GDN_CHUNK
+
+DECODE_BUCKET_CAP = 32
+
+
+class NoBucket(ValueError):
+    """The step does not fit any captured bucket; the backend runs it eagerly instead."""
+
+
+def decode_buckets(max_rows: int, cap: int = DECODE_BUCKET_CAP) -> tuple[int, ...]:
+    """1, 2, 4, ... up to ``min(max_rows, cap)`` (which is always the last bucket)."""
+    top = min(max_rows, cap)
+    if top < 1:
+        raise ValueError(f"need at least one decode row (got {max_rows})")
+    out, b = [], 1
+    while b < top:
+        out.append(b)
+        b *= 2
+    out.append(top)
+    return tuple(out)
+
+
+def prefill_buckets(max_chunk: int) -> tuple[int, ...]:
+    """GDN_CHUNK·2^k below ``max_chunk``, then ``max_chunk`` (a multiple of GDN_CHUNK): the tail
+    buckets keep a warm tail or a short prompt from paying for a whole chunk."""
+    if max_chunk < GDN_CHUNK or max_chunk % GDN_CHUNK:
+        raise ValueError(
+            f"the largest prefill bucket ({max_chunk}) must be a positive multiple of the GDN "
+            f"chunk ({GDN_CHUNK}) so padded chunks keep the scan grid"
+        )
+    out, b = [], GDN_CHUNK
+    while b < max_chunk:
+        out.append(b)
+        b *= 2
+    out.append(max_chunk)
+    return tuple(out)
+
+
+def choose_bucket(n: int, buckets: Sequence[int]) -> int:
+    """Smallest bucket holding n (tokens or rows)."""
+    for b in sorted(buckets):
+        if b >= n:
+            return b
+    raise NoBucket(f"{n} exceeds the largest bucket {max(buckets)}")
+
+
+def fit_table(row: StepRow, block_size: int, width: int) -> list[int]:
+    """The row's block table cut to the blocks its positions need, padded to ``width``."""
+    need = -(-row.end_pos // block_size)
+    if need > len(row.block_table):
+        raise ValueError(
+            f"seq {row.seq_id}: block table has {len(row.block_table)} blocks, "
+            f"positions up to {row.end_pos} need {need}"
+        )
+    if need > width:
+        raise NoBucket(f"seq {row.seq_id} needs {need} blocks; graphs hold {width}")
+    return list(row.block_table[:need]) + [PAD_BLOCK] * (width - need)
+
+
+@dataclass(frozen=True)
+class DecodeValues:
+    """Per bucket row: input id, whether the id is taken from the device (fed), position, slot,
+    attention length, K/V write block and offset, block table."""
+
+    ids: list[int]
+    fed: list[int]
+    positions: list[int]
+    slots: list[int]
+    lens: list[int]
+    kv_blocks: list[int]
+    kv_offsets: list[int]
+    tables: list[list[int]]
+
+
+def decode_values(
+    rows: Sequence[StepRow],
+    fed: Sequence[bool],
+    *,
+    bucket: int,
+    block_size: int,
+    width: int,
+) -> DecodeValues:
+    """Single-token rows in bucket order, then ``bucket - len(rows)`` padding rows."""
+    if len(rows) > bucket:
+        raise NoBucket(f"{len(rows)} decode rows exceed the bucket of {bucket}")
+    v = DecodeValues([], [], [], [], [], [], [], [])
+    for row, f in zip(rows, fed, strict=True):
+        if row.num_tokens != 1:
+            raise ValueError(f"decode row for seq {row.seq_id} has {row.num_tokens} tokens")
+        table = fit_table(row, block_size, width)
+        pos = row.start_pos
+        v.ids.append(row.token_ids[0])
+        v.fed.append(int(f))
+        v.positions.append(pos)
+        v.slots.append(row.state_slot)
+        v.lens.append(pos + 1)
+        v.kv_blocks.append(table[pos // block_size])
+        v.kv_offsets.append(pos % block_size)
+        v.tables.append(table)
+    for _ in range(bucket - len(rows)):
+        v.ids.append(0)
+        v.fed.append(0)
+        v.positions.append(0)
+        v.slots.append(PAD_SLOT)
+        v.lens.append(1)
+        v.kv_blocks.append(PAD_BLOCK)
+        v.kv_offsets.append(0)
+        v.tables.append([PAD_BLOCK] * width)
+    return v
+
+
+@dataclass(frozen=True)
+class PrefillValues:
+    """One row in a bucket of T tokens: ids, positions, validity, K/V write block and offset per
+    token; the row's block table, state slot, the conv-state columns to keep and the index of
+    the last valid token."""
+
+    ids: list[int]
+    positions: list[int]
+    valid: list[int]
+    kv_blocks: list[int]
+    kv_offsets: list[int]
+    table: list[int]
+    slot: list[int]
+    conv_idx: list[int]
+    last: list[int]
+
+
+def prefill_values(
+    row: StepRow | None, *, bucket: int, block_size: int, width: int, conv_state_len: int
+) -> PrefillValues:
+    """``row`` None gives the idle input (all padding), used to warm up and capture."""
+    n = 0 if row is None else row.num_tokens
+    if n > bucket:
+        raise NoBucket(f"a prefill row of {n} tokens exceeds the bucket of {bucket}")
+    pad = bucket - n
+    if row is None:
+        table, slot, start, ids = [PAD_BLOCK] * width, PAD_SLOT, 0, []
+    else:
+        table, slot, start = fit_table(row, block_size, width), row.state_slot, row.start_pos
+        ids = list(row.token_ids)
+    positions = list(range(start, start + n))
+    return PrefillValues(
+        ids=ids + [0] * pad,
+        positions=positions + [0] * pad,
+        valid=[1] * n + [0] * pad,
+        kv_blocks=[table[p // block_size] for p in positions] + [PAD_BLOCK] * pad,
+        kv_offsets=[p % block_size for p in positions] + [0] * pad,
+        table=table,
+        slot=[slot],
+        # [history (K-1) | x (T)]: the K-1 inputs ending at the last valid token.
+        conv_idx=[n + i for i in range(conv_state_len)],
+        last=[max(n - 1, 0)],
+    )
