@@ -6,13 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from tt_serve.demo import write_tokenizer
 from tt_serve.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="session")
 def qwen_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A directory with the converted ``tokenizer.json`` + ``tokenizer_config.json``."""
+    from tt_serve.demo import write_tokenizer  # imports torch: only when a test needs it
+
     path = tmp_path_factory.mktemp("qwen-tokenizer")
     write_tokenizer(path)
     return path

@@ -1,0 +1,62 @@
+"""What the prefix cache hands the scheduler: admission answers, snapshot saves, stats.
+
+Plain frozen values (ints and tuples only), so they cross into the engine without exposing any
+cache state.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Admission(enum.Enum):
+    NOW = "now"
+    LATER = "later"
+    NEVER = "never"
+
+
+@dataclass(frozen=True)
+class AdmitResult:
+    """The outcome of :meth:`PrefixCache.admit`.
+
+    ``block_table`` has ceil(lifetime_tokens / block_size) blocks, the first
+    ``cached_tokens / block_size`` being the shared hit blocks. ``restore_snapshot`` is the
+    snapshot slot to copy into the request's GDN state slot before its first compute; it stays
+    pinned until :meth:`PrefixCache.restore_done`.
+    """
+
+    admission: Admission
+    cached_tokens: int = 0
+    block_table: tuple[int, ...] = ()
+    restore_snapshot: int | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class SnapshotSave:
+    """Copy the request's GDN state into ``snapshot_slot``, then publish (or abort) it.
+    The state summarizes tokens [0, boundary)."""
+
+    request_id: str
+    snapshot_slot: int
+    boundary: int
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """Counters since construction. ``queries``/``hits`` count prompt tokens."""
+
+    queries: int = 0
+    hits: int = 0
+    kv_evictions: int = 0
+    kv_registrations: int = 0
+    snapshot_evictions: int = 0
+    snapshot_saves: int = 0
+    snapshot_restores: int = 0
+    snapshot_skips: int = 0
+    snapshot_duplicates: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
