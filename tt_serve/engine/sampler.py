@@ -16,6 +16,9 @@ import numpy as np
 
 from tt_serve.sequence import SamplingParams
 
+# Below this the scaled logits overflow float64; sampling is then greedy in all but name.
+MIN_TEMPERATURE = 1e-5
+
 
 def make_rng(seed: int | None) -> np.random.Generator:
     """A per-request generator: the same seed gives the same tokens, whatever else runs."""
@@ -77,7 +80,7 @@ def sample(
 ) -> int:
     """Pick one token: penalties, then greedy or temperature / top-k / top-p / min-p."""
     logits = apply_penalties(raw_logits, params, prompt_ids, output_ids)
-    if params.greedy:
+    if params.greedy or params.temperature < MIN_TEMPERATURE:
         return int(np.argmax(logits))
     x = logits.astype(np.float64) / params.temperature
     vocab = x.shape[0]
