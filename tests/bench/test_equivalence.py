@@ -1,0 +1,73 @@
+"""The prefix-hit equivalence checker is not blind: it fails on a corrupted restore, on a run
+where nothing hit the cache and on empty outputs, and passes on the real server."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.prefix_hit_equivalence import check, main
+from tests.bench.conftest import TINY_VOCAB, serve_tiny
+from tests.bench.fake_openai import fake_server
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    ("mode", "why"),
+    [
+        ("corrupt", "warm: tokens differ from cold"),
+        ("nohit", "nothing hit the cache"),
+        ("empty", "empty output"),
+    ],
+)
+def test_fails_on_broken_servers(mode: str, why: str) -> None:
+    with fake_server(mode) as url:
+        report = check(url, head=64, suffix=8, max_tokens=4)
+        assert not report.ok
+        assert any(why in f for f in report.failures), report.failures
+        assert main(["--url", url, "--head", "64", "--suffix", "8", "--max-tokens", "4"]) == 1
+
+
+def test_passes_on_a_correct_fake() -> None:
+    # The fixtures above differ from this one only in the broken behaviour.
+    with fake_server("correct") as url:
+        report = check(url, head=64, suffix=8, max_tokens=4)
+        assert report.ok, report.failures
+        assert all(c["warm_cached"] > 0 and c["cold_cached"] == 0 for c in report.cases)
+
+
+def test_fails_when_the_cold_run_was_not_cold() -> None:
+    with fake_server("correct") as url:
+        check(url, head=64, suffix=8, max_tokens=4, seed=5)
+        report = check(url, head=64, suffix=8, max_tokens=4, seed=5)
+        assert any("was not cold" in f for f in report.failures)
+
+
+def test_passes_on_the_real_server(tiny_model: Path) -> None:
+    with serve_tiny(tiny_model) as url, serve_tiny(tiny_model, prefix_caching=False) as ctl:
+        cmd = [
+            sys.executable,
+            "-m",
+            "bench.prefix_hit_equivalence",
+            "--url",
+            url,
+            "--control-url",
+            ctl,
+            "--head",
+            "128",
+            "--suffix",
+            "16",
+            "--max-tokens",
+            "8",
+            "--vocab",
+            str(TINY_VOCAB),
+        ]
+        res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stdout + res.stderr
+        out = json.loads(res.stdout)
+        assert out["ok"] and all(c["warm_cached"] == 128 for c in out["cases"])
