@@ -5,12 +5,29 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+from tt_serve.engine.async_engine import AsyncEngine
 from tt_serve.sequence import RequestOutput
 from tt_serve.server.jobs import Job, merged
 from tt_serve.server.metrics import Metrics
 from tt_serve.server.protocol import ChatCompletionRequest, CompletionRequest, now, usage
 from tt_serve.server.state import ServerState
 from tt_serve.tokenizer import Tokenizer
+
+
+async def _deltas(
+    engine: AsyncEngine, jobs: list[Job], metrics: Metrics, finals: dict[str, RequestOutput]
+) -> AsyncIterator[tuple[Job, RequestOutput, int]]:
+    """Outputs worth a chunk (new text, new tokens or the end), with the index of the first
+    token not sent before; finished outputs are also kept in ``finals`` for the usage chunk."""
+    sent: dict[str, int] = {}
+    async for job, out in merged(engine, jobs, metrics):
+        start = sent.get(job.request_id, 0)
+        sent[job.request_id] = len(out.token_ids)
+        if out.finished:
+            finals[job.request_id] = out
+        if out.new_text or out.new_token_ids or out.finished:
+            yield job, out, start
+
 
 # -- completions -------------------------------------------------------------------------------
 
@@ -112,14 +129,7 @@ async def stream_completion(
                 "model": state.model_name,
                 "choices": [{"index": i, "text": text, "logprobs": None, "finish_reason": None}],
             }
-    sent: dict[str, int] = {}
-    async for job, out in merged(engine, jobs, metrics):
-        start = sent.get(job.request_id, 0)
-        sent[job.request_id] = len(out.token_ids)
-        if out.finished:
-            finals[job.request_id] = out
-        if not out.new_text and not out.new_token_ids and not out.finished:
-            continue
+    async for job, out, start in _deltas(engine, jobs, metrics, finals):
         yield {
             "id": rid,
             "object": "text_completion",
@@ -239,14 +249,7 @@ async def stream_chat(
             ]
         )
     finals: dict[str, RequestOutput] = {}
-    sent: dict[str, int] = {}
-    async for job, out in merged(engine, jobs, metrics):
-        start = sent.get(job.request_id, 0)
-        sent[job.request_id] = len(out.token_ids)
-        if out.finished:
-            finals[job.request_id] = out
-        if not out.new_text and not out.new_token_ids and not out.finished:
-            continue
+    async for job, out, start in _deltas(engine, jobs, metrics, finals):
         delta = {"content": out.new_text} if out.new_text else {}
         yield chunk(
             [
