@@ -11,8 +11,8 @@ For each case i (a fresh random head H_i + suffix S_i, so nothing can be cached 
             same server (run-to-run determinism).
 
 Every run must return exactly ``max_tokens`` tokens (``ignore_eos``), never an empty output.
-Tokens are compared as the per-token strings and logprobs of ``logprobs=1`` (the API returns no
-token ids): token strings must be equal and logprobs within ``--logprob-tol``.
+Tokens are compared as ids (``return_token_ids``, when the server returns them), as the per-token
+strings of ``logprobs=1`` (always), and by logprob (within ``--logprob-tol``).
 
     python -m bench.prefix_hit_equivalence --url http://127.0.0.1:8000 [--control-url URL]
 """
@@ -37,6 +37,7 @@ class Run:
     logprobs: list[float | None]
     cached_tokens: int
     completion_tokens: int
+    token_ids: list[int] | None = None  # None when the server does not return ids
 
 
 @dataclass
@@ -57,6 +58,7 @@ def complete(client: httpx.Client, prompt: list[int], max_tokens: int) -> Run:
         "temperature": 0.0,
         "ignore_eos": True,
         "logprobs": 1,
+        "return_token_ids": True,
     }
     resp = client.post("/v1/completions", json=body)
     resp.raise_for_status()
@@ -70,10 +72,25 @@ def complete(client: httpx.Client, prompt: list[int], max_tokens: int) -> Run:
         logprobs=list(lp.get("token_logprobs") or []),
         cached_tokens=int(details.get("cached_tokens") or 0),
         completion_tokens=int(usage.get("completion_tokens") or 0),
+        token_ids=[int(t) for t in choice["token_ids"]] if "token_ids" in choice else None,
     )
 
 
 def _diff(name: str, ref: Run, other: Run, tol: float) -> list[str]:
+    if (
+        ref.token_ids is not None
+        and other.token_ids is not None
+        and ref.token_ids != other.token_ids
+    ):
+        first = next(
+            (
+                i
+                for i, (a, b) in enumerate(zip(ref.token_ids, other.token_ids, strict=False))
+                if a != b
+            ),
+            min(len(ref.token_ids), len(other.token_ids)),
+        )
+        return [f"{name}: token ids differ from cold at output position {first}"]
     if ref.tokens != other.tokens:
         first = next(
             (i for i, (a, b) in enumerate(zip(ref.tokens, other.tokens, strict=False)) if a != b),
@@ -101,6 +118,8 @@ def _complete_run(name: str, run: Run, max_tokens: int) -> list[str]:
             f"{name}: {len(run.tokens)} tokens ({run.completion_tokens} in usage), "
             f"expected {max_tokens}"
         ]
+    if run.token_ids is not None and len(run.token_ids) != max_tokens:
+        return [f"{name}: {len(run.token_ids)} token ids, expected {max_tokens}"]
     if len(run.logprobs) != len(run.tokens):
         return [f"{name}: {len(run.logprobs)} logprobs for {len(run.tokens)} tokens"]
     return []

@@ -71,3 +71,24 @@ def test_passes_on_the_real_server(tiny_model: Path) -> None:
         assert res.returncode == 0, res.stdout + res.stderr
         out = json.loads(res.stdout)
         assert out["ok"] and all(c["warm_cached"] == 128 for c in out["cases"])
+
+
+def test_compares_token_ids_on_the_real_server(tiny_model: Path) -> None:
+    import httpx
+
+    from bench.prefix_hit_equivalence import _diff, complete
+
+    with serve_tiny(tiny_model) as url, httpx.Client(base_url=url, timeout=120) as c:
+        run = complete(c, list(range(5, 40)), 4)
+    assert run.token_ids is not None and len(run.token_ids) == 4
+    assert _diff("warm", run, run, 1e-3) == []
+    changed = type(run)(
+        run.tokens,
+        run.logprobs,
+        run.cached_tokens,
+        run.completion_tokens,
+        [run.token_ids[0] + 1, *run.token_ids[1:]],
+    )
+    assert _diff("warm", run, changed, 1e-3) == [
+        "warm: token ids differ from cold at output position 0"
+    ]

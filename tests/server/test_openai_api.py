@@ -78,8 +78,14 @@ def test_chat_and_streamed_chat(server: Served) -> None:
 def test_http_greedy_equals_offline_llm(server: Served, demo_dir: Path) -> None:
     rng = random.Random(0)
     prompt = [rng.randrange(1000, 200000) for _ in range(150)]
-    r = client(server).completions.create(
-        model=MODEL_NAME, prompt=prompt, max_tokens=12, temperature=0, logprobs=2
+    c = client(server)
+    r = c.completions.create(
+        model=MODEL_NAME,
+        prompt=prompt,
+        max_tokens=12,
+        temperature=0,
+        logprobs=2,
+        extra_body={"return_token_ids": True},
     )
     opts = engine_options(demo_dir)
     llm = LLM(
@@ -91,9 +97,24 @@ def test_http_greedy_equals_offline_llm(server: Served, demo_dir: Path) -> None:
         max_model_len=opts.max_model_len,
     )
     (out,) = llm.generate([prompt], SamplingParams(max_tokens=12, temperature=0))
+    choice = r.choices[0].model_dump()
+    assert choice["token_ids"] == out.token_ids
+    assert choice["prompt_token_ids"] == prompt
     assert r.choices[0].text == out.text
     lp = r.choices[0].logprobs
     assert lp is not None and len(lp.tokens or []) == 12
+    streamed: list[int] = []
+    for ch in c.completions.create(
+        model=MODEL_NAME,
+        prompt=prompt,
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+        extra_body={"return_token_ids": True},
+    ):
+        if ch.choices:
+            streamed.extend(ch.choices[0].model_dump().get("token_ids") or [])
+    assert streamed == out.token_ids
 
 
 def test_shared_prefix_reports_cached_tokens(server: Served) -> None:

@@ -75,6 +75,8 @@ class _SamplingFields(BaseModel):
     min_tokens: int = Field(default=0, ge=0)
     user: str | None = None
     skip_special_tokens: bool = True
+    # Extension (as in vLLM): also return the prompt and generated token ids.
+    return_token_ids: bool = False
 
     @field_validator("stop")
     @classmethod

@@ -76,14 +76,16 @@ def completion_body(
         prefix = ""
         if body.echo:
             prefix = tok.decode(job.prompt) if tok is not None else ""
-        choices.append(
-            {
-                "index": idx,
-                "text": prefix + _out_text(out),
-                "logprobs": _completion_logprobs(out, tok, len(prefix)),
-                "finish_reason": out.finish_reason,
-            }
-        )
+        choice: dict[str, Any] = {
+            "index": idx,
+            "text": prefix + _out_text(out),
+            "logprobs": _completion_logprobs(out, tok, len(prefix)),
+            "finish_reason": out.finish_reason,
+        }
+        if body.return_token_ids:
+            choice["token_ids"] = list(out.token_ids)
+            choice["prompt_token_ids"] = list(job.prompt)
+        choices.append(choice)
     return {
         "id": rid,
         "object": "text_completion",
@@ -130,19 +132,20 @@ async def stream_completion(
                 "choices": [{"index": i, "text": text, "logprobs": None, "finish_reason": None}],
             }
     async for job, out, start in _deltas(engine, jobs, metrics, finals):
+        choice: dict[str, Any] = {
+            "index": index[job.request_id],
+            "text": out.new_text,
+            "logprobs": _completion_logprobs(out, tok, 0, start),
+            "finish_reason": out.finish_reason,
+        }
+        if body.return_token_ids:
+            choice["token_ids"] = list(out.token_ids[start:])
         yield {
             "id": rid,
             "object": "text_completion",
             "created": created,
             "model": state.model_name,
-            "choices": [
-                {
-                    "index": index[job.request_id],
-                    "text": out.new_text,
-                    "logprobs": _completion_logprobs(out, tok, 0, start),
-                    "finish_reason": out.finish_reason,
-                }
-            ],
+            "choices": [choice],
         }
     if body.stream_options is not None and body.stream_options.include_usage:
         results = [finals[j.request_id] for j in jobs]
@@ -195,7 +198,7 @@ def chat_body(
     state: ServerState,
 ) -> dict[str, Any]:
     k = body.top_logprobs or 0
-    choices = [
+    choices: list[dict[str, Any]] = [
         {
             "index": i,
             "message": {"role": "assistant", "content": _out_text(out)},
@@ -204,6 +207,10 @@ def chat_body(
         }
         for i, out in enumerate(results)
     ]
+    if body.return_token_ids:
+        for c, out in zip(choices, results, strict=True):
+            c["token_ids"] = list(out.token_ids)
+            c["prompt_token_ids"] = list(prompt)
     return {
         "id": rid,
         "object": "chat.completion",
@@ -251,18 +258,15 @@ async def stream_chat(
     finals: dict[str, RequestOutput] = {}
     async for job, out, start in _deltas(engine, jobs, metrics, finals):
         delta = {"content": out.new_text} if out.new_text else {}
-        yield chunk(
-            [
-                {
-                    "index": index[job.request_id],
-                    "delta": delta,
-                    "logprobs": _chat_logprobs(out, state.tokenizer, k, start)
-                    if body.logprobs
-                    else None,
-                    "finish_reason": out.finish_reason,
-                }
-            ]
-        )
+        choice: dict[str, Any] = {
+            "index": index[job.request_id],
+            "delta": delta,
+            "logprobs": _chat_logprobs(out, state.tokenizer, k, start) if body.logprobs else None,
+            "finish_reason": out.finish_reason,
+        }
+        if body.return_token_ids:
+            choice["token_ids"] = list(out.token_ids[start:])
+        yield chunk([choice])
     if body.stream_options is not None and body.stream_options.include_usage:
         results = [finals[j.request_id] for j in jobs]
         final = chunk([])
