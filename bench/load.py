@@ -49,6 +49,7 @@ class RequestRecord:
     output_tokens: int = 0
     cached_tokens: int | None = None
     text: str = ""
+    token_ids: list[int] = field(default_factory=list)  # when the server returns them
     itl: list[float] = field(default_factory=list)
     error: str | None = None
 
@@ -65,6 +66,7 @@ def _completion_body(prompt: list[int], spec: WorkloadSpec, model: str | None) -
         "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},
+        "return_token_ids": True,
     }
     if model:
         body["model"] = model
@@ -101,6 +103,7 @@ async def _one(
                         rec.itl.append(now - last)
                     last = now
                     rec.text += chunk["choices"][0].get("text") or ""
+                    rec.token_ids += chunk["choices"][0].get("token_ids") or []
                 if chunk.get("usage"):
                     usage = chunk["usage"]
                     rec.output_tokens = int(usage.get("completion_tokens") or 0)
@@ -139,7 +142,12 @@ async def _session(
         async with sem:
             await _one(client, rec, _completion_body(prompt, spec, model), t0)
         failed = not rec.ok
-        convo = prompt + list(answer_ids(rec.text, spec.max_tokens, spec.vocab))
+        # The real generated ids when the server returns them (tt-serve does, with
+        # return_token_ids); otherwise stand-in ids derived from the text, of the right length.
+        answer = rec.token_ids
+        if len(answer) != spec.max_tokens:
+            answer = list(answer_ids(rec.text, spec.max_tokens, spec.vocab))
+        convo = prompt + answer
 
 
 async def run_async(
@@ -201,7 +209,7 @@ def summarize(records: list[RequestRecord], makespan: float) -> dict[str, Any]:
     requests = []
     for r in records:
         d = asdict(r)
-        del d["itl"], d["text"]
+        del d["itl"], d["text"], d["token_ids"]
         requests.append(d)
     return {
         "metrics": metrics,
