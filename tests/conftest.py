@@ -1,4 +1,5 @@
-"""Shared fixtures: the real Qwen3.5/3.6 vocabulary converted to tokenizer.json once per session."""
+"""Session fixtures shared by every tier: the real Qwen3.5/3.6 vocabulary, converted to
+tokenizer.json once per session (torch-free)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from tt_serve.tokenizer import Tokenizer
 @pytest.fixture(scope="session")
 def qwen_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A directory with the converted ``tokenizer.json`` + ``tokenizer_config.json``."""
-    from tt_serve.demo import write_tokenizer  # imports torch: only when a test needs it
+    from tt_serve.qwen_vocab import write_tokenizer
 
     path = tmp_path_factory.mktemp("qwen-tokenizer")
     write_tokenizer(path)
