@@ -3,11 +3,18 @@ tokenizer.json once per session (torch-free)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from tt_serve.tokenizer import Tokenizer
+
+# CI replays the same examples every run (a red CI must be reproducible); local runs explore.
+settings.register_profile("ci", derandomize=True, database=None)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 
 @pytest.fixture(scope="session")

@@ -200,10 +200,19 @@ def test_stop_matcher_rejects_empty_stop() -> None:
     stops=st.lists(st.text(alphabet="ab c", min_size=1, max_size=4), min_size=1, max_size=3),
 )
 def test_stop_matcher_equals_truncation(text: str, cuts: list[int], stops: list[str]) -> None:
-    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
-    expected = text[: min(hits)] if hits else text
-    matcher, out, stopped = StopMatcher(stops), "", False
     bounds = [0, *sorted(c for c in cuts if c <= len(text)), len(text)]
+    # The causal oracle: generation ends after the first delta whose arrival completes a stop
+    # string; the text is cut where the earliest stop found by then starts. (With overlapping
+    # stops the result depends on the delta boundaries, exactly as it does on token boundaries
+    # in a streaming server: a stop completed first ends the text before a longer one can.)
+    expected, acc = text, ""
+    for a, b in itertools.pairwise(bounds):
+        acc += text[a:b]
+        hits = [i for i in (acc.find(s) for s in stops) if i >= 0]
+        if hits:
+            expected = acc[: min(hits)]
+            break
+    matcher, out, stopped = StopMatcher(stops), "", False
     for a, b in itertools.pairwise(bounds):
         safe, stopped = matcher.feed(text[a:b])
         out += safe
@@ -211,7 +220,14 @@ def test_stop_matcher_equals_truncation(text: str, cuts: list[int], stops: list[
         assert expected.startswith(out)
     out += matcher.finish()
     assert out == expected
-    assert stopped == bool(hits)
+    assert stopped == any(s in text for s in stops)
+
+
+def test_stop_matcher_overlapping_stops_end_at_the_first_completed() -> None:
+    m = StopMatcher([" ab", "a"])
+    assert m.feed(" a") == (" ", True)  # "a" completes first; " ab" can never be generated
+    m = StopMatcher([" ab", "a"])
+    assert m.feed(" ab") == ("", True)  # both complete in one delta: the earliest start wins
 
 
 def test_chatml_builtin(qwen_tok: Tokenizer) -> None:
