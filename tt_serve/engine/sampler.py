@@ -80,6 +80,9 @@ def sample(
 ) -> int:
     """Pick one token: penalties, then greedy or temperature / top-k / top-p / min-p."""
     logits = apply_penalties(raw_logits, params, prompt_ids, output_ids)
+    # Extreme penalties can overflow to +-inf; keep the order, drop the infinities.
+    big = float(np.finfo(np.float32).max)
+    logits = np.nan_to_num(logits, nan=-big, posinf=big, neginf=-big)
     if params.greedy or params.temperature < MIN_TEMPERATURE:
         return int(np.argmax(logits))
     x = logits.astype(np.float64) / params.temperature
