@@ -20,10 +20,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Sequence
 
 from tt_serve.cache.hashing import BlockHash
-
-# Mirrors tt_serve.model.interface.PAD_BLOCK (a test keeps them equal); defined here so the
-# cache package imports nothing outside itself.
-PAD_BLOCK = 0
+from tt_serve.model.interface import PAD_BLOCK  # torch-free: plain constants and dataclasses
 
 
 class BlockPool:

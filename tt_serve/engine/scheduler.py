@@ -88,7 +88,8 @@ class Scheduler:
         while self.waiting and self._free_slots and len(self.running) < self.config.max_batch:
             req = self.waiting[0]
             prompt = req.prompt_token_ids
-            if self.cache.inflight_boundary(prompt) > self.cache.match(prompt):
+            pending = self.cache.inflight_boundary(prompt)  # 0 without hashing when idle
+            if pending and pending > self.cache.match(prompt):
                 # Another request is computing this prefix now: wait for its snapshot rather
                 # than compute the same head twice. Others behind it may still go.
                 deferred.append(self.waiting.popleft())

@@ -20,14 +20,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tt_serve.model.buckets import NoBucket, choose_bucket, doubling
 from tt_serve.model.interface import PAD_BLOCK, PAD_SLOT, StepRow
 from tt_serve.model.spec import GDN_CHUNK
 
 DECODE_BUCKET_CAP = 32
-
-
-class NoBucket(ValueError):
-    """The step does not fit any captured bucket; the backend runs it eagerly instead."""
 
 
 def decode_buckets(max_rows: int, cap: int = DECODE_BUCKET_CAP) -> tuple[int, ...]:
@@ -35,12 +32,7 @@ def decode_buckets(max_rows: int, cap: int = DECODE_BUCKET_CAP) -> tuple[int, ..
     top = min(max_rows, cap)
     if top < 1:
         raise ValueError(f"need at least one decode row (got {max_rows})")
-    out, b = [], 1
-    while b < top:
-        out.append(b)
-        b *= 2
-    out.append(top)
-    return tuple(out)
+    return doubling(1, top)
 
 
 def prefill_buckets(max_chunk: int) -> tuple[int, ...]:
@@ -51,20 +43,7 @@ def prefill_buckets(max_chunk: int) -> tuple[int, ...]:
             f"the largest prefill bucket ({max_chunk}) must be a positive multiple of the GDN "
             f"chunk ({GDN_CHUNK}) so padded chunks keep the scan grid"
         )
-    out, b = [], GDN_CHUNK
-    while b < max_chunk:
-        out.append(b)
-        b *= 2
-    out.append(max_chunk)
-    return tuple(out)
-
-
-def choose_bucket(n: int, buckets: Sequence[int]) -> int:
-    """Smallest bucket holding n (tokens or rows)."""
-    for b in sorted(buckets):
-        if b >= n:
-            return b
-    raise NoBucket(f"{n} exceeds the largest bucket {max(buckets)}")
+    return doubling(GDN_CHUNK, max_chunk)
 
 
 def fit_table(row: StepRow, block_size: int, width: int) -> list[int]:
@@ -175,3 +154,6 @@ def prefill_values(
         conv_idx=[n + i for i in range(conv_state_len)],
         last=[max(n - 1, 0)],
     )
+
+
+__all__ = ["NoBucket", "choose_bucket"]  # re-exported: the graph path imports them from here

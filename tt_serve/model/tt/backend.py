@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from tt_serve.engine.sampler import top_logprobs
 from tt_serve.model.interface import StateCopy, StepBatch, StepOutput, StepRow
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.buffers import InputBuffers
@@ -247,7 +248,7 @@ class TTBackend:
             out.token_ids[i] = int(ids[b])
             if row.top_logprobs > 0:
                 assert logits is not None
-                out.logprobs[i] = _logprobs(logits[b], int(ids[b]), row.top_logprobs)
+                out.logprobs[i] = top_logprobs(logits[b], int(ids[b]), row.top_logprobs)
         return ids
 
     def copy_states(self, ops: list[StateCopy] | tuple[StateCopy, ...]) -> None:
@@ -257,13 +258,3 @@ class TTBackend:
     def close(self) -> None:
         self.programs.release()
         self.ops.close_device()
-
-
-def _logprobs(logits: np.ndarray, chosen: int, k: int) -> dict[int, float]:
-    x = logits.astype(np.float64)
-    lp = x - (np.log(np.exp(x - x.max()).sum()) + x.max())
-    top = np.argsort(-lp, kind="stable")[:k]
-    d = {chosen: float(lp[chosen])}
-    for t in top:
-        d.setdefault(int(t), float(lp[t]))
-    return d

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tt_serve.model.buckets import choose_bucket, doubling
 from tt_serve.model.interface import PAD_BLOCK, StepRow
 
 TILE_SIZE = 32
@@ -28,14 +29,6 @@ TILE_SIZE = 32
 
 def pad_to_tile(n: int) -> int:
     return -(-n // TILE_SIZE) * TILE_SIZE
-
-
-def choose_bucket(n: int, buckets: tuple[int, ...]) -> int:
-    """Smallest bucket holding n tokens."""
-    for b in sorted(buckets):
-        if b >= n:
-            return b
-    raise ValueError(f"a prefill row of {n} tokens exceeds the largest bucket {max(buckets)}")
 
 
 def make_buckets(block_size: int, max_chunk: int) -> tuple[int, ...]:
@@ -46,12 +39,7 @@ def make_buckets(block_size: int, max_chunk: int) -> tuple[int, ...]:
             f"block_size ({block_size}) must be a multiple of {TILE_SIZE} and divide "
             f"the largest prefill chunk ({max_chunk})"
         )
-    out, b = [], block_size
-    while b < max_chunk:
-        out.append(b)
-        b *= 2
-    out.append(max_chunk)
-    return tuple(out)
+    return doubling(block_size, max_chunk)
 
 
 def rope_tables(
@@ -222,3 +210,6 @@ def decode_values(
         conv_mask=conv,
         active=tuple(r.state_slot for r in rows),
     )
+
+
+__all__ = ["choose_bucket"]  # re-exported for the backend
