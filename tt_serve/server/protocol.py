@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -163,6 +163,3 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
-
-
-FinishReasonLiteral = Literal["stop", "length"] | None
