@@ -124,7 +124,8 @@ class Setup:
         self.max_batch = 8 if args.tiny else 32
 
     def backend(self, mode: str) -> TorchBackend:
-        """mode: eager | buffered (bucketed programs, no capture) | graph (+ deviceResident)."""
+        """mode: eager | buffered (bucketed programs, no capture) | graph (+ deviceResident,
+        so the engine pipelines decode) | graph_sync (graphs, ids read before the next step)."""
         static = mode != "eager"
         return TorchBackend(
             self.spec,
@@ -133,10 +134,10 @@ class Setup:
             dtype=self.dtype,
             cuda_graphs=static,
             traced_prefill=static,
-            device_resident=static,
+            device_resident=static and mode != "graph_sync",
             max_prefill_chunk=self.chunk,
             max_model_len=self.max_len,
-            capture_graphs=mode == "graph",
+            capture_graphs=mode.startswith("graph"),
         )
 
     def engine(self, mode: str, *, caching: bool = True) -> tuple[Engine, TorchBackend]:
@@ -205,6 +206,19 @@ def decode_ms(be: TorchBackend, batch: int, ctx: int, steps: int, width: int) ->
     return (time.perf_counter() - t) * 1e3 / steps
 
 
+def engine_decode(s: Setup, mode: str, n_new: int) -> tuple[list[list[int]], float, int]:
+    """(tokens, decode tok/s, pipelined steps): a full batch of short prompts through the
+    engine, so the time is decode steps plus the engine's host work between them."""
+    eng, be = s.engine(mode, caching=False)
+    generate(eng, [s.prompt(16, 500)], 4)  # first use of each bucket, not timed
+    prompts = [s.prompt(16, 600 + i) for i in range(s.max_batch)]
+    sync(be)
+    t = time.perf_counter()
+    outs = generate(eng, prompts, n_new)
+    sync(be)
+    return outs, s.max_batch * n_new / (time.perf_counter() - t), eng.num_pipelined_steps
+
+
 def sync(be: TorchBackend) -> None:
     if be.device.type == "cuda":
         torch.cuda.synchronize(be.device)
@@ -259,6 +273,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         for b in sorted({1, 8, s.max_batch}):
             res[f"decode_ms_{mode}_b{b}"] = round(decode_ms(be, b, ctx, args.steps, width), 3)
+    # deviceResident pipelining: step n+1 is submitted before step n's ids are read.
+    n_dec = 8 if args.tiny else 128
+    piped, piped_tps, piped_steps = engine_decode(s, "graph", n_dec)
+    synced, sync_tps, _ = engine_decode(s, "graph_sync", n_dec)
+    checks["pipelined_equals_sync"] = piped == synced and piped_steps > 0
+    res["engine_decode_tok_s_pipelined"] = round(piped_tps, 1)
+    res["engine_decode_tok_s_sync"] = round(sync_tps, 1)
+    res["engine_decode_pipelined_over_sync"] = round(piped_tps / sync_tps, 3)
+    res["pipelined_steps"] = piped_steps
     reps = 1 if args.tiny else 3
     cold_t, warm_t = [], []
     eng, _ = s.engine("graph")

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# On a CUDA machine: graph vs eager and warm vs cold token equality, decode-step and TTFT timings
+# On a CUDA machine: graph vs eager, warm vs cold and pipelined vs synchronous token equality;
+# decode-step, engine decode (deviceResident pipelined vs synchronous) and TTFT timings
 # of the torch backend on a random-weight ~0.75B Qwen3.5 model; appends one JSON ledger line to
 # bench/runs/gpu-check.jsonl (and to $OUT/gpu-check.jsonl when $OUT is set).
 # Needs python3 with torch (CUDA) and numpy only. Extra arguments go to the driver, e.g.

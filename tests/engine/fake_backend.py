@@ -4,15 +4,22 @@ GDN-like state, so a wrong block, a wrong restored snapshot or a skipped reset c
 Per token at position p: the token is written into KV block ``table[p // bs]`` at ``p % bs``
 and the slot's state absorbs it (a chained hash). The sampled token mixes the state with a
 digest of every KV entry in [0, end) read back through the block table.
+
+``PipelinedFakeBackend`` adds ``submit``: the "device" runs a step when it is submitted (in
+order, as real devices do) and keeps each slot's last greedy id, which ``FED_TOKEN`` rows read;
+the host sees the ids only through ``result()``, which must be called in submission order.
+Every rule of the pipelining contract in ``model/interface`` is asserted.
 """
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from tt_serve.model.interface import (
+    FED_TOKEN,
     PAD_BLOCK,
     PAD_SLOT,
     CopyKind,
@@ -102,3 +109,80 @@ class FakeBackend:
                 else:
                     out.logprobs.append(None)
         return out
+
+
+@dataclass
+class FakePending:
+    number: int
+    output: StepOutput
+    error: Exception | None
+    owner: PipelinedFakeBackend
+    resident_slots: frozenset[int] = field(default_factory=frozenset)
+    read: bool = False
+
+    def result(self) -> StepOutput:
+        if not self.read:
+            unread = self.owner.unread
+            assert unread and unread[0] == self.number, "results read out of submission order"
+            unread.pop(0)
+            self.read = True
+        if self.error is not None:
+            raise self.error
+        return self.output
+
+
+class PipelinedFakeBackend(FakeBackend):
+    device_resident = True
+
+    def __init__(
+        self,
+        vocab: int = 1000,
+        fail_on: set[int] | None = None,
+        fail_read_on: set[int] | None = None,
+    ) -> None:
+        super().__init__(vocab, fail_on)
+        self.fail_read_on = fail_read_on or set()
+        self.dev_ids: dict[int, int] = {}  # slot -> the last greedy id, "on the device"
+        self.resident: frozenset[int] = frozenset()
+        self.submitted = 0
+        self.unread: list[int] = []  # submitted, not yet read, in order
+        self.max_in_flight = 0
+        self.fed_rows = 0
+
+    def copy_states(self, ops: list[StateCopy] | tuple[StateCopy, ...]) -> None:
+        super().copy_states(ops)
+        touched = {op.slot for op in ops if op.kind is not CopyKind.SAVE}
+        self.resident = self.resident - touched
+
+    def execute(self, batch: StepBatch) -> StepOutput:
+        return self.submit(batch).result()
+
+    def submit(self, batch: StepBatch) -> FakePending:
+        self.submitted += 1
+        rows = []
+        for row in batch.rows:
+            if FED_TOKEN in row.token_ids:
+                assert row.num_tokens == 1, "FED_TOKEN in a multi-token row"
+                assert row.state_slot in self.resident, (
+                    f"FED_TOKEN for slot {row.state_slot}, not resident after the last step"
+                )
+                row = replace(row, token_ids=(self.dev_ids[row.state_slot],))
+                self.fed_rows += 1
+            rows.append(row)
+        try:
+            out = super().execute(StepBatch(tuple(rows)))
+        except Exception:
+            self.resident = frozenset()
+            raise
+        self.unread.append(self.submitted)
+        self.max_in_flight = max(self.max_in_flight, len(self.unread))
+        resident = set()
+        for row, tok in zip(rows, out.token_ids, strict=True):
+            if tok is not None:
+                self.dev_ids[row.state_slot] = tok
+                resident.add(row.state_slot)
+        self.resident = frozenset(resident)
+        err = None
+        if self.submitted in self.fail_read_on:
+            err = RuntimeError(f"injected read failure on step #{self.submitted}")
+        return FakePending(self.submitted, out, err, self, self.resident)

@@ -18,7 +18,15 @@ import torch
 from tests.model import driver as d
 from tt_serve.engine.engine import Engine, EngineConfig
 from tt_serve.engine.scheduler import SchedulerConfig
-from tt_serve.model.interface import PAD_BLOCK, PAD_SLOT, StepBatch, StepOutput, StepRow
+from tt_serve.model.interface import (
+    FED_TOKEN,
+    PAD_BLOCK,
+    PAD_SLOT,
+    StateCopy,
+    StepBatch,
+    StepOutput,
+    StepRow,
+)
 from tt_serve.model.ref import TorchBackend
 from tt_serve.model.ref.buckets import (
     NoBucket,
@@ -58,7 +66,7 @@ def test_padding_values() -> None:
         StepRow(2, (8,), 0, (4,), 1, True),
     ]
     v = decode_values(rows, [True, False], bucket=4, block_size=16, width=3)
-    assert v.ids == [7, 8, 0, 0] and v.fed == [1, 0, 0, 0]
+    assert v.ids == [0, 8, 0, 0] and v.fed == [1, 0, 0, 0]  # a fed row's id is on the device
     assert v.slots == [3, 1, PAD_SLOT, PAD_SLOT] and v.lens == [21, 1, 1, 1]
     assert v.kv_blocks == [9, 4, PAD_BLOCK, PAD_BLOCK] and v.kv_offsets == [4, 0, 0, 0]
     assert v.tables == [[5, 9, 0], [4, 0, 0], [0, 0, 0], [0, 0, 0]]
@@ -120,8 +128,11 @@ def test_bucketed_engine_equals_eager(dense_dir: Path) -> None:
     prompts += [head + [5, 6, 7], head + [9] * 40]
     plain = _generate(_engine(TorchBackend.from_pretrained(dense_dir)), prompts, 8)
     be = TorchBackend.from_pretrained(dense_dir, max_model_len=1024, **STATIC)
-    got = _generate(_engine(be), prompts, 8)
+    eng = _engine(be)
+    assert eng.pipelining
+    got = _generate(eng, prompts, 8)
     assert [t for t, _ in got] == [t for t, _ in plain]
+    assert eng.num_pipelined_steps > 0  # decode steps ran ahead of the host, fed on the device
     assert len({t for toks, _ in plain for t in toks}) > 10
     assert got[-1][1] == 256  # the warm tail ran through a tail bucket
     assert be.static is not None
@@ -180,6 +191,42 @@ def test_moe_bucketed_equals_eager(moe_dir: Path) -> None:
     plain = _generate(_engine(TorchBackend.from_pretrained(moe_dir)), prompts, 5)
     got = _generate(_engine(TorchBackend.from_pretrained(moe_dir, **STATIC)), prompts, 5)
     assert got == plain
+
+
+def test_fed_token_rules(dense_dir: Path) -> None:
+    """FED_TOKEN rows are accepted only where the previous launch left an id on the device."""
+    be = TorchBackend.from_pretrained(dense_dir, max_model_len=160, **STATIC)
+    be.allocate(num_kv_blocks=6 * d.WIDTH + 1, block_size=d.BLOCK, num_state_slots=5,
+                num_snapshot_slots=4)  # fmt: skip
+    plain = d.backend(dense_dir, slots=5)
+    p = d.prompt(40, seed=5)
+    first = StepBatch((d.row(0, p[:30], 0), d.row(1, p[:12], 0)))
+    a, b = plain.execute(first), be.execute(first)
+    assert a.token_ids == b.token_ids
+    # Step n (host tokens), then step n+1 submitted before step n is read.
+    t0, t1 = a.token_ids
+    assert t0 is not None and t1 is not None
+    step_n = StepBatch((d.row(0, [t0], 30), d.row(1, [t1], 12)))
+    pend_n = be.submit(step_n)
+    assert pend_n.resident_slots == {d.row(0, [t0], 30).state_slot, d.row(1, [t1], 12).state_slot}
+    fed = StepBatch((d.row(0, [FED_TOKEN], 31), d.row(1, [FED_TOKEN], 13)))
+    pend_n1 = be.submit(fed)
+    out_n, out_n1 = pend_n.result(), pend_n1.result()
+    ref_n = plain.execute(step_n)
+    u0, u1 = ref_n.token_ids
+    assert out_n.token_ids == ref_n.token_ids and u0 is not None and u1 is not None
+    ref_n1 = plain.execute(StepBatch((d.row(0, [u0], 31), d.row(1, [u1], 13))))
+    assert out_n1.token_ids == ref_n1.token_ids
+    # Slot 2 ran nothing; a reset of slot 0 breaks its chain; prefill rows are never fed.
+    with pytest.raises(ValueError, match="left none there"):
+        be.submit(StepBatch((d.row(2, [FED_TOKEN], 5),))).result()
+    be.copy_states([StateCopy.reset(d.row(0, [1], 0).state_slot)])
+    with pytest.raises(ValueError, match="left none there"):
+        be.submit(StepBatch((d.row(0, [FED_TOKEN], 32),))).result()
+    with pytest.raises(ValueError, match="single-token"):
+        be.submit(StepBatch((d.row(1, [FED_TOKEN, 5], 14),))).result()
+    with pytest.raises(ValueError, match="not device-resident"):
+        plain.submit(StepBatch((d.row(1, [FED_TOKEN], 14),)))
 
 
 def test_device_resident_needs_graphs(dense_dir: Path) -> None:

@@ -32,10 +32,16 @@ def test_check_dry_run(tmp_path: Path) -> None:
         timeout=600,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    for name in ("graph_equals_buffered", "warm_equals_cold", "device_resident_fed"):
+    for name in (
+        "graph_equals_buffered",
+        "warm_equals_cold",
+        "device_resident_fed",
+        "pipelined_equals_sync",
+    ):
         assert f"PASS {name}" in proc.stdout
     (line,) = ledger.read_text().splitlines()
     assert (tmp_path / "out" / "gpu-check.jsonl").read_text().splitlines() == [line]
     rec = json.loads(line)
     assert rec["graph_vs_eager_identical"] and rec["distinct_tokens"] > 5
     assert rec["ttft_cold_ms"] > 0 and rec["decode_ms_graph_b8"] > 0
+    assert rec["pipelined_steps"] > 0 and rec["engine_decode_tok_s_sync"] > 0

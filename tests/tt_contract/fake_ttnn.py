@@ -15,7 +15,11 @@ compared token for token with the torch reference; device numerics are tested on
 * one_trace: capturing a program identical to a live trace (same ops and shapes) is refused;
 * runtime_args: under capture, the chunk start and cache positions must be device tensors, and
   chunk_gated_delta_rule must get its constant tiles explicitly;
-* program_cache: every program captured must have run eagerly before (compile run).
+* program_cache: every program captured must have run eagerly before (compile run);
+* async_read: the host tensor of ``from_device(blocking=False)`` is unreadable (to_numpy,
+  to_layout, upload) until ``event_synchronize`` of an event recorded after the read, or
+  ``synchronize_device``. The fake copies the value when the read is enqueued, as the in-order
+  device would read it then, whatever later replays write into the source buffer.
 
 Replay re-runs the recorded ops on the recorded buffers, in place, like a device trace.
 """
@@ -68,6 +72,7 @@ class Buffer:
     on_device: bool
     freed: bool = False
     sharded: bool = False
+    pending: int = 0  # stamp of a non-blocking read not yet synchronized (0: readable)
 
 
 class Tensor:
@@ -94,6 +99,7 @@ class Tensor:
     def to_numpy(self) -> np.ndarray:
         if self.buffer.on_device:
             raise ContractViolation("host_io", "to_numpy() of a device tensor: from_device first")
+        _landed(self, "to_numpy()")
         d = self.buffer.data
         return d.numpy().astype(np.uint32 if self.dtype is DataType.UINT32 else d.numpy().dtype)
 
@@ -112,6 +118,14 @@ class FakeDevice:
         return (8, 8)
 
 
+@dataclass(frozen=True)
+class FakeEvent:
+    """Marks a point of the command queue: every command enqueued before it has a smaller
+    stamp."""
+
+    stamp: int
+
+
 class FakeTTNN:
     """The module-like fake: attribute names as in ttnn 0.81.1."""
 
@@ -123,6 +137,7 @@ class FakeTTNN:
         self._trace_ids = itertools.count(1)
         self._program_cache: set[tuple[Any, ...]] = set()
         self._buffers: set[Buffer] = set()
+        self._in_flight: list[Buffer] = []  # host buffers of non-blocking reads
         self.bfloat16, self.bfloat8_b = DataType.BFLOAT16, DataType.BFLOAT8_B
         self.float32, self.uint32, self.int32 = DataType.FLOAT32, DataType.UINT32, DataType.INT32
         self.TILE_LAYOUT, self.ROW_MAJOR_LAYOUT = Layout.TILE, Layout.ROW_MAJOR
@@ -244,8 +259,32 @@ class FakeTTNN:
     def close_device(self, device: FakeDevice) -> None:
         pass
 
-    def synchronize_device(self, device: FakeDevice) -> None:
-        pass
+    def synchronize_device(
+        self, device: FakeDevice, cq_id: int | None = None, sub_device_ids: Sequence[Any] = ()
+    ) -> None:
+        self._no_host_io("synchronize_device")
+        self._land(next(self._serial))
+
+    def record_event(
+        self,
+        mesh_device: FakeDevice,
+        cq_id: int | None = None,
+        sub_device_ids: Sequence[Any] = (),
+        device_range: Any = None,
+    ) -> FakeEvent:
+        self._no_host_io("record_event")
+        return FakeEvent(next(self._serial))
+
+    def event_synchronize(self, mesh_event: FakeEvent) -> None:
+        self._no_host_io("event_synchronize")
+        self._land(mesh_event.stamp)
+
+    def _land(self, stamp: int) -> None:
+        """Every non-blocking read enqueued before ``stamp`` has reached the host."""
+        for buf in self._in_flight:
+            if buf.pending < stamp:
+                buf.pending = 0
+        self._in_flight = [b for b in self._in_flight if b.pending]
 
     def begin_trace_capture(self, device: FakeDevice, *, cq_id: int = 0) -> int:
         if self.capturing:
@@ -301,16 +340,25 @@ class FakeTTNN:
 
     def to_device(self, tensor: Tensor, device: FakeDevice, memory_config: Any = None) -> Tensor:
         self._no_host_io("to_device")
+        _landed(tensor, "to_device()")
         return self._new(tensor.buffer.data.clone(), tensor.dtype, tensor.layout, True)
 
-    def from_device(self, tensor: Tensor, blocking: bool = True) -> Tensor:
+    def from_device(
+        self, tensor: Tensor, blocking: bool = True, *, queue_id: int | None = None
+    ) -> Tensor:
         self._no_host_io("from_device")
         self._live(tensor)
-        return self._new(tensor.buffer.data.clone(), tensor.dtype, tensor.layout, False)
+        # The value is copied now: the in-order device reads the buffer as of this point.
+        host = self._new(tensor.buffer.data.clone(), tensor.dtype, tensor.layout, False)
+        if not blocking:
+            host.buffer.pending = next(self._serial)
+            self._in_flight.append(host.buffer)
+        return host
 
     def copy_host_to_device_tensor(self, host: Tensor, device_tensor: Tensor) -> None:
         self._no_host_io("copy_host_to_device_tensor")
         self._live(device_tensor)
+        _landed(host, "copy_host_to_device_tensor()")
         _same("copy_host_to_device_tensor", host, device_tensor)
         device_tensor.buffer.data = host.buffer.data.clone()
 
@@ -407,6 +455,7 @@ class FakeTTNN:
         if x.dtype is DataType.BFLOAT8_B and layout is not Layout.TILE:
             raise ContractViolation("dtype", "Layout must be Layout::TILE for bfloat8_b")
         if not x.buffer.on_device:
+            _landed(x, "to_layout()")
             return self._new(x.buffer.data.clone(), x.dtype, layout, False)
         return self._single("to_layout", [x], lambda: x.buffer.data, x.dtype, layout)
 
@@ -850,6 +899,15 @@ class FakeTTNN:
 
         return self._gdr_out(
             "fused_recurrent_gated_delta_rule", [q, k, v, g, beta, initial_state], fn, Layout.TILE
+        )
+
+
+def _landed(t: Tensor, what: str) -> None:
+    if t.buffer.pending:
+        raise ContractViolation(
+            "async_read",
+            f"{what} of a non-blocking from_device result before event_synchronize of an event "
+            "recorded after it",
         )
 
 

@@ -170,3 +170,28 @@ def test_programs_are_compiled_before_capture(ops: Ops) -> None:
 def test_tile_layout_padding(ops: Ops) -> None:
     t = ops.host(np.zeros((5, 40)), "bfloat16", TILE)
     assert t.padded_shape == (32, 64)
+
+
+def test_async_read_lands_only_at_a_later_event(ops: Ops) -> None:
+    fake = ops.ttnn
+    x = ops.upload(np.array([[1, 2]], np.uint32), "uint32", ROW_MAJOR)
+    before = fake.record_event(ops.device, cq_id=0)
+    host = fake.from_device(x, blocking=False)
+    _trips("async_read", host.to_numpy)
+    _trips("async_read", lambda: fake.to_layout(host, fake.TILE_LAYOUT))
+    fake.event_synchronize(before)  # recorded before the read: proves nothing
+    _trips("async_read", host.to_numpy)
+    fake.event_synchronize(fake.record_event(ops.device, cq_id=0))
+    assert host.to_numpy().tolist() == [[1, 2]]
+    pending = ops.read_start(x)
+    _trips("async_read", pending.host.to_numpy)
+    ops.synchronize()
+    assert pending.host.to_numpy().tolist() == [[1, 2]]
+
+
+def test_async_read_sees_the_value_at_enqueue_time(ops: Ops) -> None:
+    x = ops.upload(np.array([[1, 2]], np.uint32), "uint32", ROW_MAJOR)
+    pending = ops.read_start(x)
+    ops.write(ops.host(np.array([[7, 8]]), "uint32", ROW_MAJOR), x)  # a later step's write
+    assert ops.read_finish(pending).tolist() == [[1, 2]]
+    assert ops.read(x).tolist() == [[7, 8]]

@@ -39,6 +39,7 @@ class EngineSnapshot:
     prefix_queries: int = 0
     prefix_hits: int = 0
     prefill_tokens_computed: int = 0
+    pipelined_decode_steps: int = 0
 
 
 @dataclass
@@ -136,6 +137,7 @@ class AsyncEngine:
             prefix_queries=st.queries,
             prefix_hits=st.hits,
             prefill_tokens_computed=e.prefill_tokens_computed,
+            pipelined_decode_steps=e.num_pipelined_steps,
         )
 
     def _apply(self, cmd: _Add | _Abort) -> None:

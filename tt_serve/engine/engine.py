@@ -4,6 +4,16 @@ Only the scheduler and the prefix cache mutate bookkeeping; the backend returns 
 logits for host-sampled rows). If ``execute`` raises, exactly the requests of that batch fail,
 their reservations are released (nothing of that step was registered or published) and the
 engine keeps serving the rest.
+
+Pipelined decode (a ``PipelinedBackend`` with ``device_resident``): a decode step of plain
+greedy requests is submitted without waiting for its ids. On the next ``step()`` the engine
+submits the follow-up decode step first (rows carry ``FED_TOKEN``: the device feeds each slot
+its own last id) and only then reads, applies and reports the earlier step, so host work
+(reading ids, stop checks, detokenization, HTTP delivery) overlaps the device's next step.
+Results apply one step late: a request that stops at step n has one discarded row in step n+1
+(its KV write lands in its own reservation or in a released block that the device rewrites in
+order); a request that reaches max_tokens at step n gets no row. Admission, prefill chunks,
+host sampling and logprobs run synchronously: the pipeline drains for them.
 """
 
 from __future__ import annotations
@@ -19,8 +29,14 @@ import numpy as np
 
 from tt_serve.cache import CacheStats, PrefixCache, SnapshotSave
 from tt_serve.engine import sampler
-from tt_serve.engine.scheduler import ScheduledStep, Scheduler, SchedulerConfig
-from tt_serve.model.interface import Backend, StateCopy
+from tt_serve.engine.scheduler import ScheduledStep, Scheduler, SchedulerConfig, pipelinable
+from tt_serve.model.interface import (
+    Backend,
+    PendingOutput,
+    PipelinedBackend,
+    StateCopy,
+    StepOutput,
+)
 from tt_serve.sequence import (
     FinishReason,
     Request,
@@ -57,6 +73,14 @@ class EngineConfig:
     eos_token_ids: frozenset[int] = frozenset()
     prefix_caching: bool = True
     cache_salt: bytes = b""
+
+
+@dataclass
+class _InFlight:
+    """A submitted step whose ids have not been read yet."""
+
+    step: ScheduledStep
+    pending: PendingOutput
 
 
 @dataclass
@@ -99,8 +123,13 @@ class Engine:
         self._tracked: dict[str, _Tracked] = {}
         self._seq_ids = itertools.count(1)
         self.num_failed_steps = 0
+        self.num_pipelined_steps = 0  # decode steps submitted before the previous one was read
         self.prefill_tokens_computed = 0
         self.decode_tokens_computed = 0
+        self._pipelined: PipelinedBackend | None = (
+            backend if isinstance(backend, PipelinedBackend) and backend.device_resident else None
+        )
+        self._inflight: _InFlight | None = None
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -167,7 +196,12 @@ class Engine:
         return True
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or self._inflight is not None
+
+    @property
+    def pipelining(self) -> bool:
+        """Whether decode steps are submitted ahead of reading (deviceResident backends)."""
+        return self._pipelined is not None
 
     @property
     def num_running(self) -> int:
@@ -184,25 +218,82 @@ class Engine:
     # -- the step ----------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        if self._inflight is not None:
+            return self._step_pipelined(self._inflight)
         step = self.scheduler.schedule()
         if step is None:
             return self._collect()
+        pipe = self._pipelined
         try:
             if step.pre_copies:
                 self.backend.copy_states(step.pre_copies)
+            if pipe is not None and _is_pipelinable(step):
+                self._inflight = _InFlight(step, pipe.submit(step.batch))
+                return self._collect()
             output = self.backend.execute(step.batch)
-            tokens, logprobs = self._pick_tokens(
-                step, output.token_ids, output.logprobs, output.logits
-            )
         except Exception as exc:  # the batch fails; the engine keeps serving
             self._fail_step(step, exc)
             return self._collect()
         finally:
             for rid in step.restored:
                 self.cache.restore_done(rid)
+        self._apply(step, output)
+        return self._collect()
+
+    def _step_pipelined(self, prev: _InFlight) -> list[RequestOutput]:
+        """Submit the follow-up of ``prev`` (if the scheduler has one), then read ``prev``."""
+        assert self._pipelined is not None
+        self._inflight = None
+        nxt: _InFlight | None = None
+        follow = self.scheduler.follow_up(prev.step, prev.pending.resident_slots)
+        if follow is not None:
+            try:
+                nxt = _InFlight(follow, self._pipelined.submit(follow.batch))
+                self.num_pipelined_steps += 1
+            except Exception as exc:
+                self._fail_step(follow, exc)
+        try:
+            output = prev.pending.result()
+        except Exception as exc:
+            self._fail_step(prev.step, exc)
+            if nxt is not None:  # it fed on ids that never arrived
+                self._fail_step(nxt.step, exc)
+                self._drain(nxt)
+            return self._collect()
+        self._apply(prev.step, output)
+        self._inflight = nxt
+        return self._collect()
+
+    def _drain(self, inflight: _InFlight) -> None:
+        try:
+            inflight.pending.result()
+        except Exception as exc:
+            log.error("discarded step failed too: %r", exc)
+
+    def _apply(self, step: ScheduledStep, output: StepOutput) -> None:
+        """Pick tokens from a step's output and record them (a failure fails that batch)."""
+        try:
+            tokens, logprobs = self._pick_tokens(
+                step, output.token_ids, output.logprobs, output.logits
+            )
+        except Exception as exc:
+            self._fail_step(step, exc)
+            return
         self._count_tokens(step)
         saves = self.scheduler.update(step, tokens, logprobs, self.config.eos_token_ids)
         self._save_snapshots(saves)
+
+    def drain(self) -> list[RequestOutput]:
+        """Read and apply a step still in flight (shutdown, tests); outputs like ``step``."""
+        prev, self._inflight = self._inflight, None
+        if prev is None:
+            return self._collect()
+        try:
+            output = prev.pending.result()
+        except Exception as exc:
+            self._fail_step(prev.step, exc)
+            return self._collect()
+        self._apply(prev.step, output)
         return self._collect()
 
     def _count_tokens(self, step: ScheduledStep) -> None:
@@ -248,6 +339,8 @@ class Engine:
         return tokens, lps
 
     def _fail_step(self, step: ScheduledStep, exc: BaseException) -> None:
+        if all(r.finished for r in step.requests):
+            return  # rows of requests that ended meanwhile: nothing to fail
         self.num_failed_steps += 1
         log.error("step failed for %d request(s): %r", len(step.requests), exc)
         self.scheduler.fail(step.requests, f"backend error: {exc}")
@@ -313,3 +406,11 @@ class Engine:
             first_token_time=req.first_token_time,
             finished_time=req.finished_time,
         )
+
+
+def _is_pipelinable(step: ScheduledStep) -> bool:
+    """A pure decode step of plain greedy requests (no state copies pending)."""
+    return not step.pre_copies and all(
+        row.num_tokens == 1 and pipelinable(req)
+        for row, req in zip(step.batch.rows, step.requests, strict=True)
+    )

@@ -23,7 +23,14 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 
 from tt_serve.cache import Admission, PrefixCache, SnapshotSave
-from tt_serve.model.interface import PAD_BLOCK, PAD_SLOT, StateCopy, StepBatch, StepRow
+from tt_serve.model.interface import (
+    FED_TOKEN,
+    PAD_BLOCK,
+    PAD_SLOT,
+    StateCopy,
+    StepBatch,
+    StepRow,
+)
 from tt_serve.sequence import FinishReason, Request, RequestStatus
 
 
@@ -189,6 +196,43 @@ class Scheduler:
         self._pending_copies, self._pending_restored = [], []
         return step
 
+    def follow_up(self, prev: ScheduledStep, resident: frozenset[int]) -> ScheduledStep | None:
+        """The decode step to submit while ``prev`` (a submitted, unread decode step) runs.
+
+        Its rows feed each slot's id from the device (``FED_TOKEN``) at the position after
+        ``prev``'s. None when the next step needs the host: a request is waiting and could be
+        admitted now, a prefill is pending, or a running request is not a plain greedy decode
+        whose id ``prev`` left on the device. A request ``prev`` finishes by length gets no row
+        (its lifetime reservation ends there); one ``prev`` finishes by a stop token or string
+        gets a row whose result the engine discards.
+        """
+        if self.waiting and self._free_slots and len(self.running) < self.config.max_batch:
+            return None
+        in_prev = {id(r) for r in prev.requests}
+        rows: list[StepRow] = []
+        reqs: list[Request] = []
+        for req in self.running:
+            if id(req) not in in_prev or not pipelinable(req) or req.state_slot not in resident:
+                return None
+            if len(req.output_token_ids) + 1 >= req.params.max_tokens:
+                continue
+            rows.append(
+                StepRow(
+                    seq_id=req.seq_id,
+                    token_ids=(FED_TOKEN,),
+                    start_pos=req.num_tokens,
+                    block_table=req.block_table,
+                    state_slot=req.state_slot,
+                    sample=True,
+                )
+            )
+            reqs.append(req)
+        if not rows:
+            return None
+        width = max(len(r.block_table) for r in rows)
+        rows = [_pad_row(r, width) if len(r.block_table) < width else r for r in rows]
+        return ScheduledStep(StepBatch(tuple(rows)), reqs)
+
     # -- results -----------------------------------------------------------------------------
 
     def update(
@@ -255,6 +299,12 @@ def _needs_logits(req: Request) -> bool:
     return not req.params.greedy or req.params.has_penalties
 
 
+def pipelinable(req: Request) -> bool:
+    """A decoding request whose next id the device can feed itself: greedy, no penalties, no
+    logprobs (those need the host to see logits every step)."""
+    return req.prefill_done and not _needs_logits(req) and req.params.logprobs is None
+
+
 def _pad_row(row: StepRow, width: int) -> StepRow:
     return replace(row, block_table=row.block_table + (PAD_BLOCK,) * (width - len(row.block_table)))
 
@@ -272,4 +322,4 @@ def _stop_reason(req: Request, tok: int, eos_token_ids: frozenset[int]) -> Finis
     return None
 
 
-__all__ = ["PAD_SLOT", "ScheduledStep", "Scheduler", "SchedulerConfig"]
+__all__ = ["PAD_SLOT", "ScheduledStep", "Scheduler", "SchedulerConfig", "pipelinable"]

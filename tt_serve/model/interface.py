@@ -9,6 +9,17 @@ for host-sampled logits), so ``engine/`` and ``cache/`` never import torch.
 Reserved indices (never handed to a request):
   * KV block ``PAD_BLOCK`` (0): block tables are padded with it; writes to it are garbage.
   * GDN state slot ``PAD_SLOT`` (0): the scratch slot padding rows run in.
+
+Pipelining (deviceResident): a ``PipelinedBackend`` also has ``submit``, which enqueues a step
+and returns a ``PendingOutput`` whose ``result()`` blocks for the ids. The engine may submit
+step n+1 before reading step n; a decode row of step n+1 then carries ``FED_TOKEN`` instead of
+a token: "the greedy id step n produced for this state slot, still on the device". Rules:
+  * ``FED_TOKEN`` is allowed only in single-token decode rows whose ``state_slot`` is in the
+    ``resident_slots`` of the step submitted immediately before, with no ``copy_states`` on that
+    slot in between; a backend raises ValueError for any other use.
+  * Results are read in submission order (``result()`` of step n before that of step n+1).
+  * Devices execute in submission order, so KV blocks and state slots that the host frees while
+    a step is in flight may be handed out again at once: the new owner's work runs after it.
 """
 
 from __future__ import annotations
@@ -22,6 +33,7 @@ if TYPE_CHECKING:
 
 PAD_BLOCK = 0
 PAD_SLOT = 0
+FED_TOKEN = -1
 
 
 @dataclass(frozen=True)
@@ -148,3 +160,27 @@ class Backend(Protocol):
     def copy_states(self, ops: list[StateCopy] | tuple[StateCopy, ...]) -> None:
         """Apply GDN state copies in order (save / restore / reset)."""
         ...
+
+
+class PendingOutput(Protocol):
+    """A submitted step. ``resident_slots``: state slots whose greedy id this step leaves on the
+    device, so the next step may feed them with ``FED_TOKEN``."""
+
+    @property
+    def resident_slots(self) -> frozenset[int]: ...
+
+    def result(self) -> StepOutput:
+        """Wait for the step and return its output (idempotent)."""
+        ...
+
+
+@runtime_checkable
+class PipelinedBackend(Backend, Protocol):
+    """A backend that can run ahead of the host: ``submit`` returns before the ids are read.
+
+    ``device_resident`` says whether it keeps the sampled ids on the device for ``FED_TOKEN``
+    rows; the engine pipelines decode steps only when it is set."""
+
+    device_resident: bool
+
+    def submit(self, batch: StepBatch) -> PendingOutput: ...

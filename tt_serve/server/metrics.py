@@ -80,6 +80,11 @@ class _EngineCollector(Collector):
             "Prompt tokens actually computed by the backend.",
             value=s.prefill_tokens_computed,
         )
+        yield CounterMetricFamily(
+            f"{P}pipelined_decode_steps",
+            "Decode steps submitted before the previous step's ids were read (deviceResident).",
+            value=s.pipelined_decode_steps,
+        )
         yield GaugeMetricFamily(
             f"{P}num_requests_running", "Requests in the running batch.", value=s.num_running
         )

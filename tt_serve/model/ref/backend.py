@@ -15,11 +15,19 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 
-from tt_serve.model.interface import StateCopy, StepBatch, StepOutput
+from tt_serve.model.interface import (
+    FED_TOKEN,
+    CopyKind,
+    StateCopy,
+    StepBatch,
+    StepOutput,
+    StepRow,
+)
 from tt_serve.model.ref.buckets import decode_buckets, prefill_buckets
 from tt_serve.model.ref.graphs import GraphRunner
 from tt_serve.model.ref.model import HybridModel
@@ -188,9 +196,13 @@ class TorchBackend:
             if r.num_tokens == 0:
                 raise ValueError(f"row for seq {r.seq_id} has no tokens")
         if self.static is None:
+            _no_fed_rows(rows, range(len(rows)), "this backend is not device-resident")
             self._eager(batch, list(range(len(rows))), out)
             return PendingStep(out, rows, done=True)
+        multi = [i for i, r in enumerate(rows) if r.num_tokens > 1]
+        _no_fed_rows(rows, multi, "only single-token decode rows can be fed on the device")
         work, rest = self.static.plan(rows)
+        _no_fed_rows(rows, rest, "no bucketed program holds the row")
         if rest:
             self._eager(batch, rest, out)
         return self.static.launch(rows, work, out)
@@ -238,3 +250,14 @@ class TorchBackend:
     def copy_states(self, ops: list[StateCopy] | tuple[StateCopy, ...]) -> None:
         with torch.no_grad():
             self._pools().copy_states(ops)
+        if self.static is not None:
+            self.static.forget({op.slot for op in ops if op.kind is not CopyKind.SAVE})
+
+
+def _no_fed_rows(rows: tuple[StepRow, ...], idx: Iterable[int], why: str) -> None:
+    for i in idx:
+        if FED_TOKEN in rows[i].token_ids:
+            raise ValueError(
+                f"row for seq {rows[i].seq_id} carries the device-resident placeholder token, "
+                f"but {why}"
+            )

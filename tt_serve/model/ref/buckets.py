@@ -91,7 +91,7 @@ def decode_values(
             raise ValueError(f"decode row for seq {row.seq_id} has {row.num_tokens} tokens")
         table = fit_table(row, block_size, width)
         pos = row.start_pos
-        v.ids.append(row.token_ids[0])
+        v.ids.append(0 if f else row.token_ids[0])  # a fed row's id comes from the device
         v.fed.append(int(f))
         v.positions.append(pos)
         v.slots.append(row.state_slot)

@@ -31,12 +31,25 @@ from tt_serve.model.ref.static_layers import PrefillRow, masked_attention, maske
 
 
 class FlatInputs:
-    """Named long views of one device buffer, written from host values in a single transfer."""
+    """Named long views of one device buffer, written from host values in a single transfer.
+
+    On CUDA the transfer goes through one of two pinned staging buffers, so it is truly
+    asynchronous (a pageable source may make the driver wait for the stream, which would stall
+    the host behind the step already running: no overlap). A staging buffer is refilled only
+    after the copy that last read it has completed (its event), i.e. two writes later."""
 
     def __init__(self, shapes: dict[str, tuple[int, ...]], device: torch.device) -> None:
         self.shapes = shapes
         total = sum(math.prod(s) for s in shapes.values())
         self.flat = torch.zeros(total, dtype=torch.long, device=device)
+        cuda = device.type == "cuda"
+        self._staging = (
+            [torch.empty(total, dtype=torch.long, pin_memory=True) for _ in range(2)]
+            if cuda
+            else []
+        )
+        self._events: list[torch.cuda.Event | None] = [None, None]
+        self._turn = 0
         self.views: dict[str, torch.Tensor] = {}
         off = 0
         for name, shape in shapes.items():
@@ -53,8 +66,20 @@ class FlatInputs:
             if len(flat) != math.prod(shape):
                 raise ValueError(f"input {name}: {len(flat)} values for shape {shape}")
             host.extend(flat)
-        # Pageable source: the copy has consumed it when copy_ returns, so reuse is safe.
-        self.flat.copy_(torch.tensor(host, dtype=torch.long), non_blocking=True)
+        src = torch.tensor(host, dtype=torch.long)
+        if not self._staging:
+            self.flat.copy_(src)
+            return
+        turn = self._turn
+        self._turn ^= 1
+        done = self._events[turn]
+        if done is not None:
+            done.synchronize()
+        self._staging[turn].copy_(src)
+        self.flat.copy_(self._staging[turn], non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self._events[turn] = event
 
 
 def decode_shapes(bucket: int, width: int) -> dict[str, tuple[int, ...]]:

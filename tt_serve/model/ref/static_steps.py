@@ -6,11 +6,14 @@ a chunk longer than the largest bucket, a table wider than the graphs') are left
 eager path. ``launch`` only enqueues device work and starts a non-blocking copy of the greedy
 ids into (pinned) host memory; ``PendingStep.result`` waits on an event for it.
 
-deviceResident: each program leaves its argmax in ``slot_ids[slot]`` on the device. The host
-remembers which id that is per slot (``_fed``) once it has read the step; a later decode row
-whose ``token_ids[0]`` equals it is marked fed and the program reads the id on the device. The
-engine contract is unchanged (rows still carry the previous token) and the fed path is exact by
-construction: it is taken only when the device value is known to equal the row's token.
+deviceResident: each program leaves its argmax in ``slot_ids[slot]`` on the device, and a decode
+row marked fed reads its input id from there. Two ways in:
+  * pipelined (``FED_TOKEN`` rows, see ``model/interface``): the engine submits step n+1 before
+    reading step n; a FED_TOKEN row is accepted only for a slot the previous launch left an id in
+    (``resident_slots``) and no state copy has touched since.
+  * by equality: once the host has read a step it knows which id sits in each slot (``_fed``);
+    a later row whose ``token_ids[0]`` equals it is fed too. Only the newest launch of a slot may
+    record it, so reading an older step after a newer one was launched cannot leave a stale id.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tt_serve.model.interface import StepOutput, StepRow
+from tt_serve.model.interface import FED_TOKEN, StepOutput, StepRow
 from tt_serve.model.ref.buckets import (
     NoBucket,
     choose_bucket,
@@ -54,6 +57,9 @@ class PendingStep:
     logits: dict[int, torch.Tensor] = field(default_factory=dict)  # row index -> [1, vocab]
     fed_slots: dict[int, int] = field(default_factory=dict)  # state slot -> row index
     on_done: dict[int, int] | None = None  # the owner's slot -> device id map to refresh
+    launches: dict[int, int] | None = None  # the owner's slot -> newest launch number
+    number: int = 0  # this launch's number
+    resident_slots: frozenset[int] = frozenset()
     done: bool = False
 
     def result(self) -> StepOutput:
@@ -72,9 +78,10 @@ class PendingStep:
             else:
                 chosen = torch.tensor([ids[self.positions[i]]], device=lg.device)
                 fill_logprobs(self.out, lg, chosen, [i], self.rows)
-        if self.on_done is not None:
+        if self.on_done is not None and self.launches is not None:
             for slot, i in self.fed_slots.items():
-                self.on_done[slot] = int(ids[self.positions[i]])
+                if self.launches.get(slot) == self.number:
+                    self.on_done[slot] = int(ids[self.positions[i]])
         self.done = True
         return self.out
 
@@ -101,6 +108,9 @@ class StaticSteps:
         self.conv_state_len = conv_state_len
         self.slot_ids = slot_ids
         self._fed: dict[int, int] = {}  # slot -> id known to sit in slot_ids[slot]
+        self._launches: dict[int, int] = {}  # slot -> number of the newest launch that ran it
+        self._resident: frozenset[int] = frozenset()  # slots the newest launch left an id in
+        self._number = 0
         self.num_fed_rows = 0
 
     @staticmethod
@@ -171,7 +181,14 @@ class StaticSteps:
     def launch(
         self, rows: tuple[StepRow, ...], work: list[tuple[Key, list[int]]], out: StepOutput
     ) -> PendingStep:
-        pending = PendingStep(out, rows, on_done=self._fed if self.slot_ids is not None else None)
+        self._number += 1
+        pending = PendingStep(
+            out,
+            rows,
+            on_done=self._fed if self.slot_ids is not None else None,
+            launches=self._launches,
+            number=self._number,
+        )
         parts: list[torch.Tensor] = []
         n = 0
         for (phase, bucket), idx in work:
@@ -203,6 +220,14 @@ class StaticSteps:
             n += len(idx)
         for slot in pending.fed_slots:
             self._fed.pop(slot, None)  # unknown until this step is read
+            self._launches[slot] = self._number
+        if self.slot_ids is not None:
+            pending.resident_slots = frozenset(
+                rows[i].state_slot
+                for i in pending.positions
+                if rows[i].sample and not rows[i].want_logits
+            )
+        self._resident = pending.resident_slots
         if parts:
             ids_dev = torch.cat(parts)
             cuda = ids_dev.device.type == "cuda"
@@ -215,4 +240,17 @@ class StaticSteps:
         return pending
 
     def _feeds(self, row: StepRow) -> bool:
+        if row.token_ids[0] == FED_TOKEN:
+            if row.state_slot not in self._resident:
+                raise ValueError(
+                    f"decode row for seq {row.seq_id} asks for the device-resident id of state "
+                    f"slot {row.state_slot}, but the previous step left none there"
+                )
+            return True
         return self.slot_ids is not None and self._fed.get(row.state_slot) == row.token_ids[0]
+
+    def forget(self, slots: set[int]) -> None:
+        """State copies touched ``slots``: their device ids no longer continue any sequence."""
+        for slot in slots:
+            self._fed.pop(slot, None)
+        self._resident = self._resident - slots

@@ -3,14 +3,28 @@
 ``allocate`` creates every pool and persistent buffer, then warms and captures one prefill trace
 per bucket and one decode trace, before any request runs: a prefix hit (a warm tail of any
 length) therefore always finds a captured bucket and never falls back to an eager path.
-``execute`` runs the step's single-token rows as one batched decode replay (row = state slot) and
-each multi-token row as one prefill replay, reads the device-argmax ids (uint32) and, only for
-rows that ask, the logits.
+``submit`` runs the step's single-token rows as one batched decode replay (row = state slot) and
+each multi-token row as one prefill replay; ``execute`` is ``submit(batch).result()``.
+
+Reads: right after the decode replay (before anything of a later step is enqueued) ``submit``
+starts a non-blocking read of its device-argmax ids (uint32) and records an event;
+``TTPending.result`` waits on that event. Device commands run in order, so the read returns this
+step's ids even when the next step's replay, submitted before ``result``, overwrites the buffer.
+Rows that need logits (``want_logits``, ``top_logprobs``) and prefill rows are read blocking
+inside ``submit`` (the engine does not pipeline them).
+
+deviceResident: the decode program's ids input is fed from the previous replay's output buffer
+by one device copy of the whole buffer, so a decode step is all-fed or all-host. It is fed when
+its rows carry ``FED_TOKEN`` (pipelining: each row's slot must be a resident slot, i.e. a greedy
+decode row, of the step submitted just before, untouched by copy_states since; anything else is
+a ValueError), or when every row's token equals the id the host already read for its slot from
+the last decode replay (plain ``execute``; exact by construction).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,12 +32,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tt_serve.engine.sampler import top_logprobs
-from tt_serve.model.interface import StateCopy, StepBatch, StepOutput, StepRow
+from tt_serve.model.interface import FED_TOKEN, StateCopy, StepBatch, StepOutput, StepRow
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.buffers import InputBuffers
 from tt_serve.model.tt.device import parse_device_ids
 from tt_serve.model.tt.model import TTModel
 from tt_serve.model.tt.ops import Ops
+from tt_serve.model.tt.pending import TTPending
 from tt_serve.model.tt.plan import (
     DecodeValues,
     PrefillValues,
@@ -73,6 +88,9 @@ class TTBackend:
         self.buckets: tuple[int, ...] = ()
         self.width = 0
         self._fed: dict[int, int] = {}  # slot -> id the last decode replay left on the device
+        self._epoch = 0  # counts decode replays and copy_states: dates the _fed record
+        self._resident: frozenset[int] = frozenset()  # resident slots of the last submitted step
+        self._touched: set[int] = set()  # slots copy_states touched since that submit
         self.device_fed_decodes = 0  # decode steps whose ids came from the device (resident)
 
     @classmethod
@@ -185,18 +203,56 @@ class TTBackend:
 
     # ---- steps ----------------------------------------------------------------------------
     def execute(self, batch: StepBatch) -> StepOutput:
+        return self.submit(batch).result()
+
+    def submit(self, batch: StepBatch) -> TTPending:
+        """Run a step; only the decode replay's greedy ids may still be in flight on return.
+
+        Raises ValueError (before any device work) for an empty row or a misused FED_TOKEN."""
         pools = self._pools()
         rows = batch.rows
-        out = StepOutput(token_ids=[None] * len(rows), logprobs=[None] * len(rows))
-        decode = [i for i, r in enumerate(rows) if r.num_tokens == 1]
-        if decode:
-            self._decode(rows, decode, out)
-        for i, row in enumerate(rows):
+        for row in rows:
             if row.num_tokens == 0:
                 raise ValueError(f"row for seq {row.seq_id} has no tokens")
+            if row.num_tokens > 1 and FED_TOKEN in row.token_ids:
+                raise ValueError(f"FED_TOKEN in a multi-token row (seq {row.seq_id})")
+        out = StepOutput(token_ids=[None] * len(rows), logprobs=[None] * len(rows))
+        decode = [i for i, r in enumerate(rows) if r.num_tokens == 1]
+        from_fed = self._check_fed([rows[i] for i in decode])
+        pending = TTPending(out)
+        if decode:
+            pending = self._decode(rows, decode, out, from_fed)
+        for i, row in enumerate(rows):
             if row.num_tokens > 1:
                 self._prefill(row, i, out, pools)
-        return out
+        self._resident = pending.resident_slots
+        self._touched = set()
+        return pending
+
+    def _check_fed(self, dec_rows: list[StepRow]) -> bool:
+        """Whether the decode rows carry FED_TOKEN (then all of them do, each legitimately)."""
+        fed = [r for r in dec_rows if r.token_ids[0] == FED_TOKEN]
+        if not fed:
+            return False
+        if len(fed) != len(dec_rows):
+            raise ValueError(
+                "FED_TOKEN rows mixed with host-token rows in one decode step: the decode ids "
+                "buffer is fed from the device whole, so a step is all-fed or all-host"
+            )
+        for r in fed:
+            if r.state_slot in self._touched:
+                raise ValueError(
+                    f"FED_TOKEN for state slot {r.state_slot} (seq {r.seq_id}): copy_states "
+                    "touched the slot after the step that left its id on the device"
+                )
+            if r.state_slot not in self._resident:
+                raise ValueError(
+                    f"FED_TOKEN for state slot {r.state_slot} (seq {r.seq_id}): not a resident "
+                    "slot of the previously submitted step (not a greedy decode row of it"
+                    + ("" if self.device_resident else "; device_resident is off")
+                    + ")"
+                )
+        return True
 
     def _prefill(self, row: StepRow, i: int, out: StepOutput, pools: DevicePools) -> None:
         bucket = choose_bucket(row.num_tokens, self.buckets)
@@ -208,27 +264,56 @@ class TTBackend:
         if row.sample:
             self._collect(bufs, [(i, 0, row)], out)
 
-    def _decode(self, rows: tuple[StepRow, ...], idx: list[int], out: StepOutput) -> None:
+    def _decode(
+        self, rows: tuple[StepRow, ...], idx: list[int], out: StepOutput, from_fed: bool
+    ) -> TTPending:
         assert self.decode_bufs is not None and self.pools is not None
         bufs, dec_rows = self.decode_bufs, [rows[i] for i in idx]
-        values = self._decode_values(dec_rows)
-        # deviceResident: when every row continues from the id the last decode replay produced,
-        # step n's output buffer feeds step n+1 on the device and only positions/tables upload.
-        fed = self.device_resident and all(
-            self._fed.get(r.state_slot) == r.token_ids[0] for r in dec_rows
+        # deviceResident: step n's output buffer feeds step n+1 on the device (only positions
+        # and tables upload) when the rows say so (FED_TOKEN) or when every row continues from
+        # the id the host read from the last decode replay (exact by construction).
+        fed = from_fed or (
+            self.device_resident
+            and all(self._fed.get(r.state_slot) == r.token_ids[0] for r in dec_rows)
         )
+        host_rows = [replace(r, token_ids=(0,)) if from_fed else r for r in dec_rows]
+        values = self._decode_values(host_rows)
         if fed:
             self.ops.copy(bufs.out_ids, bufs.ids)
             self.device_fed_decodes += 1
         bufs.write(self.ops, values, skip=("ids",) if fed else ())
         self.programs.run(("decode", self.pools.num_slots))
+        self._fed, self._epoch = {}, self._epoch + 1
         picks = [(i, rows[i].state_slot, rows[i]) for i in idx if rows[i].sample]
-        ids = self._collect(bufs, picks, out)
-        self._fed = (
-            {r.state_slot: int(ids[r.state_slot]) for _, _, r in picks if not r.want_logits}
-            if ids is not None
-            else {}
+        greedy = [(i, b, r) for i, b, r in picks if not r.want_logits]
+        resident = (
+            frozenset(r.state_slot for _, _, r in greedy) if self.device_resident else frozenset()
         )
+        if not picks:
+            return TTPending(out, resident_slots=resident)
+        if any(r.want_logits or r.top_logprobs > 0 for _, _, r in picks):
+            # Rows that need logits are not pipelined by the engine: read them now.
+            self._note_ids(self._epoch, greedy, self._collect(bufs, picks, out))
+            return TTPending(out, resident_slots=resident)
+        # Started before anything of the next step is enqueued: the in-order device reads this
+        # replay's ids although the next replay overwrites out_ids.
+        read = self.ops.read_start(bufs.out_ids)
+        return TTPending(
+            out,
+            resident_slots=resident,
+            ops=self.ops,
+            read=read,
+            rows=tuple((i, b) for i, b, _ in greedy),
+            on_ids=partial(self._note_ids, self._epoch, greedy),
+        )
+
+    def _note_ids(
+        self, epoch: int, greedy: list[tuple[int, int, StepRow]], ids: np.ndarray | None
+    ) -> None:
+        """Remember the ids a decode replay left in ``out_ids`` if nothing came since (a later
+        replay overwrites them; after copy_states the record restarts, conservatively)."""
+        if ids is not None and epoch == self._epoch:
+            self._fed = {r.state_slot: int(ids[b]) for _, b, r in greedy}
 
     def _collect(
         self, bufs: InputBuffers, picks: list[tuple[int, int, StepRow]], out: StepOutput
@@ -253,7 +338,9 @@ class TTBackend:
 
     def copy_states(self, ops: list[StateCopy] | tuple[StateCopy, ...]) -> None:
         self._pools().copy_states(self.ops, ops)
-        self._fed = {}
+        self._touched.update(op.slot for op in ops)
+        # Conservative: equality feeding restarts from the next host-read decode step.
+        self._fed, self._epoch = {}, self._epoch + 1
 
     def close(self) -> None:
         self.programs.release()

@@ -7,7 +7,8 @@ surface. Methods are deliberately one call deep, keyword names exactly as in ttn
 nanobind signatures. Device tensors are opaque (``Tensor = Any``); host data is numpy.
 
 Rules this file keeps (see tt-metal's trace tech report): nothing here reads or writes the host
-while a trace is being captured (the callers only use ``write``/``read`` outside captures), and
+while a trace is being captured (the callers only use ``write``/``read`` outside captures), a
+non-blocking read (``read_start``) is converted only after its event has completed, and
 ops used under trace take every runtime value as a device tensor (chunk start, positions, page
 tables, constant tiles), never a Python int that would be baked into the captured program.
 """
@@ -15,6 +16,7 @@ tables, constant tiles), never a Python int that would be baked into the capture
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,14 @@ import numpy as np
 Tensor = Any
 TILE = "tile"
 ROW_MAJOR = "row_major"
+
+
+@dataclass(frozen=True)
+class PendingRead:
+    """A device -> host copy in flight: ``host`` is not readable before ``event`` completes."""
+
+    host: Tensor
+    event: Any
 
 
 class Ops:
@@ -101,10 +111,34 @@ class Ops:
         self.ttnn.copy_host_to_device_tensor(host, device_tensor)
 
     def read(self, t: Tensor) -> np.ndarray:
-        """Device tensor -> numpy (float32 for float dtypes; numpy has no bfloat16)."""
+        """Device tensor -> numpy (float32 for float dtypes; numpy has no bfloat16). Blocking."""
+        host = self.ttnn.from_device(self._readable(t))
+        return self._host_numpy(host)
+
+    def read_start(self, t: Tensor) -> PendingRead:
+        """Enqueue a non-blocking read of ``t`` and an event after it; returns at once.
+
+        The device runs commands in order, so the read sees ``t`` as of this point of the queue
+        even when later commands (a trace replay) overwrite it before the host looks. A typecast
+        copy (float tensors) is not kept alive: anything reusing its memory runs after the read,
+        and a buffer kept past the next replay would break the trace allocation rule."""
+        host = self.ttnn.from_device(self._readable(t), blocking=False)
+        event = self.ttnn.record_event(self.device, cq_id=0)
+        return PendingRead(host=host, event=event)
+
+    def read_finish(self, pending: PendingRead) -> np.ndarray:
+        """Wait for a read started by :meth:`read_start` and convert it like :meth:`read`."""
+        self.ttnn.event_synchronize(pending.event)
+        return self._host_numpy(pending.host)
+
+    def _readable(self, t: Tensor) -> Tensor:
+        # numpy has no bfloat16: float tensors are typecast on the device (enqueued before the
+        # read, so it is ordered with it).
         if t.dtype in (self.ttnn.bfloat16, self.ttnn.bfloat8_b):
-            t = self.ttnn.typecast(t, self.ttnn.float32)
-        host = self.ttnn.from_device(t)
+            return self.ttnn.typecast(t, self.ttnn.float32)
+        return t
+
+    def _host_numpy(self, host: Tensor) -> np.ndarray:
         if host.layout == self.ttnn.TILE_LAYOUT:
             host = self.ttnn.to_layout(host, self.ttnn.ROW_MAJOR_LAYOUT)
         return np.asarray(host.to_numpy())
