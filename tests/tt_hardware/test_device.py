@@ -1,7 +1,8 @@
 """Numerics on a real Tenstorrent device (skipped, with the reason printed, where none opens).
 
 PCC of every layer against the torch reference (>= 0.99), traced == eager, warm == cold tokens,
-and device argmax == host argmax of the same logits.
+device argmax == host argmax of the same logits, and pipelined (deviceResident) decode ==
+synchronous decode.
 """
 
 from __future__ import annotations
@@ -127,3 +128,17 @@ def test_device_argmax_equals_host_argmax(hw_dense_dir: Path, tt_ops: Any) -> No
     bufs = be.prefill_bufs[64]
     logits = be.ops.read(bufs.out_logits).reshape(-1)
     assert r.token_ids[0] == int(np.argmax(logits))
+
+
+def test_pipelined_resident_equals_synchronous(hw_dense_dir: Path, tt_ops: Any) -> None:
+    """deviceResident: decode steps submitted before the previous ids are read (fed on the
+    device, ids read through an event) give the tokens of the synchronous engine."""
+    spec = ModelSpec.from_hf_dir(hw_dense_dir)
+    prompts = [h.prompt(150, 5), h.prompt(90, 6)]
+    sync_eng = h.engine(_tt(hw_dense_dir, tt_ops), spec, prefix_caching=False)
+    assert not sync_eng.pipelining
+    piped_be = _tt(hw_dense_dir, tt_ops, device_resident=True)
+    piped_eng = h.engine(piped_be, spec, prefix_caching=False)
+    assert piped_eng.pipelining
+    assert h.generate(piped_eng, prompts, 16) == h.generate(sync_eng, prompts, 16)
+    assert piped_eng.num_pipelined_steps > 0 and piped_be.device_fed_decodes > 0
