@@ -10,7 +10,7 @@ reason or a cached-token count, and must return every block, slot and snapshot p
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pytest
 from hypothesis import given, settings
@@ -26,6 +26,25 @@ BS, C = 16, 64
 Result = tuple[list[int], str | None, int, str | None]
 
 
+class CharStream:
+    """Token t reads as one letter of "abcd"; a stop string ends the text where it starts."""
+
+    def __init__(self, params: SamplingParams) -> None:
+        self.stops = params.stop_strings
+        self.text = ""
+        self.sent = 0
+
+    def push(self, token_ids: Sequence[int]) -> tuple[str, bool]:
+        self.text += "".join("abcd"[t % 4] for t in token_ids)
+        hits = [k for k in (self.text.find(s) for s in self.stops) if k >= 0]
+        end = min(hits) if hits else len(self.text)
+        out, self.sent = self.text[self.sent : end], end
+        return out, bool(hits)
+
+    def flush(self) -> str:
+        return ""
+
+
 def make(
     backend: Backend,
     *,
@@ -33,6 +52,7 @@ def make(
     blocks: int = 256,
     eos: frozenset[int] = frozenset(),
     mixed: bool = True,
+    streams: bool = False,
 ) -> Engine:
     cfg = EngineConfig(
         scheduler=SchedulerConfig(
@@ -48,7 +68,7 @@ def make(
         vocab_size=1000,
         eos_token_ids=eos,
     )
-    return Engine(backend, cfg)
+    return Engine(backend, cfg, text_streams=CharStream if streams else None)
 
 
 Arrival = tuple[int, str, list[int], SamplingParams]  # (step index, id, prompt, params)
@@ -130,6 +150,47 @@ def test_stop_tokens_discard_the_in_flight_row() -> None:
     piped = drive(eng, arrivals)
     assert piped == sync
     assert any(r[1] == "stop" for r in sync.values())
+    assert_nothing_held(eng)
+
+
+def test_stop_strings_equal_synchronous() -> None:
+    """Stop strings end requests in ``_collect``, after the next step was submitted."""
+    arrivals = [
+        (i * 3, f"r{i}", [i + 1] * (20 + i), greedy(40, stop=["ab", "dd"])) for i in range(8)
+    ]
+    sync = drive(make(FakeBackend(), streams=True, max_batch=3), arrivals)
+    eng = make(PipelinedFakeBackend(), streams=True, max_batch=3)
+    assert drive(eng, arrivals) == sync
+    assert sum(r[1] == "stop" for r in sync.values()) >= 4
+    assert eng.num_pipelined_steps > 0
+    assert_nothing_held(eng)
+
+
+def test_pipelining_holds_while_the_queue_head_does_not_fit() -> None:
+    """A loaded server: slots are free but the KV pool is not. Admission cannot succeed until
+    a request finishes, so decode keeps running ahead instead of draining every step."""
+    arrivals = [(0, f"r{i}", [i + 1] * 40, greedy(200)) for i in range(4)]
+    blocks = 1 + 2 * -(-(40 + 200) // BS)  # room for two lifetimes, four slots
+    be = PipelinedFakeBackend()
+    eng = make(be, max_batch=4, blocks=blocks)
+    assert drive(eng, arrivals) == drive(make(FakeBackend(), max_batch=4, blocks=blocks), arrivals)
+    decode_steps = sum(all(r.num_tokens == 1 for r in b.rows) for b in be.batches)
+    assert eng.num_pipelined_steps > 0.9 * decode_steps
+    assert_nothing_held(eng)
+
+
+def test_refused_follow_up_spares_a_request_that_just_stopped() -> None:
+    """The follow-up's row of a request that stopped at the step before it would have been
+    discarded: refusing that submission must not turn the finished request into an error."""
+    eos = frozenset(range(0, 1000, 7))
+    arrivals: list[Arrival] = [(0, "a", [3] * 30, greedy(200))]
+    sync = drive(make(FakeBackend(), eos=eos), arrivals)
+    toks, reason, _, _ = sync["a"]
+    assert reason == "stop" and len(toks) >= 3
+    # Submissions: the prefill, the first decode, then one follow-up per token; the follow-up
+    # carrying the row after the stop token is number len(toks) + 1.
+    eng = make(PipelinedFakeBackend(fail_on={len(toks) + 1}), eos=eos)
+    assert drive(eng, arrivals) == sync
     assert_nothing_held(eng)
 
 

@@ -209,7 +209,8 @@ def test_fed_token_misuse_is_refused(dense_dir: Path) -> None:
     )
     with pytest.raises(ValueError, match="mixed"):
         be.submit(mixed)
-    be.copy_states([StateCopy.save(1, 1)])
+    be.copy_states([StateCopy.save(2, 1)])  # a save only reads slot 2: its id still feeds
+    be.copy_states([StateCopy.reset(1)])
     with pytest.raises(ValueError, match="copy_states"):
         be.submit(_decode(state, fed=True))
     fed = be.submit(_decode({2: state[2]}, fed=True))  # slot 2 is still resident

@@ -191,6 +191,8 @@ class AsyncEngine:
                     outputs = self._fail_all(exc)
                 self._deliver(outputs)
             self.snapshot = self._take_snapshot()
+        with contextlib.suppress(Exception):
+            self.engine.drain()  # read a pipelined step still in flight before failing the rest
         self._fail_all(RuntimeError("engine shut down"))
 
     def _fail_all(self, exc: BaseException) -> list[RequestOutput]:

@@ -245,13 +245,14 @@ class Engine:
         assert self._pipelined is not None
         self._inflight = None
         nxt: _InFlight | None = None
+        refused: BaseException | None = None
         follow = self.scheduler.follow_up(prev.step, prev.pending.resident_slots)
         if follow is not None:
             try:
                 nxt = _InFlight(follow, self._pipelined.submit(follow.batch))
                 self.num_pipelined_steps += 1
             except Exception as exc:
-                self._fail_step(follow, exc)
+                refused = exc
         try:
             output = prev.pending.result()
         except Exception as exc:
@@ -260,9 +261,15 @@ class Engine:
                 self._fail_step(nxt.step, exc)
                 self._drain(nxt)
             return self._collect()
+        self._inflight = nxt  # set first: whatever happens below, nxt is read later
         self._apply(prev.step, output)
-        self._inflight = nxt
-        return self._collect()
+        outs = self._collect()  # stops of ``prev`` (tokens and strings) count before a failure
+        if refused is not None and follow is not None:
+            # Only requests still running lose anything: a row of one that just stopped was
+            # going to be discarded anyway.
+            self._fail_step(follow, refused)
+            outs += self._collect()
+        return outs
 
     def _drain(self, inflight: _InFlight) -> None:
         try:
@@ -281,6 +288,9 @@ class Engine:
             return
         self._count_tokens(step)
         saves = self.scheduler.update(step, tokens, logprobs, self.config.eos_token_ids)
+        # Saves come from prefill rows only, and prefill never runs with a step in flight: a
+        # save queued behind a later step would capture the state after that step.
+        assert not (saves and self._inflight is not None), "snapshot save while pipelining"
         self._save_snapshots(saves)
 
     def drain(self) -> list[RequestOutput]:
@@ -298,6 +308,8 @@ class Engine:
 
     def _count_tokens(self, step: ScheduledStep) -> None:
         for row, req in zip(step.batch.rows, step.requests, strict=True):
+            if req.finished:
+                continue  # a discarded row (pipelining): its request stopped a step earlier
             if row.start_pos < req.prompt_len:
                 self.prefill_tokens_computed += row.num_tokens
             else:

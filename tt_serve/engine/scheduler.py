@@ -77,6 +77,9 @@ class Scheduler:
         self._prefill_streak = 0
         self._pending_copies: list[StateCopy] = []
         self._pending_restored: list[str] = []
+        # The head of the queue did not fit and nothing was released since: admission would
+        # fail again, so it need not drain a pipelined decode.
+        self._admission_blocked = False
 
     @property
     def num_state_slots(self) -> int:
@@ -92,6 +95,7 @@ class Scheduler:
 
     def _admit(self) -> None:
         deferred: list[Request] = []
+        self._admission_blocked = False
         while self.waiting and self._free_slots and len(self.running) < self.config.max_batch:
             req = self.waiting[0]
             prompt = req.prompt_token_ids
@@ -103,6 +107,7 @@ class Scheduler:
                 continue
             res = self.cache.admit(req.request_id, prompt, req.params.max_tokens)
             if res.admission is Admission.LATER:
+                self._admission_blocked = True
                 break
             self.waiting.popleft()
             if res.admission is Admission.NEVER:
@@ -206,7 +211,12 @@ class Scheduler:
         (its lifetime reservation ends there); one ``prev`` finishes by a stop token or string
         gets a row whose result the engine discards.
         """
-        if self.waiting and self._free_slots and len(self.running) < self.config.max_batch:
+        if (
+            self.waiting
+            and self._free_slots
+            and len(self.running) < self.config.max_batch
+            and not self._admission_blocked
+        ):
             return None
         in_prev = {id(r) for r in prev.requests}
         rows: list[StepRow] = []
@@ -281,6 +291,7 @@ class Scheduler:
         """Finish a request and return everything it holds to the pools. Idempotent."""
         if req.finished:
             return
+        self._admission_blocked = False  # a slot, blocks or the head of the queue moved
         if req.status is RequestStatus.WAITING:
             with contextlib.suppress(ValueError):
                 self.waiting.remove(req)

@@ -78,7 +78,7 @@ class FlatInputs:
         self._staging[turn].copy_(src)
         self.flat.copy_(self._staging[turn], non_blocking=True)
         event = torch.cuda.Event()
-        event.record()
+        event.record(torch.cuda.current_stream(self.flat.device))  # the copy's stream
         self._events[turn] = event
 
 

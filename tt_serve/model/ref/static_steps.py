@@ -236,7 +236,7 @@ class StaticSteps:
             pending.ids_host = host
             if cuda:
                 pending.event = torch.cuda.Event()
-                pending.event.record()
+                pending.event.record(torch.cuda.current_stream(ids_dev.device))
         return pending
 
     def _feeds(self, row: StepRow) -> bool:

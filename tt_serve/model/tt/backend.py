@@ -32,7 +32,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tt_serve.engine.sampler import top_logprobs
-from tt_serve.model.interface import FED_TOKEN, StateCopy, StepBatch, StepOutput, StepRow
+from tt_serve.model.interface import (
+    FED_TOKEN,
+    CopyKind,
+    StateCopy,
+    StepBatch,
+    StepOutput,
+    StepRow,
+)
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.buffers import InputBuffers
 from tt_serve.model.tt.device import parse_device_ids
@@ -338,7 +345,9 @@ class TTBackend:
 
     def copy_states(self, ops: list[StateCopy] | tuple[StateCopy, ...]) -> None:
         self._pools().copy_states(self.ops, ops)
-        self._touched.update(op.slot for op in ops)
+        # A save only reads the slot: the id the slot's last step left on the device still
+        # continues its sequence (the torch backend agrees).
+        self._touched.update(op.slot for op in ops if op.kind is not CopyKind.SAVE)
         # Conservative: equality feeding restarts from the next host-read decode step.
         self._fed, self._epoch = {}, self._epoch + 1
 
