@@ -10,7 +10,14 @@ import pytest
 
 from tt_serve.model.interface import PAD_BLOCK, StepRow
 from tt_serve.model.tt.device import NoDeviceError, parse_device_ids, probe_devices, require_device
-from tt_serve.model.tt.plan import choose_bucket, decode_values, make_buckets, prefill_values
+from tt_serve.model.tt.plan import (
+    DecodeValues,
+    choose_bucket,
+    decode_values,
+    make_buckets,
+    prefill_values,
+    slot_row,
+)
 
 
 def test_import_needs_no_ttnn() -> None:
@@ -73,16 +80,33 @@ def test_buckets_and_prefill_values() -> None:
     assert v.start.tolist() == [128] and v.ids[0, 39] == 49 and v.ids[0, 40] == 0
 
 
-def test_decode_values_mark_idle_slots() -> None:
-    rows = [StepRow(1, (5,), 70, (3, 4), 2, True)]
-    v = decode_values(
-        rows, num_slots=4, width=3, head_dim=32, rotary_dim=16, theta=1e4, num_v_heads=2
+def _decode3(rows: list[StepRow]) -> DecodeValues:
+    return decode_values(
+        rows, num_rows=3, width=3, head_dim=32, rotary_dim=16, theta=1e4, num_v_heads=2
     )
-    assert v.cur_pos.tolist() == [-1, -1, 70, -1]
-    assert v.page_table[2].tolist() == [3, 4, PAD_BLOCK] and not v.page_table[1].any()
-    assert v.conv_mask.reshape(-1).tolist() == [0, 0, 1, 0]
+
+
+def test_decode_values_mark_idle_slots() -> None:
+    """Three rows for state slots 1..3 (no row for the padding slot 0): slot s in row s - 1."""
+    rows = [StepRow(1, (5,), 70, (3, 4), 2, True)]
+    v = _decode3(rows)
+    assert v.cur_pos.tolist() == [-1, 70, -1] and v.ids.tolist() == [[0, 5, 0]]
+    assert v.page_table[1].tolist() == [3, 4, PAD_BLOCK] and not v.page_table[0].any()
+    assert v.conv_mask.reshape(-1).tolist() == [0, 1, 0]
+    assert v.gate_mask.shape == (1, 3, 2) and v.cos.shape == (1, 3, 1, 32)
+    assert v.active == (2,)
     np.testing.assert_array_equal(v.cos[0, 0, 0], np.ones(32, np.float32))
-    with pytest.raises(ValueError, match="share state slot"):
-        decode_values(
-            rows * 2, num_slots=4, width=3, head_dim=32, rotary_dim=16, theta=1e4, num_v_heads=2
-        )
+    last = _decode3([StepRow(1, (9,), 5, (1,), 3, True)])
+    assert last.cur_pos.tolist() == [-1, -1, 5]
+    with pytest.raises(ValueError, match="share state slot 2"):
+        _decode3(rows * 2)
+    for bad in (0, 4):
+        with pytest.raises(ValueError, match=f"state slot {bad} outside 1..3"):
+            _decode3([StepRow(1, (5,), 70, (3,), bad, True)])
+
+
+def test_slot_row_maps_engine_slots_past_the_padding_slot() -> None:
+    assert [slot_row(s, 32) for s in (1, 2, 32)] == [0, 1, 31]
+    for bad in (0, -1, 33):
+        with pytest.raises(ValueError, match=f"state slot {bad} outside 1..32"):
+            slot_row(bad, 32)

@@ -274,3 +274,44 @@ def test_logits_match_torch_backend(dense_dir: Path) -> None:
         got.append(logits)
     for ref, tt in zip(*got, strict=True):
         np.testing.assert_allclose(tt, ref, atol=1e-3, rtol=0)
+
+
+def test_max_batch_32_decode_runs_exactly_32_rows(dense_dir: Path) -> None:
+    """num_state_slots 33 (max_batch 32 plus the padding slot 0): the decode trace and every
+    state pool have 32 rows, slot s in row s - 1; slots 1 and 32 decode as on the torch backend."""
+    slots, tables, steps = (1, 32), {1: (1, 2), 32: (3, 4)}, 4
+
+    def run(be: Backend) -> list[list[int | None]]:
+        be.allocate(num_kv_blocks=8, block_size=h.BLOCK, num_state_slots=33, num_snapshot_slots=1)
+        be.copy_states([StateCopy.reset(s) for s in slots])
+        rows = tuple(
+            StepRow(s, tuple(h.prompt(n, 40 + s)), 0, tables[s], s, True)
+            for s, n in zip(slots, (70, 40), strict=True)
+        )
+        out = [be.execute(StepBatch(rows)).token_ids]
+        pos = {1: 70, 32: 40}
+        for k in range(steps):
+            batch = tuple(
+                StepRow(s, (out[-1][i] or 0,), pos[s] + k, tables[s], s, True)
+                for i, s in enumerate(slots)
+            )
+            out.append(be.execute(StepBatch(batch)).token_ids)
+        return out
+
+    want = run(h.torch_backend(dense_dir))
+    be = h.tt_backend(dense_dir)
+    got = run(be)
+    assert got == want
+    assert len({t for step in got for t in step}) >= 4, "degenerate output makes this vacuous"
+    assert be.pools is not None and be.decode_bufs is not None
+    assert be.pools.rows == 32 and ("decode", 32) in be.programs.keys
+    bufs = be.decode_bufs
+    assert bufs.ids.shape == (1, 32) and bufs.cur_pos.shape == (32,)
+    assert bufs.page_table.shape[0] == 32 and bufs.conv_mask.shape[0] == 32
+    assert bufs.out_ids.shape == (1, 32) and bufs.out_logits.shape[1] == 32
+    assert {p.shape[0] for p in be.pools.conv + be.pools.rec} == {32}
+    assert {p.shape[0] for p in be.pools.snap_conv + be.pools.snap_rec} == {1}
+    with pytest.raises(ValueError, match=r"state slot 33 outside 1\.\.32"):
+        be.execute(StepBatch((StepRow(1, (5,), 80, tables[1], 33, True),)))
+    with pytest.raises(ValueError, match=r"out of range 1\.\.32"):
+        be.copy_states([StateCopy.reset(0)])

@@ -80,7 +80,7 @@ pv = prefill_values(
 )
 dv = decode_values(
     [StepRow(2, (7,), 70, (3, 4), 2, True)],
-    num_slots=4,
+    num_rows=3,
     width=8,
     head_dim=32,
     rotary_dim=16,

@@ -3,8 +3,9 @@
 ``allocate`` creates every pool and persistent buffer, then warms and captures one prefill trace
 per bucket and one decode trace, before any request runs: a prefix hit (a warm tail of any
 length) therefore always finds a captured bucket and never falls back to an eager path.
-``submit`` runs the step's single-token rows as one batched decode replay (row = state slot) and
-each multi-token row as one prefill replay; ``execute`` is ``submit(batch).result()``.
+``submit`` runs the step's single-token rows as one batched decode replay (state slot s in row
+``pools.row(s)`` = s - 1: no row for the engine's padding slot 0, so the batch has max_batch
+rows) and each multi-token row as one prefill replay; ``execute`` is ``submit(batch).result()``.
 
 Reads: right after the decode replay (before anything of a later step is enqueued) ``submit``
 starts a non-blocking read of its device-argmax ids (uint32) and records an event;
@@ -168,11 +169,11 @@ class TTBackend:
             self.programs.add(("prefill", bucket), partial(self.model.prefill, bufs, pools))
         idle_dec = self._decode_values([])
         self.decode_bufs = InputBuffers.allocate(
-            ops, idle_dec, act=act, rows=num_state_slots, vocab=vocab
+            ops, idle_dec, act=act, rows=pools.rows, vocab=vocab
         )
         self.decode_bufs.write(ops, idle_dec)
         dec = self.decode_bufs
-        self.programs.add(("decode", num_state_slots), partial(self.model.decode, dec, pools))
+        self.programs.add(self._decode_key(), partial(self.model.decode, dec, pools))
         self.programs.capture_all()
 
     def _prefill_values(self, row: StepRow, bucket: int) -> PrefillValues:
@@ -195,13 +196,17 @@ class TTBackend:
         assert self.pools is not None
         return decode_values(
             rows,
-            num_slots=self.pools.num_slots,
+            num_rows=self.pools.rows,
             width=self.width,
             head_dim=s.head_dim,
             rotary_dim=s.rotary_dim,
             theta=s.rope_theta,
             num_v_heads=s.linear_num_value_heads,
         )
+
+    def _decode_key(self) -> tuple[str, int]:
+        assert self.pools is not None
+        return ("decode", self.pools.rows)
 
     def _pools(self) -> DevicePools:
         if self.pools is None:
@@ -289,9 +294,10 @@ class TTBackend:
             self.ops.copy(bufs.out_ids, bufs.ids)
             self.device_fed_decodes += 1
         bufs.write(self.ops, values, skip=("ids",) if fed else ())
-        self.programs.run(("decode", self.pools.num_slots))
+        self.programs.run(self._decode_key())
         self._fed, self._epoch = {}, self._epoch + 1
-        picks = [(i, rows[i].state_slot, rows[i]) for i in idx if rows[i].sample]
+        # (row index, decode batch row, row); _fed and resident slots stay engine slot numbers.
+        picks = [(i, self.pools.row(rows[i].state_slot), rows[i]) for i in idx if rows[i].sample]
         greedy = [(i, b, r) for i, b, r in picks if not r.want_logits]
         resident = (
             frozenset(r.state_slot for _, _, r in greedy) if self.device_resident else frozenset()

@@ -2,9 +2,9 @@
 
 Two programs, each a pure function of persistent buffers so it can be captured as a trace:
 ``prefill`` runs one row of a bucket through every layer (state in the working buffers) and
-``decode`` runs every state slot as one batch row (state in the pools). Both end by picking the
-greedy token on the device (argmax to uint32) and copying ids and logits into their output
-buffers.
+``decode`` runs every usable state slot as one batch row (slot s in row s - 1, no row for the
+padding slot 0; state in the pools). Both end by picking the greedy token on the device (argmax
+to uint32) and copying ids and logits into their output buffers.
 """
 
 from __future__ import annotations
@@ -141,7 +141,8 @@ class TTModel:
         self._head(ops.matmul(inp.last_select, x), inp)  # the last valid token only
 
     def decode(self, inp: InputBuffers, pools: DevicePools) -> None:
-        """One token for every state slot (idle slots are masked); pools updated in place."""
+        """One token for every pool row, i.e. usable state slot (idle slots are masked); pools
+        updated in place."""
         ops, eps = self.ops, self.spec.rms_norm_eps
         x = ops.embedding(inp.ids, self.embed)  # [1, S, H]
         for layer in self.layers:

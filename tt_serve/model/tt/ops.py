@@ -192,9 +192,9 @@ class Ops:
         """Device-to-device copy into an existing buffer (its address stays fixed)."""
         self.ttnn.copy(src, dst)
 
-    def fill_slot(self, pool: Tensor, value: Tensor, slot: int) -> None:
-        """Write ``value`` [1, ...] into row ``slot`` of a pool [N, ...] in place (eager only)."""
-        self.ttnn.fill_cache(pool, value, slot)
+    def fill_row(self, pool: Tensor, value: Tensor, row: int) -> None:
+        """Write ``value`` [1, ...] into row ``row`` of a pool [N, ...] in place (eager only)."""
+        self.ttnn.fill_cache(pool, value, row)
 
     def height_sharded(self, x: Tensor, rows: int) -> Tensor:
         """Shard [1, B, heads, dim] one user per core, as paged_update_cache requires."""

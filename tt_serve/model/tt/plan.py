@@ -10,9 +10,10 @@ Prefill runs one row per replay through a bucket of T tokens (T >= the row's n t
 padding tokens compute garbage that nothing reads: their GDN gates are zeroed (beta = g = 0 leaves
 the recurrent state untouched), the conv state is taken at the last *valid* token by a one-hot
 selector, their K/V land in the padding block, and the sampled logits come from the last valid
-token, again by a one-hot selector. Decode runs every GDN state slot as one batch row
-(row r = slot r); slots without work this step are idle: masked gates, ``cur_pos = -1`` and an
-all-padding page table.
+token, again by a one-hot selector. Decode runs every usable GDN state slot as one batch row
+(row ``slot_row(s) = s - 1``: the engine's padding slot 0 never holds a tt row, so the batch is
+exactly the engine's max_batch rows); slots without work this step are idle: masked gates,
+``cur_pos = -1`` and an all-padding page table.
 """
 
 from __future__ import annotations
@@ -25,6 +26,18 @@ from tt_serve.model.buckets import choose_bucket, doubling
 from tt_serve.model.interface import PAD_BLOCK, StepRow
 
 TILE_SIZE = 32
+
+
+def slot_row(slot: int, rows: int) -> int:
+    """The device row of engine GDN state slot ``slot`` in a pool of ``rows`` rows.
+
+    The engine reserves slot 0 (``PAD_SLOT``) for the torch backend's padding rows; the tt
+    backend never runs a row there (idle decode rows are masked instead), so its pools hold only
+    slots 1..rows, at rows 0..rows-1. Every slot -> row mapping of the tt backend goes through
+    here."""
+    if not 1 <= slot <= rows:
+        raise ValueError(f"state slot {slot} outside 1..{rows}")
+    return slot - 1
 
 
 def pad_to_tile(n: int) -> int:
@@ -156,7 +169,7 @@ def prefill_values(
 
 @dataclass(frozen=True)
 class DecodeValues:
-    """All state slots as one decode batch (row r = slot r)."""
+    """All usable state slots as one decode batch (slot s in row ``slot_row(s)`` = s - 1)."""
 
     ids: np.ndarray  # [1, S] uint32
     cur_pos: np.ndarray  # [S] int32, -1 = idle (paged SDPA decode skips the row)
@@ -172,32 +185,32 @@ class DecodeValues:
 def decode_values(
     rows: list[StepRow],
     *,
-    num_slots: int,
+    num_rows: int,
     width: int,
     head_dim: int,
     rotary_dim: int,
     theta: float,
     num_v_heads: int,
 ) -> DecodeValues:
-    ids = np.zeros((1, num_slots), dtype=np.uint32)
-    cur = np.full(num_slots, -1, dtype=np.int32)
-    write = np.zeros(num_slots, dtype=np.int32)
-    table = np.full((num_slots, width), PAD_BLOCK, dtype=np.int32)
-    positions = np.zeros(num_slots, dtype=np.int64)
-    mask = np.zeros((1, num_slots, num_v_heads), dtype=np.float32)
-    conv = np.zeros((num_slots, 1, 1, 1), dtype=np.float32)
+    """Values for a decode batch of ``num_rows`` rows (state slots 1..num_rows)."""
+    n = num_rows
+    ids = np.zeros((1, n), dtype=np.uint32)
+    cur = np.full(n, -1, dtype=np.int32)
+    write = np.zeros(n, dtype=np.int32)
+    table = np.full((n, width), PAD_BLOCK, dtype=np.int32)
+    positions = np.zeros(n, dtype=np.int64)
+    mask = np.zeros((1, n, num_v_heads), dtype=np.float32)
+    conv = np.zeros((n, 1, 1, 1), dtype=np.float32)
     for row in rows:
-        s = row.state_slot
-        if not 0 < s < num_slots:
-            raise ValueError(f"state slot {s} outside 1..{num_slots - 1}")
-        if cur[s] != -1:
-            raise ValueError(f"two decode rows share state slot {s}")
-        ids[0, s] = row.token_ids[0]
-        cur[s] = write[s] = row.start_pos
-        positions[s] = row.start_pos
-        table[s] = padded_table(row.block_table, width)
-        mask[0, s] = 1.0
-        conv[s] = 1.0
+        r = slot_row(row.state_slot, n)
+        if cur[r] != -1:
+            raise ValueError(f"two decode rows share state slot {row.state_slot}")
+        ids[0, r] = row.token_ids[0]
+        cur[r] = write[r] = row.start_pos
+        positions[r] = row.start_pos
+        table[r] = padded_table(row.block_table, width)
+        mask[0, r] = 1.0
+        conv[r] = 1.0
     cos, sin = rope_tables(positions, head_dim, rotary_dim, theta)
     return DecodeValues(
         ids=ids,

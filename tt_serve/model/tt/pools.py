@@ -1,10 +1,13 @@
 """Device pools owned by the ttnn backend (mirrors ``ref/pools.py``), allocated before any trace.
 
 Per attention layer paged K and V ``[blocks, kv_heads, block_size, head_dim]`` (TILE, block 0 is
-the padding block); per GDN layer conv history ``[slots, 1, K-1, C]`` and recurrent state
-``[slots, Hv, dk, dv]`` (fp32), the same shapes again for snapshots, and the per-layer working
-state a prefill replay runs on. Slot and snapshot copies are device-to-device: a static slice
-of the source row and ``fill_cache`` into the destination row, so pool addresses never move.
+the padding block); per GDN layer conv history ``[rows, 1, K-1, C]`` and recurrent state
+``[rows, Hv, dk, dv]`` (fp32), ``[snapshots, ...]`` again for snapshots, and the per-layer working
+state a prefill replay runs on. The state pools hold ``rows = num_state_slots - 1`` rows: engine
+slot s lives in row ``slot_row(s)`` = s - 1, since the tt backend never runs a row in the padding
+slot 0 (the decode batch is then exactly the engine's max_batch). Slot and snapshot copies are
+device-to-device: a static slice of the source row and ``fill_cache`` into the destination row,
+so pool addresses never move.
 """
 
 from __future__ import annotations
@@ -14,13 +17,14 @@ from dataclasses import dataclass
 from tt_serve.model.interface import PAD_SLOT, CopyKind, StateCopy
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.ops import ROW_MAJOR, Ops, Tensor
+from tt_serve.model.tt.plan import slot_row
 from tt_serve.model.tt.precision import Precision
 
 
 @dataclass
 class DevicePools:
     block_size: int
-    num_slots: int
+    num_slots: int  # the engine's num_state_slots, padding slot 0 included
     num_snapshots: int
     k: list[Tensor]
     v: list[Tensor]
@@ -55,14 +59,15 @@ class DevicePools:
         rec = (spec.linear_num_value_heads, spec.linear_key_head_dim, spec.linear_value_head_dim)
         cdt, rdt = precision.conv_state, precision.recurrent_state
         n_attn, n_gdn, snaps = spec.num_attention_layers, spec.num_gdn_layers, num_snapshot_slots
+        rows = num_state_slots - 1  # no row for the padding slot
         return DevicePools(
             block_size=block_size,
             num_slots=num_state_slots,
             num_snapshots=snaps,
             k=[ops.zeros(kv, precision.kv_cache) for _ in range(n_attn)],
             v=[ops.zeros(kv, precision.kv_cache) for _ in range(n_attn)],
-            conv=[ops.zeros((num_state_slots, *conv), cdt) for _ in range(n_gdn)],
-            rec=[ops.zeros((num_state_slots, *rec), rdt) for _ in range(n_gdn)],
+            conv=[ops.zeros((rows, *conv), cdt) for _ in range(n_gdn)],
+            rec=[ops.zeros((rows, *rec), rdt) for _ in range(n_gdn)],
             snap_conv=[ops.zeros((snaps, *conv), cdt) for _ in range(n_gdn)] if snaps else [],
             snap_rec=[ops.zeros((snaps, *rec), rdt) for _ in range(n_gdn)] if snaps else [],
             conv_work=[ops.zeros((1, *conv[1:]), cdt, ROW_MAJOR) for _ in range(n_gdn)],
@@ -73,28 +78,39 @@ class DevicePools:
             rec_shape=rec,
         )
 
-    def _row(self, ops: Ops, pool: Tensor, i: int) -> Tensor:
+    @property
+    def rows(self) -> int:
+        """Rows of every state pool and of the decode batch: one per usable state slot."""
+        return self.num_slots - 1
+
+    def row(self, slot: int) -> int:
+        """The pool (and decode batch) row of engine state slot ``slot`` (1..num_slots-1)."""
+        return slot_row(slot, self.rows)
+
+    def _slice_row(self, ops: Ops, pool: Tensor, i: int) -> Tensor:
         shape = list(pool.shape)
         return ops.slice(pool, [i] + [0] * (len(shape) - 1), [i + 1, *shape[1:]])
 
     def load_work(self, ops: Ops, slot: int) -> None:
         """Slot -> the working state a prefill replay runs on."""
         _, k1, c = self.conv_shape
+        r = self.row(slot)
         for conv, rec, cw, rw in zip(
             self.conv, self.rec, self.conv_work, self.rec_work, strict=True
         ):
-            ops.copy(self._row(ops, rec, slot), rw)
-            row = ops.reshape(self._row(ops, conv, slot), [1, k1, c])
-            ops.copy(ops.to_row_major(row), cw)
+            ops.copy(self._slice_row(ops, rec, r), rw)
+            history = ops.reshape(self._slice_row(ops, conv, r), [1, k1, c])
+            ops.copy(ops.to_row_major(history), cw)
 
     def store_work(self, ops: Ops, slot: int) -> None:
         """Working state -> slot, in place."""
         _, k1, c = self.conv_shape
+        r = self.row(slot)
         for conv, rec, cw, rw in zip(
             self.conv, self.rec, self.conv_work, self.rec_work, strict=True
         ):
-            ops.fill_slot(rec, rw, slot)
-            ops.fill_slot(conv, ops.reshape(ops.to_tile(cw), [1, 1, k1, c]), slot)
+            ops.fill_row(rec, rw, r)
+            ops.fill_row(conv, ops.reshape(ops.to_tile(cw), [1, 1, k1, c]), r)
 
     def copy_states(self, ops: Ops, copies: list[StateCopy] | tuple[StateCopy, ...]) -> None:
         for op in copies:
@@ -103,22 +119,15 @@ class DevicePools:
             if op.kind != CopyKind.RESET and not 0 <= op.snapshot < self.num_snapshots:
                 raise ValueError(f"{op}: snapshot slot out of range 0..{self.num_snapshots - 1}")
         for op in copies:
+            r, snap = self.row(op.slot), op.snapshot  # snapshots are their own pool, from 0
             for j in range(len(self.conv)):
                 if op.kind == CopyKind.SAVE:
-                    ops.fill_slot(
-                        self.snap_conv[j], self._row(ops, self.conv[j], op.slot), op.snapshot
-                    )
-                    ops.fill_slot(
-                        self.snap_rec[j], self._row(ops, self.rec[j], op.slot), op.snapshot
-                    )
+                    ops.fill_row(self.snap_conv[j], self._slice_row(ops, self.conv[j], r), snap)
+                    ops.fill_row(self.snap_rec[j], self._slice_row(ops, self.rec[j], r), snap)
                 elif op.kind == CopyKind.RESTORE:
-                    ops.fill_slot(
-                        self.conv[j], self._row(ops, self.snap_conv[j], op.snapshot), op.slot
-                    )
-                    ops.fill_slot(
-                        self.rec[j], self._row(ops, self.snap_rec[j], op.snapshot), op.slot
-                    )
+                    ops.fill_row(self.conv[j], self._slice_row(ops, self.snap_conv[j], snap), r)
+                    ops.fill_row(self.rec[j], self._slice_row(ops, self.snap_rec[j], snap), r)
                 else:
                     assert self.zero_conv is not None and self.zero_rec is not None
-                    ops.fill_slot(self.conv[j], self.zero_conv, op.slot)
-                    ops.fill_slot(self.rec[j], self.zero_rec, op.slot)
+                    ops.fill_row(self.conv[j], self.zero_conv, r)
+                    ops.fill_row(self.rec[j], self.zero_rec, r)

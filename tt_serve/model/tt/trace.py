@@ -41,6 +41,11 @@ class Programs:
             self._traces[key] = trace_id
 
     @property
+    def keys(self) -> tuple[Hashable, ...]:
+        """The registered programs' keys, in registration order."""
+        return tuple(self._programs)
+
+    @property
     def num_traces(self) -> int:
         return len(self._traces)
 
