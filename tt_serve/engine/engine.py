@@ -240,13 +240,16 @@ class Engine:
         self._apply(step, output)
         return self._collect()
 
-    def _step_pipelined(self, prev: _InFlight) -> list[RequestOutput]:
-        """Submit the follow-up of ``prev`` (if the scheduler has one), then read ``prev``."""
+    def _step_pipelined(self, prev: _InFlight, *, run_ahead: bool = True) -> list[RequestOutput]:
+        """Submit the follow-up of ``prev`` (if ``run_ahead`` and the scheduler has one), then
+        read and apply ``prev``."""
         assert self._pipelined is not None
         self._inflight = None
         nxt: _InFlight | None = None
         refused: BaseException | None = None
-        follow = self.scheduler.follow_up(prev.step, prev.pending.resident_slots)
+        follow = (
+            self.scheduler.follow_up(prev.step, prev.pending.resident_slots) if run_ahead else None
+        )
         if follow is not None:
             try:
                 nxt = _InFlight(follow, self._pipelined.submit(follow.batch))
@@ -259,7 +262,7 @@ class Engine:
             self._fail_step(prev.step, exc)
             if nxt is not None:  # it fed on ids that never arrived
                 self._fail_step(nxt.step, exc)
-                self._drain(nxt)
+                self._discard(nxt)
             return self._collect()
         self._inflight = nxt  # set first: whatever happens below, nxt is read later
         self._apply(prev.step, output)
@@ -271,7 +274,7 @@ class Engine:
             outs += self._collect()
         return outs
 
-    def _drain(self, inflight: _InFlight) -> None:
+    def _discard(self, inflight: _InFlight) -> None:
         try:
             inflight.pending.result()
         except Exception as exc:
@@ -294,17 +297,11 @@ class Engine:
         self._save_snapshots(saves)
 
     def drain(self) -> list[RequestOutput]:
-        """Read and apply a step still in flight (shutdown, tests); outputs like ``step``."""
-        prev, self._inflight = self._inflight, None
-        if prev is None:
+        """Read and apply a step still in flight, submitting nothing (shutdown); outputs like
+        ``step``."""
+        if self._inflight is None:
             return self._collect()
-        try:
-            output = prev.pending.result()
-        except Exception as exc:
-            self._fail_step(prev.step, exc)
-            return self._collect()
-        self._apply(prev.step, output)
-        return self._collect()
+        return self._step_pipelined(self._inflight, run_ahead=False)
 
     def _count_tokens(self, step: ScheduledStep) -> None:
         for row, req in zip(step.batch.rows, step.requests, strict=True):

@@ -193,11 +193,7 @@ class Scheduler:
             self._prefill_streak += 1
         else:
             self._prefill_streak = 0
-        width = max(len(r.block_table) for r in rows)
-        rows = [_pad_row(r, width) if len(r.block_table) < width else r for r in rows]
-        step = ScheduledStep(
-            StepBatch(tuple(rows)), reqs, self._pending_copies, self._pending_restored
-        )
+        step = ScheduledStep(_batch(rows), reqs, self._pending_copies, self._pending_restored)
         self._pending_copies, self._pending_restored = [], []
         return step
 
@@ -239,9 +235,7 @@ class Scheduler:
             reqs.append(req)
         if not rows:
             return None
-        width = max(len(r.block_table) for r in rows)
-        rows = [_pad_row(r, width) if len(r.block_table) < width else r for r in rows]
-        return ScheduledStep(StepBatch(tuple(rows)), reqs)
+        return ScheduledStep(_batch(rows), reqs)
 
     # -- results -----------------------------------------------------------------------------
 
@@ -316,7 +310,15 @@ def pipelinable(req: Request) -> bool:
     return req.prefill_done and not _needs_logits(req) and req.params.logprobs is None
 
 
+def _batch(rows: list[StepRow]) -> StepBatch:
+    """The rows as a batch, block tables padded with PAD_BLOCK to one width."""
+    width = max(len(r.block_table) for r in rows)
+    return StepBatch(tuple(_pad_row(r, width) for r in rows))
+
+
 def _pad_row(row: StepRow, width: int) -> StepRow:
+    if len(row.block_table) == width:
+        return row
     return replace(row, block_table=row.block_table + (PAD_BLOCK,) * (width - len(row.block_table)))
 
 

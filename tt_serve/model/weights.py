@@ -26,25 +26,15 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from tt_serve.model.dtypes import resolve_dtype
 from tt_serve.model.spec import FULL_ATTENTION, ModelSpec
 
 IGNORED_PREFIXES = ("mtp.", "model.visual.", "visual.")
 _PREFIXES = ("model.language_model.", "model.")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class CheckpointError(ValueError):
     """A checkpoint does not match its config (missing, unexpected or misshaped tensors)."""
-
-
-def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        if dtype not in DTYPES.values():
-            raise ValueError(f"unsupported dtype {dtype}; use float32 or bfloat16")
-        return dtype
-    if dtype not in DTYPES:
-        raise ValueError(f"unsupported dtype {dtype!r}; use one of {sorted(DTYPES)}")
-    return DTYPES[dtype]
 
 
 def _tensor_files(root: Path) -> dict[str, Path]:

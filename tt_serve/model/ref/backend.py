@@ -5,8 +5,8 @@ Default: every step runs eagerly through ``StepPlan`` (any shape, any mix of row
 through per-batch-bucket programs and ``traced_prefill`` runs prefill chunks through per-length
 bucket programs, both over persistent input buffers, captured as CUDA graphs after the pools are
 allocated (on CPU the same programs run eagerly through the same buffers: the testable twin);
-``device_resident`` keeps each slot's last greedy id on the device and feeds it into the next
-decode step. Rows no bucket holds run eagerly in the same step. ``capture_graphs=False`` runs
+``device_resident`` keeps each slot's last greedy id on the device, where the next decode
+step's ``FED_TOKEN`` rows read it. Rows no bucket holds run eagerly in the same step. ``capture_graphs=False`` runs
 the bucketed programs eagerly on CUDA too: the debugging path, and the reference a graph must
 equal exactly.
 """
@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from tt_serve.model.dtypes import resolve_dtype
 from tt_serve.model.interface import (
     FED_TOKEN,
     CopyKind,
@@ -38,20 +39,7 @@ from tt_serve.model.ref.static_steps import PendingStep, StaticSteps
 from tt_serve.model.spec import ModelSpec
 
 log = logging.getLogger(__name__)
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 DEFAULT_PREFILL_CHUNK = 256
-
-
-def _dtype(dtype: str | torch.dtype) -> torch.dtype:
-    # Local twin of weights.resolve_dtype: constructing a backend from in-memory weights must
-    # not need the checkpoint loader's dependencies.
-    if isinstance(dtype, torch.dtype):
-        if dtype not in DTYPES.values():
-            raise ValueError(f"unsupported dtype {dtype}; use float32 or bfloat16")
-        return dtype
-    if dtype not in DTYPES:
-        raise ValueError(f"unsupported dtype {dtype!r}; use one of {sorted(DTYPES)}")
-    return DTYPES[dtype]
 
 
 class TorchBackend:
@@ -79,7 +67,7 @@ class TorchBackend:
             raise ValueError("device_resident needs cuda_graphs (the bucketed decode path)")
         self.spec = spec
         self.device = torch.device(device)
-        self.dtype = _dtype(dtype)
+        self.dtype = resolve_dtype(dtype)
         cast = {
             n: t if n.endswith(("A_log", "dt_bias")) else t.to(self.dtype)
             for n, t in weights.items()
@@ -112,7 +100,7 @@ class TorchBackend:
         from tt_serve.model.weights import load_weights
 
         spec = ModelSpec.from_hf_dir(path)
-        tdtype = _dtype(dtype)
+        tdtype = resolve_dtype(dtype)
         return cls(
             spec,
             load_weights(path, spec, dtype=tdtype),
@@ -187,8 +175,8 @@ class TorchBackend:
         """Launch a step; the greedy ids are read (blocking) only by ``result()``.
 
         Rows the bucketed programs hold run there (asynchronously on CUDA); the rest run
-        eagerly before this returns. One step must be read before the next is submitted
-        only if the caller wants its ids fed on the device (deviceResident)."""
+        eagerly before this returns. The next step may be submitted before this one is read;
+        with deviceResident its ``FED_TOKEN`` rows then take this step's ids on the device."""
         self._pools()
         rows = batch.rows
         out = StepOutput(token_ids=[None] * len(rows), logprobs=[None] * len(rows))

@@ -6,14 +6,10 @@ a chunk longer than the largest bucket, a table wider than the graphs') are left
 eager path. ``launch`` only enqueues device work and starts a non-blocking copy of the greedy
 ids into (pinned) host memory; ``PendingStep.result`` waits on an event for it.
 
-deviceResident: each program leaves its argmax in ``slot_ids[slot]`` on the device, and a decode
-row marked fed reads its input id from there. Two ways in:
-  * pipelined (``FED_TOKEN`` rows, see ``model/interface``): the engine submits step n+1 before
-    reading step n; a FED_TOKEN row is accepted only for a slot the previous launch left an id in
-    (``resident_slots``) and no state copy has touched since.
-  * by equality: once the host has read a step it knows which id sits in each slot (``_fed``);
-    a later row whose ``token_ids[0]`` equals it is fed too. Only the newest launch of a slot may
-    record it, so reading an older step after a newer one was launched cannot leave a stale id.
+deviceResident: each program leaves its argmax in ``slot_ids[slot]`` on the device. A decode row
+carrying ``FED_TOKEN`` (see ``model/interface``: the engine submits step n+1 before reading step
+n) reads its input id from there; it is accepted only for a slot the previous launch left an id
+in (``resident_slots``) and no state copy has touched since.
 """
 
 from __future__ import annotations
@@ -55,10 +51,6 @@ class PendingStep:
     event: torch.cuda.Event | None = None
     positions: dict[int, int] = field(default_factory=dict)  # row index -> index in ids_host
     logits: dict[int, torch.Tensor] = field(default_factory=dict)  # row index -> [1, vocab]
-    fed_slots: dict[int, int] = field(default_factory=dict)  # state slot -> row index
-    on_done: dict[int, int] | None = None  # the owner's slot -> device id map to refresh
-    launches: dict[int, int] | None = None  # the owner's slot -> newest launch number
-    number: int = 0  # this launch's number
     resident_slots: frozenset[int] = frozenset()
     done: bool = False
 
@@ -78,10 +70,6 @@ class PendingStep:
             else:
                 chosen = torch.tensor([ids[self.positions[i]]], device=lg.device)
                 fill_logprobs(self.out, lg, chosen, [i], self.rows)
-        if self.on_done is not None and self.launches is not None:
-            for slot, i in self.fed_slots.items():
-                if self.launches.get(slot) == self.number:
-                    self.on_done[slot] = int(ids[self.positions[i]])
         self.done = True
         return self.out
 
@@ -107,10 +95,7 @@ class StaticSteps:
         self.width = width
         self.conv_state_len = conv_state_len
         self.slot_ids = slot_ids
-        self._fed: dict[int, int] = {}  # slot -> id known to sit in slot_ids[slot]
-        self._launches: dict[int, int] = {}  # slot -> number of the newest launch that ran it
         self._resident: frozenset[int] = frozenset()  # slots the newest launch left an id in
-        self._number = 0
         self.num_fed_rows = 0
 
     @staticmethod
@@ -181,14 +166,7 @@ class StaticSteps:
     def launch(
         self, rows: tuple[StepRow, ...], work: list[tuple[Key, list[int]]], out: StepOutput
     ) -> PendingStep:
-        self._number += 1
-        pending = PendingStep(
-            out,
-            rows,
-            on_done=self._fed if self.slot_ids is not None else None,
-            launches=self._launches,
-            number=self._number,
-        )
+        pending = PendingStep(out, rows)
         parts: list[torch.Tensor] = []
         n = 0
         for (phase, bucket), idx in work:
@@ -214,13 +192,9 @@ class StaticSteps:
             parts.append(ids[: len(idx)].clone())
             for b, i in enumerate(idx):
                 pending.positions[i] = n + b
-                pending.fed_slots[rows[i].state_slot] = i
                 if rows[i].sample and (rows[i].want_logits or rows[i].top_logprobs > 0):
                     pending.logits[i] = logits[b : b + 1].clone()
             n += len(idx)
-        for slot in pending.fed_slots:
-            self._fed.pop(slot, None)  # unknown until this step is read
-            self._launches[slot] = self._number
         if self.slot_ids is not None:
             pending.resident_slots = frozenset(
                 rows[i].state_slot
@@ -240,17 +214,15 @@ class StaticSteps:
         return pending
 
     def _feeds(self, row: StepRow) -> bool:
-        if row.token_ids[0] == FED_TOKEN:
-            if row.state_slot not in self._resident:
-                raise ValueError(
-                    f"decode row for seq {row.seq_id} asks for the device-resident id of state "
-                    f"slot {row.state_slot}, but the previous step left none there"
-                )
-            return True
-        return self.slot_ids is not None and self._fed.get(row.state_slot) == row.token_ids[0]
+        if row.token_ids[0] != FED_TOKEN:
+            return False
+        if row.state_slot not in self._resident:
+            raise ValueError(
+                f"decode row for seq {row.seq_id} asks for the device-resident id of state "
+                f"slot {row.state_slot}, but the previous step left none there"
+            )
+        return True
 
     def forget(self, slots: set[int]) -> None:
         """State copies touched ``slots``: their device ids no longer continue any sequence."""
-        for slot in slots:
-            self._fed.pop(slot, None)
         self._resident = self._resident - slots

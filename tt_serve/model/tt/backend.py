@@ -16,10 +16,9 @@ inside ``submit`` (the engine does not pipeline them).
 
 deviceResident: the decode program's ids input is fed from the previous replay's output buffer
 by one device copy of the whole buffer, so a decode step is all-fed or all-host. It is fed when
-its rows carry ``FED_TOKEN`` (pipelining: each row's slot must be a resident slot, i.e. a greedy
-decode row, of the step submitted just before, untouched by copy_states since; anything else is
-a ValueError), or when every row's token equals the id the host already read for its slot from
-the last decode replay (plain ``execute``; exact by construction).
+its rows carry ``FED_TOKEN`` (the engine submits step n+1 before reading step n): each row's slot
+must be a resident slot, i.e. a greedy decode row, of the step submitted just before, untouched
+by copy_states since; anything else is a ValueError.
 """
 
 from __future__ import annotations
@@ -95,8 +94,6 @@ class TTBackend:
         self.decode_bufs: InputBuffers | None = None
         self.buckets: tuple[int, ...] = ()
         self.width = 0
-        self._fed: dict[int, int] = {}  # slot -> id the last decode replay left on the device
-        self._epoch = 0  # counts decode replays and copy_states: dates the _fed record
         self._resident: frozenset[int] = frozenset()  # resident slots of the last submitted step
         self._touched: set[int] = set()  # slots copy_states touched since that submit
         self.device_fed_decodes = 0  # decode steps whose ids came from the device (resident)
@@ -281,22 +278,16 @@ class TTBackend:
     ) -> TTPending:
         assert self.decode_bufs is not None and self.pools is not None
         bufs, dec_rows = self.decode_bufs, [rows[i] for i in idx]
-        # deviceResident: step n's output buffer feeds step n+1 on the device (only positions
-        # and tables upload) when the rows say so (FED_TOKEN) or when every row continues from
-        # the id the host read from the last decode replay (exact by construction).
-        fed = from_fed or (
-            self.device_resident
-            and all(self._fed.get(r.state_slot) == r.token_ids[0] for r in dec_rows)
-        )
+        # deviceResident (FED_TOKEN rows): step n's output buffer feeds step n+1 on the device
+        # and only positions and tables upload.
         host_rows = [replace(r, token_ids=(0,)) if from_fed else r for r in dec_rows]
         values = self._decode_values(host_rows)
-        if fed:
+        if from_fed:
             self.ops.copy(bufs.out_ids, bufs.ids)
             self.device_fed_decodes += 1
-        bufs.write(self.ops, values, skip=("ids",) if fed else ())
+        bufs.write(self.ops, values, skip=("ids",) if from_fed else ())
         self.programs.run(self._decode_key())
-        self._fed, self._epoch = {}, self._epoch + 1
-        # (row index, decode batch row, row); _fed and resident slots stay engine slot numbers.
+        # (row index, decode batch row, row); resident slots stay engine slot numbers.
         picks = [(i, self.pools.row(rows[i].state_slot), rows[i]) for i in idx if rows[i].sample]
         greedy = [(i, b, r) for i, b, r in picks if not r.want_logits]
         resident = (
@@ -306,7 +297,7 @@ class TTBackend:
             return TTPending(out, resident_slots=resident)
         if any(r.want_logits or r.top_logprobs > 0 for _, _, r in picks):
             # Rows that need logits are not pipelined by the engine: read them now.
-            self._note_ids(self._epoch, greedy, self._collect(bufs, picks, out))
+            self._collect(bufs, picks, out)
             return TTPending(out, resident_slots=resident)
         # Started before anything of the next step is enqueued: the in-order device reads this
         # replay's ids although the next replay overwrites out_ids.
@@ -317,23 +308,14 @@ class TTBackend:
             ops=self.ops,
             read=read,
             rows=tuple((i, b) for i, b, _ in greedy),
-            on_ids=partial(self._note_ids, self._epoch, greedy),
         )
-
-    def _note_ids(
-        self, epoch: int, greedy: list[tuple[int, int, StepRow]], ids: np.ndarray | None
-    ) -> None:
-        """Remember the ids a decode replay left in ``out_ids`` if nothing came since (a later
-        replay overwrites them; after copy_states the record restarts, conservatively)."""
-        if ids is not None and epoch == self._epoch:
-            self._fed = {r.state_slot: int(ids[b]) for _, b, r in greedy}
 
     def _collect(
         self, bufs: InputBuffers, picks: list[tuple[int, int, StepRow]], out: StepOutput
-    ) -> np.ndarray | None:
+    ) -> None:
         """Read ids (and logits only if a row needs them) for (row index, buffer row, row)."""
         if not picks:
-            return None
+            return
         ids = self.ops.read(bufs.out_ids).reshape(-1).astype(np.int64)
         logits = None
         if any(r.want_logits or r.top_logprobs > 0 for _, _, r in picks):
@@ -347,15 +329,12 @@ class TTBackend:
             if row.top_logprobs > 0:
                 assert logits is not None
                 out.logprobs[i] = top_logprobs(logits[b], int(ids[b]), row.top_logprobs)
-        return ids
 
     def copy_states(self, ops: list[StateCopy] | tuple[StateCopy, ...]) -> None:
         self._pools().copy_states(self.ops, ops)
         # A save only reads the slot: the id the slot's last step left on the device still
         # continues its sequence (the torch backend agrees).
         self._touched.update(op.slot for op in ops if op.kind is not CopyKind.SAVE)
-        # Conservative: equality feeding restarts from the next host-read decode step.
-        self._fed, self._epoch = {}, self._epoch + 1
 
     def close(self) -> None:
         self.programs.release()

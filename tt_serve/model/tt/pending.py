@@ -8,8 +8,6 @@ host (prefill ids, logits, logprobs) was read blocking before ``submit`` returne
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
 from tt_serve.model.interface import StepOutput
@@ -18,7 +16,7 @@ from tt_serve.model.tt.ops import Ops, PendingRead
 
 class TTPending:
     """A submitted step. ``rows`` lists (row index, ``out_ids`` column) of its greedy decode
-    rows; ``on_ids`` hears the ids read (the backend's record of what ``out_ids`` holds)."""
+    rows."""
 
     def __init__(
         self,
@@ -28,13 +26,12 @@ class TTPending:
         ops: Ops | None = None,
         read: PendingRead | None = None,
         rows: tuple[tuple[int, int], ...] = (),
-        on_ids: Callable[[np.ndarray], None] | None = None,
     ) -> None:
         if read is not None and ops is None:
             raise ValueError("a pending read needs the ops that started it")
         self._out = out
         self._resident = resident_slots
-        self._ops, self._read, self._rows, self._on_ids = ops, read, rows, on_ids
+        self._ops, self._read, self._rows = ops, read, rows
 
     @property
     def resident_slots(self) -> frozenset[int]:
@@ -53,6 +50,4 @@ class TTPending:
         self._read = None
         for i, column in self._rows:
             self._out.token_ids[i] = int(ids[column])
-        if self._on_ids is not None:
-            self._on_ids(ids)
         return self._out
