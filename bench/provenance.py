@@ -13,8 +13,6 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SOURCE_DIR = "tt_serve"
 
@@ -129,6 +127,8 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 def scrape(url: str, timeout: float = 30.0) -> dict[str, float]:
     """GET ``url``/metrics, parsed."""
+    import httpx  # here, not at the top: the CUDA check imports this module without httpx
+
     resp = httpx.get(f"{url}/metrics", timeout=timeout)
     resp.raise_for_status()
     return parse_metrics(resp.text)

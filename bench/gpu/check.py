@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from bench.provenance import git_info, machine_info
 from tt_serve.engine.engine import Engine, EngineConfig
 from tt_serve.engine.scheduler import SchedulerConfig
 from tt_serve.model.interface import StepBatch, StepRow
@@ -274,7 +275,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for b in sorted({1, 8, s.max_batch}):
             res[f"decode_ms_{mode}_b{b}"] = round(decode_ms(be, b, ctx, args.steps, width), 3)
     # deviceResident pipelining: step n+1 is submitted before step n's ids are read.
-    n_dec = 8 if args.tiny else 128
+    n_dec = args.decode_tokens or (8 if args.tiny else 128)
     piped, piped_tps, piped_steps = engine_decode(s, "graph", n_dec)
     synced, sync_tps, _ = engine_decode(s, "graph_sync", n_dec)
     checks["pipelined_equals_sync"] = piped == synced and piped_steps > 0
@@ -303,6 +304,12 @@ def main() -> int:
     ap.add_argument("--tiny", action="store_true", help="tiny model (the CPU dry run)")
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default=None)
     ap.add_argument("--steps", type=int, default=None, help="timed decode steps per point")
+    ap.add_argument(
+        "--decode-tokens",
+        type=int,
+        default=None,
+        help="new tokens per request in the pipelined-vs-synchronous engine timing",
+    )
     ap.add_argument("--ledger", default="bench/runs/gpu-check.jsonl")
     args = ap.parse_args()
     args.dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
@@ -325,6 +332,9 @@ def main() -> int:
         "model": "random qwen3_5 tiny" if args.tiny else "random qwen3_5 ~0.75B (0.8B shape)",
         "dtype": args.dtype,
         "total_s": round(time.perf_counter() - t0, 1),
+        "git": git_info(),
+        "machine": machine_info(),
+        "flags": {k: v for k, v in vars(args).items() if k != "ledger"},
         **res,
     }
     text = json.dumps(line, sort_keys=True)

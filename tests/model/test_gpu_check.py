@@ -1,5 +1,6 @@
 """The CUDA check script's CPU dry run: every check passes on the tiny model, the ledger line is
-written, and the driver needs neither safetensors nor transformers (the GPU machine lacks them)."""
+written, and the driver needs none of safetensors, transformers and httpx (the GPU machine lacks
+them)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ DRIVER = """
 import sys
 sys.modules["safetensors"] = None  # importing either now fails: the driver must not need them
 sys.modules["transformers"] = None
+sys.modules["httpx"] = None
 from bench.gpu.check import main
 sys.argv = ["check", "--device", "cpu", "--tiny", "--ledger", sys.argv[1]]
 raise SystemExit(main())
@@ -45,3 +47,4 @@ def test_check_dry_run(tmp_path: Path) -> None:
     assert rec["graph_vs_eager_identical"] and rec["distinct_tokens"] > 5
     assert rec["ttft_cold_ms"] > 0 and rec["decode_ms_graph_b8"] > 0
     assert rec["pipelined_steps"] > 0 and rec["engine_decode_tok_s_sync"] > 0
+    assert rec["git"]["source_sha256"] and rec["machine"]["cores"] and rec["flags"]["tiny"]
