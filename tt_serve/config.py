@@ -27,6 +27,7 @@ GDN_CHUNK = 64
 NIX_PREFIX = "services.tenstorrent-serving"
 BACKENDS = ("torch", "ttnn")
 DTYPES = ("auto", "float32", "bfloat16")
+PRECISIONS = ("auto", "bfloat16", "mixed")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 TTNN_MAX_BATCH = 32
 TTNN_BLOCK_ALIGN = 32
@@ -43,31 +44,60 @@ class ConfigError(ValueError):
     """A configuration file could not be read as a serve configuration."""
 
 
+def _opt(default: Any, help: str, **extra: Any) -> Any:
+    """A ServeConfig field: its default and its ``--help`` line live here and nowhere else."""
+    return dataclasses.field(default=default, metadata={"help": help, **extra})
+
+
 @dataclass(frozen=True)
 class ServeConfig:
-    """Everything ``tt-serve serve`` needs to start; no I/O, no defaults computed elsewhere."""
+    """Everything ``tt-serve serve`` (and ``LLM``) needs to start: the one place defaults live.
 
-    model: str | None = None
-    served_model_name: str | None = None
-    host: str = "127.0.0.1"
-    port: int = 8000
-    backend: str = "torch"
-    device: str = "cpu"
-    device_ids: tuple[int, ...] = (0,)
-    dtype: str = "auto"
-    device_argmax: bool = True
-    device_resident: bool = False
-    traced_prefill: bool = False
-    prefill_chunk: int = 256
-    block_size: int = 64
-    kv_blocks: int = 0
-    prefix_caching: bool = True
-    snapshot_slots: int = 32
-    max_batch_size: int = 16
-    max_waiting: int = 256
-    max_num_batched_tokens: int = 2048
-    api_key_file: str | None = None
-    log_level: str = "info"
+    No I/O and no derived defaults computed elsewhere: the CLI flags, ``--help``, ``LLM(**kw)``,
+    the engine factory and the backends all read this object; ``modules/lib/defaults.nix``
+    holds the same values (a test keeps them equal).
+    """
+
+    model: str | None = _opt(None, "HF checkpoint folder (default: the generated demo model)")
+    served_model_name: str | None = _opt(None, "model name in the API (default: folder name)")
+    host: str = _opt("127.0.0.1", "address to listen on")
+    port: int = _opt(8000, "port to listen on")
+    backend: str = _opt("torch", "torch (CPU/CUDA) or ttnn (Tenstorrent)", choices=BACKENDS)
+    device: str = _opt("cpu", "torch backend device: cpu, cuda or cuda:N")
+    device_ids: tuple[int, ...] = _opt((0,), "ttnn backend: Tenstorrent device ids, e.g. 0,1")
+    dtype: str = _opt(
+        "auto",
+        "compute dtype: auto = float32 for torch on the CPU, bfloat16 elsewhere",
+        choices=DTYPES,
+    )
+    precision: str = _opt(
+        "auto",
+        "ttnn weight precision profile: auto (bfloat16 today), bfloat16 (every weight bf16), "
+        "mixed (MLP and expert weights bfloat8_b)",
+        choices=PRECISIONS,
+    )
+    device_argmax: bool = _opt(
+        True, "pick greedy tokens on the device (off: greedy from the logits on the host)"
+    )
+    device_resident: bool = _opt(
+        False, "pipelined decode: ids stay on the device between steps (needs device argmax)"
+    )
+    traced_prefill: bool = _opt(
+        False, "capture prefill chunk buckets as traces (ttnn) or CUDA graphs (torch on CUDA)"
+    )
+    prefill_chunk: int = _opt(256, "prefill chunk size C (= the snapshot stride)")
+    block_size: int = _opt(64, "KV block size in tokens (divides the prefill chunk)")
+    kv_blocks: int = _opt(0, "KV pool size in blocks; 0 sizes it from memory")
+    prefix_caching: bool = _opt(
+        True, "the joint KV + GDN-snapshot prefix cache (off: cold control)"
+    )
+    snapshot_slots: int = _opt(32, "GDN snapshot slots of the prefix cache")
+    max_batch_size: int = _opt(16, "running requests at once")
+    max_waiting: int = _opt(256, "waiting requests before new ones get 503")
+    max_num_batched_tokens: int = _opt(2048, "tokens per engine step (at least one chunk)")
+    max_model_len: int = _opt(0, "context limit in tokens; 0 = the model's own")
+    api_key_file: str | None = _opt(None, "require Authorization: Bearer <key> on /v1/*")
+    log_level: str = _opt("info", "log level", choices=LOG_LEVELS)
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> ServeConfig:
@@ -76,12 +106,38 @@ class ServeConfig:
         values["device_ids"] = tuple(values["device_ids"])
         return cls(**values)
 
+    @classmethod
+    def from_kwargs(cls, caller: str, **kwargs: Any) -> ServeConfig:
+        """Keyword arguments named like the fields (``LLM(**kwargs)``); unknown ones raise."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise TypeError(f"{caller} got unknown keyword(s): {', '.join(unknown)}")
+        if "device_ids" in kwargs:
+            kwargs["device_ids"] = tuple(kwargs["device_ids"])
+        return cls(**kwargs)
+
     @property
     def resolved_dtype(self) -> str:
         """``auto`` is float32 for torch on the CPU and bfloat16 everywhere else."""
         if self.dtype != "auto":
             return self.dtype
         return "float32" if self.backend == "torch" and self.device == "cpu" else "bfloat16"
+
+    @property
+    def resolved_precision(self) -> str:
+        """The ttnn weight profile ``auto`` stands for."""
+        return "bfloat16" if self.precision == "auto" else self.precision
+
+    @property
+    def mixed_steps(self) -> bool:
+        """Decode rows and prefill chunks in one step: torch yes; ttnn traces need all-prefill or
+        all-decode steps."""
+        return self.backend == "torch"
+
+    @property
+    def num_snapshot_slots(self) -> int:
+        return self.snapshot_slots if self.prefix_caching else 0
 
     def to_json_dict(self) -> dict[str, Any]:
         """The configuration keyed by NixOS option names (the ``check-config`` format)."""
@@ -110,32 +166,26 @@ def _device_ids(text: str) -> tuple[int, ...]:
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    """Define the ``tt-serve serve`` flags; defaults equal ``modules/lib/defaults.nix``."""
-    d = ServeConfig()
-    bool_flag = argparse.BooleanOptionalAction
-    add = parser.add_argument
-    add("--model", default=d.model, metavar="DIR", help="HF checkpoint dir (default: demo model)")
-    add("--served-model-name", default=d.served_model_name, metavar="NAME")
-    add("--host", default=d.host)
-    add("--port", type=int, default=d.port)
-    add("--backend", choices=BACKENDS, default=d.backend)
-    add("--device", default=d.device, help="torch backend: cpu | cuda | cuda:N")
-    add("--device-ids", type=_device_ids, default=d.device_ids, help="ttnn: comma list, e.g. 0,1")
-    add("--dtype", choices=DTYPES, default=d.dtype, help="auto: float32 on CPU, else bfloat16")
-    add("--device-argmax", action=bool_flag, default=d.device_argmax)
-    add("--device-resident", action=bool_flag, default=d.device_resident)
-    add("--traced-prefill", action=bool_flag, default=d.traced_prefill)
-    add("--prefill-chunk", type=int, default=d.prefill_chunk)
-    add("--block-size", type=int, default=d.block_size)
-    add("--kv-blocks", type=int, default=d.kv_blocks, help="0: size the KV pool from memory")
-    add("--prefix-caching", action=bool_flag, default=d.prefix_caching)
-    add("--snapshot-slots", type=int, default=d.snapshot_slots)
-    add("--max-batch-size", type=int, default=d.max_batch_size)
-    add("--max-waiting", type=int, default=d.max_waiting)
-    add("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
-    add("--api-key-file", default=d.api_key_file, metavar="PATH")
-    add("--log-level", choices=LOG_LEVELS, default=d.log_level)
-    add("--dry-run", action="store_true", help="validate, print the resolved config, exit")
+    """Define one ``tt-serve serve`` flag per ServeConfig field, with its help and default."""
+    for f in dataclasses.fields(ServeConfig):
+        flag = "--" + f.name.replace("_", "-")
+        meta = f.metadata
+        shown = ",".join(map(str, f.default)) if isinstance(f.default, tuple) else f.default
+        help_text = f"{meta['help']} (default: {shown})"
+        kw: dict[str, Any] = {"default": f.default, "help": help_text}
+        if isinstance(f.default, bool):
+            kw["action"] = argparse.BooleanOptionalAction
+            kw["help"] = meta["help"]  # this action appends the default itself
+        elif f.name == "device_ids":
+            kw["type"] = _device_ids
+        elif isinstance(f.default, int):
+            kw["type"] = int
+        if "choices" in meta:
+            kw["choices"] = meta["choices"]
+        parser.add_argument(flag, **kw)
+    parser.add_argument(
+        "--dry-run", action="store_true", help="validate, print the resolved config, exit"
+    )
 
 
 def validate(cfg: ServeConfig) -> list[str]:
@@ -165,6 +215,20 @@ def validate(cfg: ServeConfig) -> list[str]:
         (
             cfg.dtype in DTYPES,
             f"{p}.dtype must be one of auto, float32, bfloat16 (got {cfg.dtype}).",
+        ),
+        (
+            not ttnn or cfg.dtype != "float32",
+            f"{p}.dtype = float32 is not available on backend ttnn (it computes in bfloat16 "
+            f"and block floats): use auto or bfloat16, and {p}.precision for the weights.",
+        ),
+        (
+            cfg.precision in PRECISIONS,
+            f"{p}.precision must be one of {', '.join(PRECISIONS)} (got {cfg.precision}).",
+        ),
+        (
+            ttnn or cfg.precision == "auto",
+            f'{p}.precision selects a ttnn weight profile; it needs {p}.backend = "ttnn" '
+            f"(got backend {cfg.backend}, precision {cfg.precision}).",
         ),
         (
             not cfg.device_resident or cfg.device_argmax,
@@ -205,9 +269,9 @@ def validate(cfg: ServeConfig) -> list[str]:
             f"{p}.prefixCaching.snapshotSlots must not be negative (got {cfg.snapshot_slots}).",
         ),
         (
-            not cfg.traced_prefill or _multiple(cfg.prefill_chunk, cfg.block_size),
-            f"{p}.tracedPrefill = true requires {p}.prefillChunk ({cfg.prefill_chunk}) "
-            f"to be a multiple of {p}.blockSize ({cfg.block_size}).",
+            _multiple(cfg.prefill_chunk, cfg.block_size),
+            f"{p}.prefillChunk ({cfg.prefill_chunk}) must be a multiple of {p}.blockSize "
+            f"({cfg.block_size}): prefill chunks end on block boundaries.",
         ),
         (
             (1 <= cfg.max_batch_size <= TTNN_MAX_BATCH) if ttnn else cfg.max_batch_size >= 1,
@@ -222,8 +286,13 @@ def validate(cfg: ServeConfig) -> list[str]:
         ),
         (cfg.max_waiting >= 0, f"{p}.maxWaiting must not be negative (got {cfg.max_waiting})."),
         (
-            cfg.kv_blocks >= 0,
-            f"{p}.kvBlocks must not be negative (0 = size from memory; got {cfg.kv_blocks}).",
+            cfg.kv_blocks == 0 or cfg.kv_blocks >= 2,
+            f"{p}.kvBlocks must be 0 (size from memory) or at least 2 (block 0 is reserved "
+            f"for padding; got {cfg.kv_blocks}).",
+        ),
+        (
+            cfg.max_model_len >= 0,
+            f"{p}.maxModelLen must not be negative (0 = the model's own; got {cfg.max_model_len}).",
         ),
         (
             cfg.log_level in LOG_LEVELS,
@@ -260,6 +329,8 @@ _JSON_FIELDS: dict[str, tuple[str, tuple[type, ...]]] = {
     "maxBatchSize": ("max_batch_size", (int,)),
     "maxWaiting": ("max_waiting", (int,)),
     "maxNumBatchedTokens": ("max_num_batched_tokens", (int,)),
+    "maxModelLen": ("max_model_len", (int,)),
+    "precision": ("precision", (str,)),
     "apiKeyFile": ("api_key_file", (str, type(None))),
     "logLevel": ("log_level", (str,)),
 }

@@ -302,3 +302,10 @@ class StopMatcher:
                     best = k
                     break
         return best
+
+
+def load_tokenizer(model_dir: str | Path) -> Tokenizer | None:
+    """The model folder's tokenizer, or None when it ships none (token ids only)."""
+    if not (Path(model_dir) / "tokenizer.json").exists():
+        return None
+    return Tokenizer.from_dir(model_dir)

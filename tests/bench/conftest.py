@@ -27,23 +27,24 @@ def serve_tiny(model_dir: Path, *, prefix_caching: bool = True) -> Iterator[str]
     """A real tt-serve app (uvicorn in a thread); yields its base URL once /health is 200."""
     import uvicorn
 
+    from tt_serve.config import ServeConfig
     from tt_serve.engine.async_engine import AsyncEngine
-    from tt_serve.llm import EngineOptions, build_engine
+    from tt_serve.engine.factory import build_engine
     from tt_serve.server.app import ServerState, create_app
 
     def loader(st: ServerState) -> None:
-        opts = EngineOptions(
+        opts = ServeConfig(
             model=str(model_dir),
             prefix_caching=prefix_caching,
             block_size=16,
-            chunk=64,
+            prefill_chunk=64,
             kv_blocks=256,
-            snapshot_slots=16 if prefix_caching else 0,
-            max_batch=4,
+            snapshot_slots=16,
+            max_batch_size=4,
             max_num_batched_tokens=256,
             max_model_len=1024,
         )
-        engine, _ = build_engine(opts)
+        engine = build_engine(opts)
         ae = AsyncEngine(engine, max_waiting=64)
         ae.start()
         st.max_model_len, st.engine = engine.config.max_model_len, ae

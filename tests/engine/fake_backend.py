@@ -6,7 +6,7 @@ and the slot's state absorbs it (a chained hash). The sampled token mixes the st
 digest of every KV entry in [0, end) read back through the block table.
 
 ``PipelinedFakeBackend`` adds ``submit``: the "device" runs a step when it is submitted (in
-order, as real devices do) and keeps each slot's last greedy id, which ``FED_TOKEN`` rows read;
+order, as real devices do) and keeps each slot's last greedy id, which fed rows read;
 the host sees the ids only through ``result()``, which must be called in submission order.
 Every rule of the pipelining contract in ``model/interface`` is asserted.
 """
@@ -19,9 +19,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from tt_serve.model.interface import (
-    FED_TOKEN,
     PAD_BLOCK,
-    PAD_SLOT,
     CopyKind,
     StateCopy,
     StepBatch,
@@ -47,13 +45,14 @@ class FakeBackend:
     ) -> None:
         self.bs = block_size
         self.kv = np.full((num_kv_blocks, block_size), -1, dtype=np.int64)
+        self.num_state_slots = num_state_slots
         self.state = np.zeros(num_state_slots, dtype=np.uint64)
         self.snap = np.zeros(num_snapshot_slots, dtype=np.uint64)
 
     def copy_states(self, ops: list[StateCopy] | tuple[StateCopy, ...]) -> None:
         for op in ops:
             self.copies.append(op)
-            assert op.slot != PAD_SLOT, "a request was given the padding state slot"
+            assert 0 <= op.slot < self.num_state_slots, f"state slot {op.slot} out of range"
             if op.kind is CopyKind.SAVE:
                 self.snap[op.snapshot] = self.state[op.slot]
             elif op.kind is CopyKind.RESTORE:
@@ -72,7 +71,8 @@ class FakeBackend:
             raise RuntimeError(f"injected failure on execute #{self.calls}")
         out = StepOutput(token_ids=[], logprobs=[])
         for i, row in enumerate(batch.rows):
-            assert row.state_slot != PAD_SLOT
+            assert 0 <= row.state_slot < self.num_state_slots, "state slot out of range"
+            assert not row.fed, "a fed row reached a backend that is not device-resident"
             st = int(self.state[row.state_slot])
             for k, tok in enumerate(row.token_ids):
                 p = row.start_pos + k
@@ -109,6 +109,9 @@ class FakeBackend:
                 else:
                     out.logprobs.append(None)
         return out
+
+    def close(self) -> None:
+        self.closed = True
 
 
 @dataclass
@@ -161,12 +164,11 @@ class PipelinedFakeBackend(FakeBackend):
         self.submitted += 1
         rows = []
         for row in batch.rows:
-            if FED_TOKEN in row.token_ids:
-                assert row.num_tokens == 1, "FED_TOKEN in a multi-token row"
+            if row.fed:
                 assert row.state_slot in self.resident, (
-                    f"FED_TOKEN for slot {row.state_slot}, not resident after the last step"
+                    f"fed row for slot {row.state_slot}, not resident after the last step"
                 )
-                row = replace(row, token_ids=(self.dev_ids[row.state_slot],))
+                row = replace(row, token_ids=(self.dev_ids[row.state_slot],), fed=False)
                 self.fed_rows += 1
             rows.append(row)
         try:

@@ -24,6 +24,7 @@ def make_engine(
     budget: int = 256,
     mixed: bool = True,
     fail_on: set[int] | None = None,
+    device_argmax: bool = True,
 ) -> Engine:
     cfg = EngineConfig(
         scheduler=SchedulerConfig(
@@ -32,6 +33,7 @@ def make_engine(
             chunk=C,
             block_size=BS,
             mixed_steps=mixed,
+            device_argmax=device_argmax,
         ),
         num_kv_blocks=blocks,
         num_snapshot_slots=snaps,
@@ -65,7 +67,7 @@ def toks(n: int, seed: int) -> list[int]:
 
 
 def assert_idle(engine: Engine) -> None:
-    c = engine.cache
+    c = engine.scheduler.cache
     c.check_invariants()
     assert c.num_active_blocks == 0
     assert c.num_free_blocks + c.num_inactive_blocks == c.num_usable_blocks
@@ -92,7 +94,7 @@ def test_warm_equals_cold_with_expected_cached_tokens() -> None:
     assert w.cached_tokens == 960
     assert c.cached_tokens == 0
     assert w.token_ids == c.token_ids
-    assert warm.cache.stats.hits == 960
+    assert warm.scheduler.cache.stats.hits == 960
 
 
 def test_prompt_of_exact_multiple_restores_one_stride_less() -> None:
@@ -114,8 +116,11 @@ def test_evictions_change_hit_rate_not_output() -> None:
     outs_small = [run(small, [p])[0] for p in prompts]
     assert [o.token_ids for o in outs_big] == [o.token_ids for o in cold]
     assert [o.token_ids for o in outs_small] == [o.token_ids for o in cold]
-    assert small.cache.stats.hits < big.cache.stats.hits
-    assert small.cache.stats.kv_evictions + small.cache.stats.snapshot_evictions > 0
+    assert small.scheduler.cache.stats.hits < big.scheduler.cache.stats.hits
+    assert (
+        small.scheduler.cache.stats.kv_evictions + small.scheduler.cache.stats.snapshot_evictions
+        > 0
+    )
     assert_idle(big)
     assert_idle(small)
 
@@ -168,7 +173,7 @@ def test_abort_mid_prefill_and_mid_decode_frees_everything() -> None:
     assert e.abort("short")
     assert not e.abort("short")
     assert_idle(e)
-    assert e.cache.num_free_blocks == e.cache.num_usable_blocks
+    assert e.scheduler.cache.num_free_blocks == e.scheduler.cache.num_usable_blocks
 
 
 def test_seeded_sampling_is_reproducible() -> None:
@@ -196,6 +201,18 @@ def test_logprobs_are_reported_for_greedy_and_sampled_rows() -> None:
     )
 
 
+def test_host_argmax_path_gives_the_device_tokens() -> None:
+    prompts = [toks(n, 60 + i) for i, n in enumerate([5, 64, 130, 300])]
+    dev = make_engine()
+    want = [o.token_ids for o in run(dev, prompts)]
+    host = make_engine(device_argmax=False)
+    assert [o.token_ids for o in run(host, prompts)] == want
+    assert all(r.want_logits for b in host.backend.batches for r in b.rows if r.sample)
+    assert dev.stats().sampled_rows_host == 0 and host.stats().sampled_rows_device == 0
+    assert dev.stats().sampled_rows_device == host.stats().sampled_rows_host == 4 * 8
+    assert_idle(host)
+
+
 def test_all_prefill_or_all_decode_steps_bound_decode_stalls() -> None:
     e = make_engine(mixed=False, budget=C)
     run(e, [toks(30, 15)])
@@ -207,8 +224,9 @@ def test_all_prefill_or_all_decode_steps_bound_decode_stalls() -> None:
     for _ in range(20):
         e.step()
     for b in e.backend.batches[before:]:
-        assert b.phase.value in ("prefill", "decode")
-        phases.append(b.phase.value)
+        decode = [r.num_tokens == 1 and r.start_pos > 0 and r.sample for r in b.rows]
+        assert all(decode) or not any(decode), "a step mixed decode rows and prefill chunks"
+        phases.append("decode" if all(decode) else "prefill")
     streak = longest = 0
     for ph in phases:
         streak = streak + 1 if ph == "prefill" else 0
@@ -232,4 +250,4 @@ def test_validation_names_the_limit(prompt: list[int], params: SamplingParams, n
     with pytest.raises(RequestError, match=needle):
         e.add_request("x", prompt, params)
     assert_idle(e)
-    assert e.cache.num_free_blocks == e.cache.num_usable_blocks
+    assert e.scheduler.cache.num_free_blocks == e.scheduler.cache.num_usable_blocks

@@ -21,10 +21,10 @@ GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
 def llm(path: Path, **kw: Any) -> LLM:
     base: dict[str, Any] = dict(
         block_size=BS,
-        chunk=C,
+        prefill_chunk=C,
         kv_blocks=1024,
         snapshot_slots=16,
-        max_batch=16,
+        max_batch_size=16,
         max_num_batched_tokens=512,
     )
     base.update(kw)
@@ -37,7 +37,7 @@ def toks(n: int, seed: int, vocab: int = 4096) -> list[int]:
 
 
 def assert_idle(m: LLM) -> None:
-    c = m.engine.cache
+    c = m.engine.scheduler.cache
     c.check_invariants()
     assert c.num_active_blocks == 0
     assert c.num_free_blocks + c.num_inactive_blocks == c.num_usable_blocks
@@ -51,6 +51,18 @@ def test_concurrent_greedy_equals_hf(engine_model_dir: Path) -> None:
     for p, o in zip(prompts, outs, strict=True):
         assert o.token_ids == tm.greedy_hf(hf, p, 16)
         assert o.finish_reason == "length"
+
+
+def test_host_argmax_equals_device_argmax(engine_model_dir: Path) -> None:
+    """``device_argmax=False`` (the A/B control arm) picks the same greedy tokens from the logits
+    on the host; only then does the host-path counter move."""
+    prompts = [toks(n, 40 + i) for i, n in enumerate([9, 70, 150])]
+    dev, host = llm(engine_model_dir), llm(engine_model_dir, device_argmax=False)
+    want = [o.token_ids for o in dev.generate(prompts, GREEDY)]
+    assert [o.token_ids for o in host.generate(prompts, GREEDY)] == want
+    d, h = dev.engine.stats(), host.engine.stats()
+    assert d.sampled_rows_host == 0 and d.sampled_rows_device == 3 * 16
+    assert h.sampled_rows_device == 0 and h.sampled_rows_host == 3 * 16
 
 
 def test_warm_equals_cold_and_logprobs(engine_model_dir: Path) -> None:
@@ -80,7 +92,7 @@ def test_evictions_change_hit_rate_not_output(engine_model_dir: Path) -> None:
         outs = [m.generate([p], GREEDY)[0] for p in prompts]
         assert [o.token_ids for o in outs] == [o.token_ids for o in cold]
         assert_idle(m)
-    assert small.engine.cache.stats.hits < big.engine.cache.stats.hits
+    assert small.engine.scheduler.cache.stats.hits < big.engine.scheduler.cache.stats.hits
 
 
 def test_sixteen_requests_share_one_prefix_computation(engine_model_dir: Path) -> None:
@@ -122,7 +134,7 @@ class FlakyBackend:
 def test_failed_execute_fails_only_its_batch(engine_model_dir: Path) -> None:
     prompts = [toks(40 + 30 * i, 600 + i) for i in range(6)]
     ref = llm(engine_model_dir, prefix_caching=False).generate(prompts, GREEDY)
-    m = llm(engine_model_dir, max_batch=2, max_num_batched_tokens=C)
+    m = llm(engine_model_dir, max_batch_size=2, max_num_batched_tokens=C)
     m.engine.backend = FlakyBackend(m.engine.backend, k=4)
     outs = m.generate(prompts, GREEDY)
     failed = [o for o in outs if o.finish_reason == "error"]
@@ -146,7 +158,7 @@ def test_abort_mid_prefill_and_decode(engine_model_dir: Path) -> None:
         e.step()
     assert e.abort("b")  # mid-decode
     assert_idle(m)
-    assert e.cache.num_free_blocks == e.cache.num_usable_blocks
+    assert e.scheduler.cache.num_free_blocks == e.scheduler.cache.num_usable_blocks
 
 
 def test_seeded_sampling_and_temperature_zero(engine_model_dir: Path) -> None:
@@ -193,4 +205,4 @@ def test_validation_before_allocation(engine_model_dir: Path, bad: list[int] | N
     with pytest.raises(ValueError):
         m.generate([prompt], GREEDY)
     assert_idle(m)
-    assert m.engine.cache.num_free_blocks == m.engine.cache.num_usable_blocks
+    assert m.engine.scheduler.cache.num_free_blocks == m.engine.scheduler.cache.num_usable_blocks

@@ -1,6 +1,6 @@
 """Pipelined decode (deviceResident): the engine submits step n+1 before reading step n.
 
-The pipelined fake runs each step when it is submitted and feeds ``FED_TOKEN`` rows from its
+The pipelined fake runs each step when it is submitted and feeds fed rows from its
 own per-slot ids, asserting every rule of the contract (resident slot, no state copy since,
 results read in order, no KV write outside a request's blocks). Every test compares against
 the same workload on the synchronous fake: pipelining must never change a token, a finish
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from tests.engine.fake_backend import FakeBackend, PipelinedFakeBackend
 from tt_serve.engine.engine import Engine, EngineConfig
 from tt_serve.engine.scheduler import SchedulerConfig
-from tt_serve.model.interface import FED_TOKEN, Backend
+from tt_serve.model.interface import Backend
 from tt_serve.sequence import RequestOutput, SamplingParams
 
 BS, C = 16, 64
@@ -99,11 +99,11 @@ def drive(
 
 def assert_nothing_held(engine: Engine) -> None:
     assert not engine.has_unfinished()
-    c = engine.cache
+    c = engine.scheduler.cache
     c.check_invariants()  # includes: no snapshot pinned without a restore in flight
     assert c.num_active_blocks == 0
     assert c.num_free_blocks + c.num_inactive_blocks == c.num_usable_blocks
-    assert sorted(engine.scheduler._free_slots) == list(range(1, engine.scheduler.num_state_slots))
+    assert sorted(engine.scheduler._free_slots) == list(range(engine.scheduler.num_state_slots))
 
 
 def greedy(n: int, **kw: object) -> SamplingParams:
@@ -223,7 +223,7 @@ def test_sampled_and_logprob_requests_run_synchronously() -> None:
     piped = drive(eng, arrivals)
     assert piped == sync
     for batch in be.batches:
-        fed = any(FED_TOKEN in r.token_ids for r in batch.rows)
+        fed = any(r.fed for r in batch.rows)
         assert not (fed and any(r.want_logits or r.top_logprobs for r in batch.rows))
     assert eng.num_pipelined_steps > 0  # "g2" alone at the end pipelines
     assert_nothing_held(eng)

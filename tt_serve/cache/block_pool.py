@@ -20,7 +20,9 @@ from collections import Counter, OrderedDict
 from collections.abc import Sequence
 
 from tt_serve.cache.hashing import BlockHash
-from tt_serve.model.interface import PAD_BLOCK  # torch-free: plain constants and dataclasses
+
+PAD_BLOCK = 0
+"""The reserved padding block: never handed out; block tables are padded with it."""
 
 
 class BlockPool:

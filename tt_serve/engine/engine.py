@@ -1,19 +1,12 @@
-"""The engine: schedule -> execute -> update, one step at a time, single-threaded.
+"""The engine: one step at a time, single-threaded, in four stages.
 
-Only the scheduler and the prefix cache mutate bookkeeping; the backend returns token ids (or
-logits for host-sampled rows). If ``execute`` raises, exactly the requests of that batch fail,
-their reservations are released (nothing of that step was registered or published) and the
-engine keeps serving the rest.
+``Engine.step`` = schedule -> state copies + execute -> update -> commit. The scheduler is the
+prefix cache's only client; the engine moves data between it and the backend and never
+decides anything about blocks or snapshots. If ``execute`` raises, exactly the requests of that
+batch fail (nothing of that step was registered or published) and the engine keeps serving.
 
-Pipelined decode (a ``PipelinedBackend`` with ``device_resident``): a decode step of plain
-greedy requests is submitted without waiting for its ids. On the next ``step()`` the engine
-submits the follow-up decode step first (rows carry ``FED_TOKEN``: the device feeds each slot
-its own last id) and only then reads, applies and reports the earlier step, so host work
-(reading ids, stop checks, detokenization, HTTP delivery) overlaps the device's next step.
-Results apply one step late: a request that stops at step n has one discarded row in step n+1
-(its KV write lands in its own reservation or in a released block that the device rewrites in
-order); a request that reaches max_tokens at step n gets no row. Admission, prefill chunks,
-host sampling and logprobs run synchronously: the pipeline drains for them.
+With a device-resident backend, plain greedy decode steps are pipelined: the next decode step
+is submitted before the previous one is read (the contract: ``model/interface.py``).
 """
 
 from __future__ import annotations
@@ -27,16 +20,9 @@ from typing import Protocol
 
 import numpy as np
 
-from tt_serve.cache import CacheStats, PrefixCache, SnapshotSave
 from tt_serve.engine import sampler
-from tt_serve.engine.scheduler import ScheduledStep, Scheduler, SchedulerConfig, pipelinable
-from tt_serve.model.interface import (
-    Backend,
-    PendingOutput,
-    PipelinedBackend,
-    StateCopy,
-    StepOutput,
-)
+from tt_serve.engine.scheduler import ScheduledStep, Scheduler, SchedulerConfig
+from tt_serve.model.interface import Backend, PendingOutput, PipelinedBackend, StepOutput
 from tt_serve.sequence import (
     FinishReason,
     Request,
@@ -65,6 +51,8 @@ TextStreamFactory = Callable[[SamplingParams], TextStream]
 
 @dataclass(frozen=True)
 class EngineConfig:
+    """What the engine is built with (``engine/factory.py`` derives it from ServeConfig)."""
+
     scheduler: SchedulerConfig
     num_kv_blocks: int
     num_snapshot_slots: int
@@ -73,6 +61,26 @@ class EngineConfig:
     eos_token_ids: frozenset[int] = frozenset()
     prefix_caching: bool = True
     cache_salt: bytes = b""
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """Gauges and counters of one engine, read in one call (``Engine.stats``)."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks_total: int = 0
+    snapshot_slots_used: int = 0
+    snapshot_slots_total: int = 0
+    prefix_queries: int = 0  # prompt tokens looked up in the prefix cache
+    prefix_hits: int = 0  # of those, tokens served from it
+    prefill_tokens_computed: int = 0
+    decode_tokens_computed: int = 0
+    pipelined_decode_steps: int = 0
+    failed_steps: int = 0
+    sampled_rows_device: int = 0  # rows whose token the backend picked (device argmax)
+    sampled_rows_host: int = 0  # rows sampled on the host from logits
 
 
 @dataclass
@@ -89,6 +97,8 @@ class _Tracked:
     rng: np.random.Generator
     stream: TextStream | None
     text: str = ""
+    new_text: str = ""  # detokenized since the last report
+    detokenized: int = 0  # output tokens pushed through ``stream``
     sent_tokens: int = 0
     stopped: bool = False  # a stop string ended the text
 
@@ -103,19 +113,16 @@ class Engine:
     ) -> None:
         self.backend = backend
         self.config = config
-        sc = config.scheduler
-        self.cache = PrefixCache(
-            num_blocks=config.num_kv_blocks,
-            block_size=sc.block_size,
+        self.scheduler = Scheduler.with_cache(
+            config.scheduler,
+            num_kv_blocks=config.num_kv_blocks,
             num_snapshot_slots=config.num_snapshot_slots,
-            stride=sc.chunk,
-            enabled=config.prefix_caching,
+            prefix_caching=config.prefix_caching,
             salt=config.cache_salt,
         )
-        self.scheduler = Scheduler(sc, self.cache)
         backend.allocate(
             num_kv_blocks=config.num_kv_blocks,
-            block_size=sc.block_size,
+            block_size=config.scheduler.block_size,
             num_state_slots=self.scheduler.num_state_slots,
             num_snapshot_slots=max(config.num_snapshot_slots, 1),
         )
@@ -126,16 +133,14 @@ class Engine:
         self.num_pipelined_steps = 0  # decode steps submitted before the previous one was read
         self.prefill_tokens_computed = 0
         self.decode_tokens_computed = 0
+        self.sampled_rows_device = 0
+        self.sampled_rows_host = 0
         self._pipelined: PipelinedBackend | None = (
             backend if isinstance(backend, PipelinedBackend) and backend.device_resident else None
         )
         self._inflight: _InFlight | None = None
 
     # -- requests ----------------------------------------------------------------------------
-
-    @property
-    def has_tokenizer(self) -> bool:
-        return self._text_streams is not None
 
     def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
         """Raise RequestError (a ValueError) naming the limit; allocates nothing."""
@@ -153,14 +158,7 @@ class Engine:
                 f"{total} exceeds the model's maximum context length "
                 f"({self.config.max_model_len} tokens)"
             )
-        need = self.cache.lifetime_tokens(len(prompt_token_ids), params.max_tokens)
-        pages = -(-need // self.config.scheduler.block_size)
-        if pages > self.cache.num_usable_blocks:
-            raise RequestError(
-                f"request needs {pages} KV blocks ({need} tokens) but the KV pool has only "
-                f"{self.cache.num_usable_blocks} blocks of {self.config.scheduler.block_size} "
-                f"tokens: it can never fit"
-            )
+        self.scheduler.check_fits(len(prompt_token_ids), params.max_tokens)
         if params.stop_strings and self._text_streams is None:
             raise RequestError("stop strings need a tokenizer, and this model has none")
 
@@ -170,11 +168,16 @@ class Engine:
         prompt_token_ids: Sequence[int],
         params: SamplingParams,
         arrival_time: float | None = None,
+        *,
+        validated: bool = False,
     ) -> None:
+        """Queue a request. ``validated``: the caller already ran ``validate`` on exactly these
+        arguments (the async server validates before taking a queue slot)."""
         if request_id in self._tracked:
             raise RequestError(f"request id {request_id!r} is already in use")
         prompt = [int(t) for t in prompt_token_ids]
-        self.validate(prompt, params)
+        if not validated:
+            self.validate(prompt, params)
         req = Request(
             request_id=request_id,
             seq_id=next(self._seq_ids),
@@ -203,41 +206,52 @@ class Engine:
         """Whether decode steps are submitted ahead of reading (deviceResident backends)."""
         return self._pipelined is not None
 
-    @property
-    def num_running(self) -> int:
-        return len(self.scheduler.running)
+    def stats(self) -> EngineStats:
+        c = self.scheduler.cache
+        st = c.stats
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            kv_blocks_used=c.num_active_blocks,
+            kv_blocks_total=c.num_usable_blocks,
+            snapshot_slots_used=c.num_snapshots_used,
+            snapshot_slots_total=c.num_snapshot_slots,
+            prefix_queries=st.queries,
+            prefix_hits=st.hits,
+            prefill_tokens_computed=self.prefill_tokens_computed,
+            decode_tokens_computed=self.decode_tokens_computed,
+            pipelined_decode_steps=self.num_pipelined_steps,
+            failed_steps=self.num_failed_steps,
+            sampled_rows_device=self.sampled_rows_device,
+            sampled_rows_host=self.sampled_rows_host,
+        )
 
-    @property
-    def num_waiting(self) -> int:
-        return len(self.scheduler.waiting)
-
-    @property
-    def cache_stats(self) -> CacheStats:
-        return self.cache.stats
+    def close(self) -> None:
+        """Release the backend's device resources (traces, device handles). Idempotent."""
+        close = getattr(self.backend, "close", None)
+        if close is not None:
+            close()
 
     # -- the step ----------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
         if self._inflight is not None:
             return self._step_pipelined(self._inflight)
-        step = self.scheduler.schedule()
+        step = self.scheduler.schedule()  # 1. schedule
         if step is None:
             return self._collect()
-        pipe = self._pipelined
-        try:
+        try:  # 2. state copies + execute (or submit, when the step may run ahead)
             if step.pre_copies:
                 self.backend.copy_states(step.pre_copies)
-            if pipe is not None and _is_pipelinable(step):
-                self._inflight = _InFlight(step, pipe.submit(step.batch))
+            if self._pipelined is not None and self._is_pipelinable(step):
+                self._inflight = _InFlight(step, self._pipelined.submit(step.batch))
                 return self._collect()
-            output = self.backend.execute(step.batch)
+            tokens, logprobs = self._pick_tokens(step, self.backend.execute(step.batch))
         except Exception as exc:  # the batch fails; the engine keeps serving
             self._fail_step(step, exc)
             return self._collect()
-        finally:
-            for rid in step.restored:
-                self.cache.restore_done(rid)
-        self._apply(step, output)
+        saved = self._update(step, tokens, logprobs)  # 3. update
+        self.scheduler.commit(step, saved=saved)  # 4. commit
         return self._collect()
 
     def _step_pipelined(self, prev: _InFlight, *, run_ahead: bool = True) -> list[RequestOutput]:
@@ -257,7 +271,7 @@ class Engine:
             except Exception as exc:
                 refused = exc
         try:
-            output = prev.pending.result()
+            tokens, logprobs = self._pick_tokens(prev.step, prev.pending.result())
         except Exception as exc:
             self._fail_step(prev.step, exc)
             if nxt is not None:  # it fed on ids that never arrived
@@ -265,7 +279,7 @@ class Engine:
                 self._discard(nxt)
             return self._collect()
         self._inflight = nxt  # set first: whatever happens below, nxt is read later
-        self._apply(prev.step, output)
+        self.scheduler.commit(prev.step, saved=self._update(prev.step, tokens, logprobs))
         outs = self._collect()  # stops of ``prev`` (tokens and strings) count before a failure
         if refused is not None and follow is not None:
             # Only requests still running lose anything: a row of one that just stopped was
@@ -280,21 +294,52 @@ class Engine:
         except Exception as exc:
             log.error("discarded step failed too: %r", exc)
 
-    def _apply(self, step: ScheduledStep, output: StepOutput) -> None:
-        """Pick tokens from a step's output and record them (a failure fails that batch)."""
-        try:
-            tokens, logprobs = self._pick_tokens(
-                step, output.token_ids, output.logprobs, output.logits
-            )
-        except Exception as exc:
-            self._fail_step(step, exc)
-            return
+    def _update(
+        self,
+        step: ScheduledStep,
+        tokens: list[int | None],
+        logprobs: list[dict[int, float] | None],
+    ) -> bool:
+        """Stage 3: record the tokens (scheduler), detokenize and end requests on stop strings,
+        then run the snapshot saves the step asked for. Returns whether the saves ran."""
         self._count_tokens(step)
         saves = self.scheduler.update(step, tokens, logprobs, self.config.eos_token_ids)
+        self._detokenize(step)
+        if not saves:
+            return True
         # Saves come from prefill rows only, and prefill never runs with a step in flight: a
-        # save queued behind a later step would capture the state after that step.
-        assert not (saves and self._inflight is not None), "snapshot save while pipelining"
-        self._save_snapshots(saves)
+        # save queued behind a later step would capture the state after that step. They run
+        # before anything else reuses the slots (a slot freed in this very step included).
+        assert self._inflight is None, "snapshot save while pipelining"
+        try:
+            self.backend.copy_states(saves)
+        except Exception as exc:
+            log.error("snapshot save failed: %r", exc)
+            return False
+        return True
+
+    def _detokenize(self, step: ScheduledStep) -> None:
+        """Feed each request's new tokens to its text stream; a stop string ends it here."""
+        for req in step.requests:
+            t = self._tracked.get(req.request_id)
+            if t is None or t.stream is None or t.stopped:
+                continue
+            new_tokens = req.output_token_ids[t.detokenized :]
+            if not new_tokens:
+                continue
+            t.detokenized = len(req.output_token_ids)
+            delta, stopped = t.stream.push(new_tokens)
+            t.new_text += delta
+            if stopped:
+                t.stopped = True
+                self.scheduler.finish(req, FinishReason.STOP)
+
+    def _is_pipelinable(self, step: ScheduledStep) -> bool:
+        """A pure decode step of plain greedy requests (no state copies pending)."""
+        return not step.pre_copies and all(
+            row.num_tokens == 1 and self.scheduler.pipelinable(req)
+            for row, req in zip(step.batch.rows, step.requests, strict=True)
+        )
 
     def drain(self) -> list[RequestOutput]:
         """Read and apply a step still in flight, submitting nothing (shutdown); outputs like
@@ -313,12 +358,10 @@ class Engine:
                 self.decode_tokens_computed += row.num_tokens
 
     def _pick_tokens(
-        self,
-        step: ScheduledStep,
-        device_tokens: list[int | None],
-        device_logprobs: list[dict[int, float] | None],
-        logits: dict[int, np.ndarray],
+        self, step: ScheduledStep, output: StepOutput
     ) -> tuple[list[int | None], list[dict[int, float] | None]]:
+        """Each sampling row's token: the backend's (device argmax) or sampled here from the
+        row's logits (``want_logits``: temperature, penalties, or device argmax off)."""
         tokens: list[int | None] = []
         lps: list[dict[int, float] | None] = []
         for i, (row, req) in enumerate(zip(step.batch.rows, step.requests, strict=True)):
@@ -328,7 +371,7 @@ class Engine:
                 continue
             k = req.params.logprobs
             if row.want_logits:
-                raw = logits[i]
+                raw = output.logits[i]
                 tok = sampler.sample(
                     raw,
                     req.params,
@@ -338,56 +381,35 @@ class Engine:
                 )
                 tokens.append(tok)
                 lps.append(sampler.top_logprobs(raw, tok, k) if k is not None else None)
+                self.sampled_rows_host += not req.finished
             else:
-                tok_dev = device_tokens[i]
+                tok_dev = output.token_ids[i]
                 if tok_dev is None:
                     raise RuntimeError(f"backend returned no token for sampling row {i}")
                 tokens.append(int(tok_dev))
-                got = device_logprobs[i] if i < len(device_logprobs) else None
+                got = output.logprobs[i] if i < len(output.logprobs) else None
                 lps.append(got if k is not None else None)
+                self.sampled_rows_device += not req.finished  # not a discarded pipelined row
         return tokens, lps
 
     def _fail_step(self, step: ScheduledStep, exc: BaseException) -> None:
-        if all(r.finished for r in step.requests):
-            return  # rows of requests that ended meanwhile: nothing to fail
-        self.num_failed_steps += 1
-        log.error("step failed for %d request(s): %r", len(step.requests), exc)
-        self.scheduler.fail(step.requests, f"backend error: {exc}")
-
-    def _save_snapshots(self, saves: list[tuple[SnapshotSave, int]]) -> None:
-        """Copy state slots into reserved snapshot slots, then publish (or abort on error).
-
-        Runs right after update and before the next execute, so a slot freed by a request that
-        finished in this very step still holds the state being saved."""
-        if not saves:
-            return
-        try:
-            self.backend.copy_states([StateCopy.save(slot, s.snapshot_slot) for s, slot in saves])
-        except Exception as exc:
-            log.error("snapshot save failed: %r", exc)
-            for s, _ in saves:
-                self.cache.abort(s)
-            return
-        for s, _ in saves:
-            self.cache.publish(s)
+        if not all(r.finished for r in step.requests):  # else: rows of requests that ended
+            self.num_failed_steps += 1
+            log.error("step failed for %d request(s): %r", len(step.requests), exc)
+        self.scheduler.commit(step, error=f"backend error: {exc}")
 
     # -- outputs -----------------------------------------------------------------------------
 
     def _collect(self) -> list[RequestOutput]:
-        """Outputs for requests that progressed or finished since the last report."""
+        """Outputs for requests that progressed or finished since the last report (no
+        decisions here: stops were applied in the update stage)."""
         outs: list[RequestOutput] = []
         for rid, t in list(self._tracked.items()):
             req = t.req
             new_tokens = req.output_token_ids[t.sent_tokens :]
             if not new_tokens and not req.finished:
                 continue
-            new_text = ""
-            if t.stream is not None and new_tokens and not t.stopped:
-                delta, stopped = t.stream.push(new_tokens)
-                new_text += delta
-                if stopped:
-                    t.stopped = True
-                    self.scheduler.finish(req, FinishReason.STOP)
+            new_text, t.new_text = t.new_text, ""
             if t.stream is not None and req.finished and not t.stopped:
                 new_text += t.stream.flush()
             t.text += new_text
@@ -415,11 +437,3 @@ class Engine:
             first_token_time=req.first_token_time,
             finished_time=req.finished_time,
         )
-
-
-def _is_pipelinable(step: ScheduledStep) -> bool:
-    """A pure decode step of plain greedy requests (no state copies pending)."""
-    return not step.pre_copies and all(
-        row.num_tokens == 1 and pipelinable(req)
-        for row, req in zip(step.batch.rows, step.requests, strict=True)
-    )

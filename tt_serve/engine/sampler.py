@@ -14,7 +14,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from tt_serve.logprobs import top_logprobs
 from tt_serve.sequence import SamplingParams
+
+__all__ = ["apply_penalties", "make_rng", "sample", "top_logprobs"]
 
 # Below this the scaled logits overflow float64; sampling is then greedy in all but name.
 MIN_TEMPERATURE = 1e-5
@@ -50,24 +53,6 @@ def apply_penalties(
         ids, counts = ids[keep], counts[keep]
         out[ids] -= params.frequency_penalty * counts.astype(np.float32)
         out[ids] -= params.presence_penalty
-    return out
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    x = logits.astype(np.float64)
-    m = np.max(x)
-    return x - (m + np.log(np.sum(np.exp(x - m))))
-
-
-def top_logprobs(raw_logits: np.ndarray, chosen: int, k: int) -> dict[int, float]:
-    """{chosen: logprob} plus the k most likely tokens, from the raw distribution."""
-    lp = log_softmax(raw_logits)
-    out: dict[int, float] = {}
-    if k > 0:
-        top = np.argpartition(-lp, min(k, lp.shape[0] - 1))[:k]
-        top = top[np.argsort(-lp[top], kind="stable")]
-        out.update({int(t): float(lp[t]) for t in top})
-    out[int(chosen)] = float(lp[chosen])
     return out
 
 

@@ -22,30 +22,29 @@ import time
 from collections import deque
 from dataclasses import dataclass, field, replace
 
-from tt_serve.cache import Admission, PrefixCache, SnapshotSave
-from tt_serve.model.interface import (
-    FED_TOKEN,
-    PAD_BLOCK,
-    PAD_SLOT,
-    StateCopy,
-    StepBatch,
-    StepRow,
-)
-from tt_serve.sequence import FinishReason, Request, RequestStatus
+from tt_serve.cache import PAD_BLOCK, Admission, PrefixCache, SnapshotSave
+from tt_serve.config import ServeConfig
+from tt_serve.model.interface import StateCopy, StepBatch, StepRow
+from tt_serve.sequence import FinishReason, Request, RequestError, RequestStatus
+
+_D = ServeConfig()  # the defaults are ServeConfig's, stated there once
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_batch: int = 16
-    max_num_batched_tokens: int = 2048
-    chunk: int = 256
-    block_size: int = 64
+    max_batch: int = _D.max_batch_size
+    max_num_batched_tokens: int = _D.max_num_batched_tokens
+    chunk: int = _D.prefill_chunk
+    block_size: int = _D.block_size
     mixed_steps: bool = True
+    # False: greedy rows ask for logits and the engine picks argmax on the host (the control arm
+    # of the device-argmax A/B).
+    device_argmax: bool = _D.device_argmax
     max_prefill_streak: int = 2
 
     def __post_init__(self) -> None:
-        if not 1 <= self.max_batch <= 32:
-            raise ValueError(f"max_batch must be in 1..32, got {self.max_batch}")
+        if self.max_batch < 1:
+            raise ValueError(f"max_batch must be at least 1, got {self.max_batch}")
         if self.chunk % self.block_size:
             raise ValueError(
                 f"chunk ({self.chunk}) must be a multiple of block_size ({self.block_size})"
@@ -56,34 +55,72 @@ class SchedulerConfig:
 
 @dataclass
 class ScheduledStep:
-    """What one engine step runs: the batch, its requests (row-aligned) and state copies to
-    apply before execute. ``restored`` lists requests whose pinned snapshot is released once
-    the copies are issued."""
+    """What one engine step runs: the batch and its requests (row-aligned), the state copies to
+    apply before execute (``pre_copies``) and, once ``update`` has run, the snapshot saves to
+    apply after it (``post_copies``). ``commit`` closes the step: it publishes or aborts the
+    saves and releases the snapshots pinned for ``restored`` requests."""
 
     batch: StepBatch
     requests: list[Request]
     pre_copies: list[StateCopy] = field(default_factory=list)
     restored: list[str] = field(default_factory=list)
+    post_copies: list[StateCopy] = field(default_factory=list)
+    saves: list[SnapshotSave] = field(default_factory=list)
 
 
 class Scheduler:
+    """The prefix cache's one client: admission, step planning, results, request ends."""
+
     def __init__(self, config: SchedulerConfig, cache: PrefixCache) -> None:
         self.config = config
         self.cache = cache
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        # State slot 0 is the padding slot; one slot per possible running row.
-        self._free_slots: list[int] = list(range(config.max_batch, 0, -1))
+        # One GDN state slot per possible running row, 0 .. max_batch - 1 (low ones first).
+        self._free_slots: list[int] = list(range(config.max_batch - 1, -1, -1))
         self._prefill_streak = 0
-        self._pending_copies: list[StateCopy] = []
-        self._pending_restored: list[str] = []
+        self._queued_copies: list[StateCopy] = []
+        self._queued_restored: list[str] = []
         # The head of the queue did not fit and nothing was released since: admission would
         # fail again, so it need not drain a pipelined decode.
         self._admission_blocked = False
 
+    @classmethod
+    def with_cache(
+        cls,
+        config: SchedulerConfig,
+        *,
+        num_kv_blocks: int,
+        num_snapshot_slots: int,
+        prefix_caching: bool,
+        salt: bytes,
+    ) -> Scheduler:
+        """A scheduler over a new prefix cache of these sizes (the cache is its alone)."""
+        cache = PrefixCache(
+            num_blocks=num_kv_blocks,
+            block_size=config.block_size,
+            num_snapshot_slots=num_snapshot_slots,
+            stride=config.chunk,
+            enabled=prefix_caching,
+            salt=salt,
+        )
+        return cls(config, cache)
+
     @property
     def num_state_slots(self) -> int:
-        return self.config.max_batch + 1
+        return self.config.max_batch
+
+    def check_fits(self, prompt_len: int, max_tokens: int) -> None:
+        """Raise RequestError when a request could never be admitted (its lifetime KV exceeds
+        the whole pool)."""
+        need = self.cache.lifetime_tokens(prompt_len, max_tokens)
+        bs = self.config.block_size
+        pages = -(-need // bs)
+        if pages > self.cache.num_usable_blocks:
+            raise RequestError(
+                f"request needs {pages} KV blocks ({need} tokens) but the KV pool has only "
+                f"{self.cache.num_usable_blocks} blocks of {bs} tokens: it can never fit"
+            )
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -99,8 +136,8 @@ class Scheduler:
         while self.waiting and self._free_slots and len(self.running) < self.config.max_batch:
             req = self.waiting[0]
             prompt = req.prompt_token_ids
-            pending = self.cache.inflight_boundary(prompt)  # 0 without hashing when idle
-            if pending and pending > self.cache.match(prompt):
+            computing = self.cache.inflight_boundary(prompt)  # 0 without hashing when idle
+            if computing and computing > self.cache.match(prompt):
                 # Another request is computing this prefix now: wait for its snapshot rather
                 # than compute the same head twice. Others behind it may still go.
                 deferred.append(self.waiting.popleft())
@@ -120,10 +157,10 @@ class Scheduler:
             req.num_computed = res.cached_tokens
             req.first_scheduled_time = time.monotonic()
             if res.restore_snapshot is not None:
-                self._pending_copies.append(StateCopy.restore(res.restore_snapshot, req.state_slot))
-                self._pending_restored.append(req.request_id)
+                self._queued_copies.append(StateCopy.restore(res.restore_snapshot, req.state_slot))
+                self._queued_restored.append(req.request_id)
             else:
-                self._pending_copies.append(StateCopy.reset(req.state_slot))
+                self._queued_copies.append(StateCopy.reset(req.state_slot))
             self.running.append(req)
         self.waiting.extendleft(reversed(deferred))
 
@@ -142,12 +179,11 @@ class Scheduler:
             block_table=req.block_table,
             state_slot=req.state_slot,
             sample=end == req.prompt_len,
-            want_logits=end == req.prompt_len and _needs_logits(req),
+            want_logits=end == req.prompt_len and self._needs_logits(req),
             top_logprobs=req.params.logprobs or 0,
         )
 
-    @staticmethod
-    def _decode_row(req: Request) -> StepRow:
+    def _decode_row(self, req: Request) -> StepRow:
         return StepRow(
             seq_id=req.seq_id,
             token_ids=(req.all_token_ids[-1],),
@@ -155,9 +191,18 @@ class Scheduler:
             block_table=req.block_table,
             state_slot=req.state_slot,
             sample=True,
-            want_logits=_needs_logits(req),
+            want_logits=self._needs_logits(req),
             top_logprobs=req.params.logprobs or 0,
         )
+
+    def _needs_logits(self, req: Request) -> bool:
+        """Whether the host picks this request's tokens (from the logits)."""
+        return not self.config.device_argmax or not req.params.greedy or req.params.has_penalties
+
+    def pipelinable(self, req: Request) -> bool:
+        """A decoding request whose next id the device can feed itself: greedy on the device, no
+        penalties, no logprobs (those need the host to see logits every step)."""
+        return req.prefill_done and not self._needs_logits(req) and req.params.logprobs is None
 
     def schedule(self) -> ScheduledStep | None:
         """Plan the next step, or None when nothing can run."""
@@ -193,15 +238,14 @@ class Scheduler:
             self._prefill_streak += 1
         else:
             self._prefill_streak = 0
-        step = ScheduledStep(_batch(rows), reqs, self._pending_copies, self._pending_restored)
-        self._pending_copies, self._pending_restored = [], []
+        step = ScheduledStep(_batch(rows), reqs, self._queued_copies, self._queued_restored)
+        self._queued_copies, self._queued_restored = [], []
         return step
 
     def follow_up(self, prev: ScheduledStep, resident: frozenset[int]) -> ScheduledStep | None:
         """The decode step to submit while ``prev`` (a submitted, unread decode step) runs.
 
-        Its rows feed each slot's id from the device (``FED_TOKEN``) at the position after
-        ``prev``'s. None when the next step needs the host: a request is waiting and could be
+        Its rows are fed rows (``model/interface.py``) at the position after ``prev``'s. None when the next step needs the host: a request is waiting and could be
         admitted now, a prefill is pending, or a running request is not a plain greedy decode
         whose id ``prev`` left on the device. A request ``prev`` finishes by length gets no row
         (its lifetime reservation ends there); one ``prev`` finishes by a stop token or string
@@ -218,18 +262,23 @@ class Scheduler:
         rows: list[StepRow] = []
         reqs: list[Request] = []
         for req in self.running:
-            if id(req) not in in_prev or not pipelinable(req) or req.state_slot not in resident:
+            if (
+                id(req) not in in_prev
+                or not self.pipelinable(req)
+                or req.state_slot not in resident
+            ):
                 return None
             if len(req.output_token_ids) + 1 >= req.params.max_tokens:
                 continue
             rows.append(
                 StepRow(
                     seq_id=req.seq_id,
-                    token_ids=(FED_TOKEN,),
+                    token_ids=(),
                     start_pos=req.num_tokens,
                     block_table=req.block_table,
                     state_slot=req.state_slot,
                     sample=True,
+                    fed=True,
                 )
             )
             reqs.append(req)
@@ -245,12 +294,11 @@ class Scheduler:
         tokens: list[int | None],
         logprobs: list[dict[int, float] | None],
         eos_token_ids: frozenset[int],
-    ) -> list[tuple[SnapshotSave, int]]:
+    ) -> list[StateCopy]:
         """Record a successful step: computed positions, registrations, sampled tokens, stops.
 
-        Returns (save, state slot) pairs the engine must copy (state slot -> snapshot slot) and
-        then publish."""
-        saves: list[tuple[SnapshotSave, int]] = []
+        Returns the snapshot saves (state slot -> reserved snapshot slot) to copy now, before
+        anything else runs on those slots; ``commit`` then publishes or aborts them."""
         now = time.monotonic()
         for row, req, tok, lp in zip(step.batch.rows, step.requests, tokens, logprobs, strict=True):
             if req.finished:
@@ -263,7 +311,8 @@ class Scheduler:
                 snapshot_ok=req.num_computed <= req.prompt_len,
             )
             if save is not None:
-                saves.append((save, req.state_slot))
+                step.saves.append(save)
+                step.post_copies.append(StateCopy.save(req.state_slot, save.snapshot_slot))
             if tok is None:
                 continue
             req.output_token_ids.append(tok)
@@ -274,7 +323,22 @@ class Scheduler:
             reason = _stop_reason(req, tok, eos_token_ids)
             if reason is not None:
                 self.finish(req, reason)
-        return saves
+        return step.post_copies
+
+    def commit(self, step: ScheduledStep, *, error: str | None = None, saved: bool = True) -> None:
+        """Close a step. ``error``: execute failed, so its running requests fail (nothing of it
+        was registered). ``saved``: the post-step copies ran, so the saves are published
+        (else aborted: their slots return to the pool). Restore pins are released either way:
+        the restore copies were issued before execute."""
+        if error is not None:
+            self.fail(step.requests, error)
+        for save in step.saves:
+            if saved and error is None:
+                self.cache.publish(save)
+            else:
+                self.cache.abort(save)
+        for rid in step.restored:
+            self.cache.restore_done(rid)
 
     def fail(self, requests: list[Request], error: str) -> None:
         for req in requests:
@@ -300,16 +364,6 @@ class Scheduler:
         req.finished_time = time.monotonic()
 
 
-def _needs_logits(req: Request) -> bool:
-    return not req.params.greedy or req.params.has_penalties
-
-
-def pipelinable(req: Request) -> bool:
-    """A decoding request whose next id the device can feed itself: greedy, no penalties, no
-    logprobs (those need the host to see logits every step)."""
-    return req.prefill_done and not _needs_logits(req) and req.params.logprobs is None
-
-
 def _batch(rows: list[StepRow]) -> StepBatch:
     """The rows as a batch, block tables padded with PAD_BLOCK to one width."""
     width = max(len(r.block_table) for r in rows)
@@ -333,6 +387,3 @@ def _stop_reason(req: Request, tok: int, eos_token_ids: frozenset[int]) -> Finis
     if n >= p.max_tokens:
         return FinishReason.LENGTH
     return None
-
-
-__all__ = ["PAD_SLOT", "ScheduledStep", "Scheduler", "SchedulerConfig", "pipelinable"]

@@ -6,17 +6,19 @@ decision: which rows run, which blocks and slots they use, when snapshots are sa
 restored. Everything crossing this boundary is plain Python data (ints, tuples, numpy arrays
 for host-sampled logits), so ``engine/`` and ``cache/`` never import torch.
 
-Reserved indices (never handed to a request):
-  * KV block ``PAD_BLOCK`` (0): block tables are padded with it; writes to it are garbage.
-  * GDN state slot ``PAD_SLOT`` (0): the scratch slot padding rows run in.
+Numbering: the engine uses GDN state slots ``0 .. num_state_slots - 1``, every one of them a
+real sequence's; padding rows, scratch slots and device row order are a backend's own business.
+KV block ``PAD_BLOCK`` (0, owned by ``cache/``) is never handed to a request: block tables are
+padded with it and writes to it are garbage.
 
-Pipelining (deviceResident): a ``PipelinedBackend`` also has ``submit``, which enqueues a step
-and returns a ``PendingOutput`` whose ``result()`` blocks for the ids. The engine may submit
-step n+1 before reading step n; a decode row of step n+1 then carries ``FED_TOKEN`` instead of
-a token: "the greedy id step n produced for this state slot, still on the device". Rules:
-  * ``FED_TOKEN`` is allowed only in single-token decode rows whose ``state_slot`` is in the
-    ``resident_slots`` of the step submitted immediately before, with no ``copy_states`` on that
-    slot in between; a backend raises ValueError for any other use.
+Pipelined decode (the one statement of the contract; other modules refer here). A
+``PipelinedBackend`` with ``device_resident`` set also has ``submit``, which enqueues a step and
+returns a ``PendingOutput`` whose ``result()`` blocks for the ids. The engine may submit step
+n+1 before reading step n; a decode row of step n+1 then has ``fed=True`` and no token ids: its
+one input token is "the greedy id step n produced for this state slot, still on the device".
+  * A fed row is allowed only for a ``state_slot`` in the ``resident_slots`` of the step
+    submitted immediately before, with no ``copy_states`` on that slot in between; a backend
+    raises ValueError for any other use (``model/resident.py`` tracks this for every backend).
   * Results are read in submission order (``result()`` of step n before that of step n+1).
   * Devices execute in submission order, so KV blocks and state slots that the host frees while
     a step is in flight may be handed out again at once: the new owner's work runs after it.
@@ -28,12 +30,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from tt_serve.cache.block_pool import PAD_BLOCK as PAD_BLOCK  # block tables are padded with it
+
 if TYPE_CHECKING:
     import numpy as np
-
-PAD_BLOCK = 0
-PAD_SLOT = 0
-FED_TOKEN = -1
 
 
 @dataclass(frozen=True)
@@ -57,20 +57,22 @@ class StepRow:
     sample: bool
     want_logits: bool = False
     top_logprobs: int = 0
+    fed: bool = False
+
+    def __post_init__(self) -> None:
+        if self.fed and (self.token_ids or not self.sample or self.want_logits):
+            raise ValueError(
+                f"fed row for seq {self.seq_id}: a fed row carries no token ids and samples "
+                "greedily on the device"
+            )
 
     @property
     def num_tokens(self) -> int:
-        return len(self.token_ids)
+        return 1 if self.fed else len(self.token_ids)
 
     @property
     def end_pos(self) -> int:
-        return self.start_pos + len(self.token_ids)
-
-
-class Phase(StrEnum):
-    PREFILL = "prefill"
-    DECODE = "decode"
-    MIXED = "mixed"
+        return self.start_pos + self.num_tokens
 
 
 @dataclass(frozen=True)
@@ -78,15 +80,6 @@ class StepBatch:
     """A step's rows. Block tables all have the same width (padded with PAD_BLOCK)."""
 
     rows: tuple[StepRow, ...]
-
-    @property
-    def phase(self) -> Phase:
-        decode = [r.num_tokens == 1 and r.start_pos > 0 and r.sample for r in self.rows]
-        if all(decode):
-            return Phase.DECODE
-        if not any(decode):
-            return Phase.PREFILL
-        return Phase.MIXED
 
     @property
     def num_tokens(self) -> int:
@@ -149,7 +142,8 @@ class Backend(Protocol):
     ) -> None:
         """Allocate the paged KV pool, the GDN state slots and the GDN snapshot slots.
 
-        Counts include the reserved index 0 of the KV pool and of the state slots.
+        ``num_kv_blocks`` includes ``PAD_BLOCK``; ``num_state_slots`` counts the engine's slots
+        only (a backend that needs a scratch slot for padding rows adds it itself).
         """
         ...
 
@@ -161,10 +155,14 @@ class Backend(Protocol):
         """Apply GDN state copies in order (save / restore / reset)."""
         ...
 
+    def close(self) -> None:
+        """Release device resources (traces, device handles). Idempotent."""
+        ...
+
 
 class PendingOutput(Protocol):
     """A submitted step. ``resident_slots``: state slots whose greedy id this step leaves on the
-    device, so the next step may feed them with ``FED_TOKEN``."""
+    device, so the next step may have fed rows for them."""
 
     @property
     def resident_slots(self) -> frozenset[int]: ...
@@ -178,8 +176,8 @@ class PendingOutput(Protocol):
 class PipelinedBackend(Backend, Protocol):
     """A backend that can run ahead of the host: ``submit`` returns before the ids are read.
 
-    ``device_resident`` says whether it keeps the sampled ids on the device for ``FED_TOKEN``
-    rows; the engine pipelines decode steps only when it is set."""
+    ``device_resident`` says whether it keeps the sampled ids on the device for fed rows; the
+    engine pipelines decode steps only when it is set."""
 
     device_resident: bool
 

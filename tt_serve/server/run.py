@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 from collections.abc import Callable, Sequence
@@ -17,12 +18,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("tt_serve.server")
 
 
-def resolve_dtype(cfg: ServeConfig) -> str:
-    if cfg.dtype != "auto":
-        return cfg.dtype
-    return "float32" if cfg.backend == "torch" and cfg.device == "cpu" else "bfloat16"
-
-
 def read_api_key(path: str | None) -> str | None:
     if path is None:
         return None
@@ -32,34 +27,19 @@ def read_api_key(path: str | None) -> str | None:
     return key
 
 
-def make_loader(cfg: ServeConfig, model_dir: str) -> Callable[[ServerState], None]:
+def make_loader(cfg: ServeConfig) -> Callable[[ServerState], None]:
     """The engine build, run in a thread at startup while /health answers 503."""
     from tt_serve.engine.async_engine import AsyncEngine
-    from tt_serve.llm import EngineOptions, build_engine, load_tokenizer
+    from tt_serve.engine.factory import build_engine
+    from tt_serve.tokenizer import load_tokenizer
 
     def load(state: ServerState) -> None:
-        log.info("loading tokenizer from %s", model_dir)
-        tok = load_tokenizer(model_dir)
-        log.info(
-            "loading weights (%s backend, %s, %s)", cfg.backend, cfg.device, resolve_dtype(cfg)
-        )
-        opts = EngineOptions(
-            model=model_dir,
-            backend=cfg.backend,
-            device=cfg.device if cfg.backend == "torch" else ",".join(map(str, cfg.device_ids)),
-            dtype=resolve_dtype(cfg),
-            traced=cfg.traced_prefill,
-            device_resident=cfg.device_resident,
-            prefix_caching=cfg.prefix_caching,
-            block_size=cfg.block_size,
-            chunk=cfg.prefill_chunk,
-            kv_blocks=cfg.kv_blocks or None,
-            snapshot_slots=cfg.snapshot_slots if cfg.prefix_caching else 0,
-            max_batch=cfg.max_batch_size,
-            max_num_batched_tokens=cfg.max_num_batched_tokens,
-            mixed_steps=cfg.backend == "torch",
-        )
-        engine, _ = build_engine(opts, tokenizer=tok)
+        assert cfg.model is not None
+        log.info("loading tokenizer from %s", cfg.model)
+        tok = load_tokenizer(cfg.model)
+        where = cfg.device if cfg.backend == "torch" else f"devices {list(cfg.device_ids)}"
+        log.info("loading weights (%s backend, %s, %s)", cfg.backend, where, cfg.resolved_dtype)
+        engine = build_engine(cfg, tokenizer=tok)
         ae = AsyncEngine(engine, max_waiting=cfg.max_waiting)
         ae.start()
         state.tokenizer = tok
@@ -72,7 +52,9 @@ def make_loader(cfg: ServeConfig, model_dir: str) -> Callable[[ServerState], Non
 
 def serve_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
-        prog="tt-serve serve", description="OpenAI-compatible HTTP server."
+        prog="tt-serve serve",
+        description="OpenAI-compatible HTTP server. Every flag is a ServeConfig field "
+        "(the NixOS module's options carry the same names in camelCase).",
     )
     add_serve_arguments(parser)
     ns = parser.parse_args(list(argv))
@@ -110,8 +92,9 @@ def serve_main(argv: Sequence[str]) -> int:
 
     from tt_serve.server.app import ServerState, create_app
 
+    cfg = dataclasses.replace(cfg, model=model_dir)
     state = ServerState(model_name=cfg.served_model_name or Path(model_dir).name, api_key=api_key)
-    app = create_app(state, make_loader(cfg, model_dir))
+    app = create_app(state, make_loader(cfg))
     uvicorn.run(
         app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, timeout_graceful_shutdown=5
     )

@@ -1,0 +1,88 @@
+"""Arrows point down: the packages import each other only in the allowed directions.
+
+Every import statement counts, including ones inside functions (a lazy import is still a
+dependency). Layers, top to bottom: cli -> server / llm -> engine -> model -> cache; the
+offline API (``llm``) and the HTTP server are siblings; ``cache`` is pure bookkeeping.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2] / "tt_serve"
+
+
+def _imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+    return names
+
+
+def _files(package: str) -> list[Path]:
+    base = ROOT / package
+    return sorted(base.rglob("*.py")) if base.is_dir() else [base.with_suffix(".py")]
+
+
+def _offenders(package: str, forbidden: tuple[str, ...]) -> list[str]:
+    bad = []
+    for path in _files(package):
+        for name in sorted(_imports(path)):
+            if any(name == f or name.startswith(f + ".") for f in forbidden):
+                bad.append(f"{path.relative_to(ROOT.parent)} imports {name}")
+    return bad
+
+
+@pytest.mark.parametrize(
+    ("package", "forbidden"),
+    [
+        # The cache is stdlib-only bookkeeping: it knows no model, engine or tensor.
+        ("cache", ("tt_serve.model", "tt_serve.engine", "tt_serve.server", "torch", "ttnn")),
+        # Backends return tokens; they never reach up into the engine or the server.
+        ("model", ("tt_serve.engine", "tt_serve.server", "tt_serve.llm", "tt_serve.cli")),
+        ("engine", ("tt_serve.server", "tt_serve.llm", "tt_serve.cli")),
+        ("server", ("tt_serve.llm", "tt_serve.cli")),
+        ("config", ("tt_serve.engine", "tt_serve.model", "tt_serve.server", "tt_serve.llm")),
+        ("logprobs", ("tt_serve.engine", "tt_serve.model", "torch")),
+    ],
+)
+def test_arrows_point_down(package: str, forbidden: tuple[str, ...]) -> None:
+    assert _offenders(package, forbidden) == []
+
+
+def test_the_scheduler_is_the_caches_only_client() -> None:
+    """In the engine package only the scheduler imports ``tt_serve.cache``: the engine drives
+    the step and never touches blocks or snapshots itself."""
+    users = [
+        p.name
+        for p in _files("engine")
+        if any(n == "tt_serve.cache" or n.startswith("tt_serve.cache.") for n in _imports(p))
+    ]
+    assert users == ["scheduler.py"]
+
+
+def test_bookkeeping_and_server_import_no_torch_at_module_level() -> None:
+    """engine/, cache/ and server/ are tested without torch: only function-local (lazy) imports
+    of a backend may bring it in."""
+    bad = []
+    for package in ("engine", "cache", "server"):
+        for path in _files(package):
+            for node in ast.parse(path.read_text()).body:
+                mods: list[str] = []
+                if isinstance(node, ast.Import):
+                    mods = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.module:
+                    mods = [node.module]
+                bad += [
+                    f"{path.name}: {m}"
+                    for m in mods
+                    if m.split(".")[0] in ("torch", "ttnn") or m.startswith("tt_serve.model.ref")
+                ]
+    assert bad == []
