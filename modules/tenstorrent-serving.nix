@@ -46,8 +46,14 @@ in
       "torch: CPU/CUDA reference backend; ttnn: Tenstorrent devices.";
     device = opt types.str d.device "torch backend device: cpu, cuda or cuda:N.";
     deviceIds = opt (types.listOf types.int) d.deviceIds "Tenstorrent device ids (ttnn).";
-    dtype = opt (types.enum [ "auto" "float32" "bfloat16" ]) d.dtype
-      "Weight/activation dtype; auto is float32 on CPU and bfloat16 elsewhere.";
+    dtype = opt (types.enum [ "auto" "float32" "bfloat16" ]) d.dtype ''
+      Compute dtype: auto = float32 for torch on the CPU, bfloat16 elsewhere. float32 is
+      refused on backend = "ttnn" (use precision for its weights).
+    '';
+    precision = opt (types.enum [ "auto" "bfloat16" "mixed" ]) d.precision ''
+      ttnn weight precision profile: auto (bfloat16 today), bfloat16 (every weight bf16),
+      mixed (MLP and expert weights bfloat8_b). Anything but auto needs backend = "ttnn".
+    '';
     deviceArgmax = opt types.bool d.deviceArgmax
       "Pick greedy tokens on the device; only token ids come back to the host.";
     deviceResident = opt types.bool d.deviceResident
@@ -57,7 +63,8 @@ in
     prefillChunk = opt types.int d.prefillChunk
       "Prefill chunk length in tokens; also the prefix-cache snapshot stride.";
     blockSize = opt types.int d.blockSize "KV cache block (page) size in tokens.";
-    kvBlocks = opt types.int d.kvBlocks "Number of KV blocks; 0 sizes the pool from free memory.";
+    kvBlocks = opt types.int d.kvBlocks
+      "Number of KV blocks: 0 sizes the pool from free memory, otherwise at least 2.";
     prefixCaching = {
       enable = opt types.bool d.prefixCaching.enable
         "Joint prefix cache (KV pages + GDN state snapshots).";
@@ -67,6 +74,7 @@ in
     maxBatchSize = opt types.int d.maxBatchSize "Maximum running sequences per step.";
     maxWaiting = opt types.int d.maxWaiting "Maximum queued requests before 503.";
     maxNumBatchedTokens = opt types.int d.maxNumBatchedTokens "Token budget per engine step.";
+    maxModelLen = opt types.int d.maxModelLen "Context limit in tokens; 0 = the model's own.";
     apiKeyFile = opt (types.nullOr types.str) d.apiKeyFile ''
       File holding the API key clients must send as a Bearer token. Passed to the service
       as a systemd credential (LoadCredential), so it may be readable by root only; give a

@@ -58,8 +58,8 @@ class ServeConfig:
     holds the same values (a test keeps them equal).
     """
 
-    model: str | None = _opt(None, "HF checkpoint folder (default: the generated demo model)")
-    served_model_name: str | None = _opt(None, "model name in the API (default: folder name)")
+    model: str | None = _opt(None, "HF checkpoint folder; None: the generated demo model")
+    served_model_name: str | None = _opt(None, "model name in the API; None: the folder name")
     host: str = _opt("127.0.0.1", "address to listen on")
     port: int = _opt(8000, "port to listen on")
     backend: str = _opt("torch", "torch (CPU/CUDA) or ttnn (Tenstorrent)", choices=BACKENDS)
@@ -175,7 +175,6 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         kw: dict[str, Any] = {"default": f.default, "help": help_text}
         if isinstance(f.default, bool):
             kw["action"] = argparse.BooleanOptionalAction
-            kw["help"] = meta["help"]  # this action appends the default itself
         elif f.name == "device_ids":
             kw["type"] = _device_ids
         elif isinstance(f.default, int):

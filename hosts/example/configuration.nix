@@ -18,6 +18,7 @@
     enable = true;
     backend = "ttnn";
     deviceIds = [ 0 ];
+    precision = "mixed"; # MLP and expert weights in bfloat8_b; the rest bfloat16
     model = "/srv/models/Qwen3.6-35B-A3B";
     servedModelName = "qwen3.6";
     host = "0.0.0.0";

@@ -32,6 +32,7 @@ rec {
       "--device" cfg.device
       "--device-ids" (builtins.concatStringsSep "," (map toString cfg.deviceIds))
       "--dtype" cfg.dtype
+      "--precision" cfg.precision
       (flag "device-argmax" cfg.deviceArgmax)
       (flag "device-resident" cfg.deviceResident)
       (flag "traced-prefill" cfg.tracedPrefill)
@@ -43,6 +44,7 @@ rec {
       "--max-batch-size" (toString cfg.maxBatchSize)
       "--max-waiting" (toString cfg.maxWaiting)
       "--max-num-batched-tokens" (toString cfg.maxNumBatchedTokens)
+      "--max-model-len" (toString cfg.maxModelLen)
       "--log-level" cfg.logLevel
     ]
     ++ optional (cfg.model != null) [ "--model" cfg.model ]

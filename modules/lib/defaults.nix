@@ -9,6 +9,7 @@
   device = "cpu";
   deviceIds = [ 0 ];
   dtype = "auto";
+  precision = "auto"; # auto: the ttnn default profile (bfloat16 today)
   deviceArgmax = true;
   deviceResident = false;
   tracedPrefill = false;
@@ -22,6 +23,7 @@
   maxBatchSize = 16;
   maxWaiting = 256;
   maxNumBatchedTokens = 2048;
+  maxModelLen = 0; # 0: the model's own context length
   apiKeyFile = null;
   logLevel = "info";
 }

@@ -10,6 +10,7 @@ let
   ttnnBlockAlign = 32; # ttnn keeps paged KV in TILE layout (32 x 32)
   backends = [ "torch" "ttnn" ];
   dtypes = [ "auto" "float32" "bfloat16" ];
+  precisions = [ "auto" "bfloat16" "mixed" ];
   logLevels = [ "critical" "error" "warning" "info" "debug" "trace" ];
 
   # Nix has no modulo; truncating division gives a remainder that is 0 exactly when Python's is.
@@ -40,6 +41,12 @@ in
     "${p}.deviceIds must be a non-empty list of distinct non-negative integers on backend ttnn (got \"${ids}\").")
   (rule (elem cfg.dtype dtypes)
     "${p}.dtype must be one of auto, float32, bfloat16 (got ${cfg.dtype}).")
+  (rule (!ttnn || cfg.dtype != "float32")
+    "${p}.dtype = float32 is not available on backend ttnn (it computes in bfloat16 and block floats): use auto or bfloat16, and ${p}.precision for the weights.")
+  (rule (elem cfg.precision precisions)
+    "${p}.precision must be one of ${builtins.concatStringsSep ", " precisions} (got ${cfg.precision}).")
+  (rule (ttnn || cfg.precision == "auto")
+    "${p}.precision selects a ttnn weight profile; it needs ${p}.backend = \"ttnn\" (got backend ${cfg.backend}, precision ${cfg.precision}).")
   (rule (!cfg.deviceResident || cfg.deviceArgmax)
     "${p}.deviceResident = true requires ${p}.deviceArgmax = true (the decode loop feeds sampled ids back on the device; logits never leave it).")
   (rule (!cfg.deviceResident || accelerated)
@@ -56,8 +63,8 @@ in
     "${p}.prefixCaching.enable = true requires ${p}.prefixCaching.snapshotSlots >= 1 (got ${s pc.snapshotSlots}).")
   (rule (pc.snapshotSlots >= 0)
     "${p}.prefixCaching.snapshotSlots must not be negative (got ${s pc.snapshotSlots}).")
-  (rule (!cfg.tracedPrefill || multiple cfg.prefillChunk cfg.blockSize)
-    "${p}.tracedPrefill = true requires ${p}.prefillChunk (${s cfg.prefillChunk}) to be a multiple of ${p}.blockSize (${s cfg.blockSize}).")
+  (rule (multiple cfg.prefillChunk cfg.blockSize)
+    "${p}.prefillChunk (${s cfg.prefillChunk}) must be a multiple of ${p}.blockSize (${s cfg.blockSize}): prefill chunks end on block boundaries.")
   (if ttnn then
     rule (cfg.maxBatchSize >= 1 && cfg.maxBatchSize <= ttnnMaxBatch)
       "${p}.maxBatchSize must be in 1..${s ttnnMaxBatch} on backend ttnn (got ${s cfg.maxBatchSize})."
@@ -66,8 +73,10 @@ in
   (rule (cfg.maxNumBatchedTokens >= cfg.prefillChunk)
     "${p}.maxNumBatchedTokens (${s cfg.maxNumBatchedTokens}) must be at least ${p}.prefillChunk (${s cfg.prefillChunk}): one step must fit a whole chunk.")
   (rule (cfg.maxWaiting >= 0) "${p}.maxWaiting must not be negative (got ${s cfg.maxWaiting}).")
-  (rule (cfg.kvBlocks >= 0)
-    "${p}.kvBlocks must not be negative (0 = size from memory; got ${s cfg.kvBlocks}).")
+  (rule (cfg.kvBlocks == 0 || cfg.kvBlocks >= 2)
+    "${p}.kvBlocks must be 0 (size from memory) or at least 2 (block 0 is reserved for padding; got ${s cfg.kvBlocks}).")
+  (rule (cfg.maxModelLen >= 0)
+    "${p}.maxModelLen must not be negative (0 = the model's own; got ${s cfg.maxModelLen}).")
   (rule (elem cfg.logLevel logLevels)
     "${p}.logLevel must be one of ${builtins.concatStringsSep ", " logLevels} (got ${cfg.logLevel}).")
 ]

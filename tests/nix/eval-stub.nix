@@ -12,12 +12,20 @@ let
     ];
   };
   c = eval.config;
+  opts = eval.options.services.tenstorrent-serving;
   unit = c.systemd.services.tenstorrent-serving or null;
   enabled = c.services.tenstorrent-serving.enable;
 in
 {
   problems = eval.stubProblems;
-  options = builtins.attrNames eval.options.services.tenstorrent-serving;
+  options = builtins.attrNames opts;
+  # name -> { type; description; } of each top-level option (nested sets are left out).
+  optionInfo = builtins.listToAttrs (map
+    (n: {
+      name = n;
+      value = { type = opts.${n}.type.description; inherit (opts.${n}) description; };
+    })
+    (builtins.filter (n: (opts.${n}._type or null) == "option") (builtins.attrNames opts)));
   failedAssertions =
     map (a: a.message) (builtins.filter (a: !a.assertion) (if enabled then c.assertions else [ ]));
   execStart = if enabled then unit.serviceConfig.ExecStart else null;

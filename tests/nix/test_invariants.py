@@ -30,6 +30,7 @@ TRUTH_TABLE: list[tuple[str, dict[str, Any], bool]] = [
     ("ttnn-batch-33", {**TTNN, "maxBatchSize": 33}, False),
     ("ttnn-batch-0", {**TTNN, "maxBatchSize": 0}, False),
     ("torch-batch-64", {"maxBatchSize": 64}, True),
+    ("cuda-batch-64", {"maxBatchSize": 64, "device": "cuda"}, True),
     ("torch-batch-0", {"maxBatchSize": 0}, False),
     ("prefix-stride-not-gdn-multiple", {"prefillChunk": 96, "blockSize": 32}, False),
     (
@@ -51,6 +52,11 @@ TRUTH_TABLE: list[tuple[str, dict[str, Any], bool]] = [
         },
         False,
     ),
+    (
+        "chunk-not-block-multiple-untraced",
+        {"prefillChunk": 96, "blockSize": 64, "prefixCaching": {"enable": False}},
+        False,
+    ),
     ("traced-ttnn", {**TTNN, "tracedPrefill": True, "prefillChunk": 2048}, True),
     ("traced-on-cpu", {"tracedPrefill": True}, False),
     ("ttnn-block-48", {**TTNN, "blockSize": 48, "prefixCaching": {"enable": False}}, False),
@@ -58,8 +64,24 @@ TRUTH_TABLE: list[tuple[str, dict[str, Any], bool]] = [
     ("ttnn-no-ids", {**TTNN, "deviceIds": []}, False),
     ("ttnn-four-ids", {**TTNN, "deviceIds": [0, 1, 2, 3]}, True),
     ("token-budget-below-chunk", {"maxNumBatchedTokens": 128}, False),
+    ("ttnn-float32", {**TTNN, "dtype": "float32"}, False),
+    ("ttnn-bfloat16", {**TTNN, "dtype": "bfloat16"}, True),
+    ("torch-float32", {"dtype": "float32"}, True),
+    ("ttnn-precision-mixed", {**TTNN, "precision": "mixed"}, True),
+    ("ttnn-precision-bfloat16", {**TTNN, "precision": "bfloat16", "dtype": "bfloat16"}, True),
+    ("ttnn-precision-unknown", {**TTNN, "precision": "fp8"}, False),
+    ("torch-precision-mixed", {"precision": "mixed"}, False),
+    ("cuda-precision-bfloat16", {"precision": "bfloat16", "device": "cuda"}, False),
+    ("torch-precision-auto", {"precision": "auto", "device": "cuda"}, True),
+    ("kv-blocks-1", {"kvBlocks": 1}, False),
+    ("kv-blocks-2", {"kvBlocks": 2}, True),
+    ("kv-blocks-4096", {"kvBlocks": 4096}, True),
+    ("kv-blocks-negative", {"kvBlocks": -1}, False),
+    ("max-model-len-negative", {"maxModelLen": -1}, False),
+    ("max-model-len-32k", {"maxModelLen": 32768}, True),
     ("port-0", {"port": 0}, False),
     ("block-0", {"blockSize": 0}, False),
+    ("chunk-0", {"prefillChunk": 0}, False),
     (
         "many-wrong",
         {
@@ -69,22 +91,48 @@ TRUTH_TABLE: list[tuple[str, dict[str, Any], bool]] = [
             "kvBlocks": -1,
             "maxWaiting": -1,
             "backend": "cuda",
+            "precision": "fp8",
+            "maxModelLen": -1,
             "prefixCaching": {"snapshotSlots": -1},
+        },
+        False,
+    ),
+    (
+        "many-wrong-ttnn",
+        {
+            **TTNN,
+            "dtype": "float32",
+            "precision": "fp4",
+            "tracedPrefill": True,
+            "prefillChunk": 96,
+            "blockSize": 64,
+            "kvBlocks": 1,
+            "maxBatchSize": 64,
+            "maxModelLen": -5,
+            "prefixCaching": {"enable": False},
         },
         False,
     ),
 ]
 
 
-def nix_verdicts(cases: list[dict[str, Any]]) -> list[list[str]]:
-    expr = """{ cases }:
+def nix_rules(cases: list[dict[str, Any]], per_case: str) -> Any:
+    """`per_case` (assertions -> value) applied to invariants.nix for each case, defaults filled."""
+    expr = f"""{{ cases }}:
       let
         d = import ./modules/lib/defaults.nix;
         inv = import ./modules/lib/invariants.nix;
-        withDefaults = c: d // c // { prefixCaching = d.prefixCaching // (c.prefixCaching or { }); };
-      in map (c: map (a: a.message) (builtins.filter (a: !a.assertion) (inv (withDefaults c))))
-        (builtins.fromJSON cases)"""
-    out: list[list[str]] = nix_eval_json(expr, cases=json.dumps(cases))
+        pcOf = c: d.prefixCaching // (c.prefixCaching or {{ }});
+        withDefaults = c: d // c // {{ prefixCaching = pcOf c; }};
+      in map (c: ({per_case}) (inv (withDefaults c))) (builtins.fromJSON cases)"""
+    return nix_eval_json(expr, cases=json.dumps(cases))
+
+
+def nix_verdicts(cases: list[dict[str, Any]]) -> list[list[str]]:
+    """The messages of the failed assertions, in rule order, for each case."""
+    out: list[list[str]] = nix_rules(
+        cases, "as: map (a: a.message) (builtins.filter (a: !a.assertion) as)"
+    )
     return out
 
 
@@ -103,6 +151,54 @@ def test_nix_and_python_agree(
     python = validate(config_from_json_dict(settings))
     assert python == verdicts[index]
     assert (python == []) is accepted, python
+
+
+def test_every_rule_fails_and_holds_somewhere() -> None:
+    """Each rule in invariants.nix is violated by some truth-table case and holds in another."""
+    cases = [settings for _, settings, _ in TRUTH_TABLE]
+    held: list[list[bool]] = nix_rules(cases, "map (a: a.assertion)")
+    names = [name for name, *_ in TRUTH_TABLE]
+    for rule in range(len(held[0])):
+        failing = [names[i] for i, row in enumerate(held) if not row[rule]]
+        assert failing, f"rule {rule} of invariants.nix fails in no truth-table case"
+        assert len(failing) < len(held), f"rule {rule} fails in every case"
+
+
+def test_rule_order_on_one_ttnn_config(verdicts: list[list[str]]) -> None:
+    messages = verdicts[[name for name, *_ in TRUTH_TABLE].index("many-wrong-ttnn")]
+    heads = [m.split(" ")[0].removeprefix(P + ".") for m in messages]
+    assert heads == [
+        "dtype", "precision", "prefillChunk", "maxBatchSize", "kvBlocks", "maxModelLen"
+    ]  # fmt: skip
+
+
+NEW_RULE_MESSAGES = {
+    "ttnn-float32": [
+        f"{P}.dtype = float32 is not available on backend ttnn (it computes in bfloat16 and "
+        f"block floats): use auto or bfloat16, and {P}.precision for the weights."
+    ],
+    "ttnn-precision-unknown": [f"{P}.precision must be one of auto, bfloat16, mixed (got fp8)."],
+    "torch-precision-mixed": [
+        f'{P}.precision selects a ttnn weight profile; it needs {P}.backend = "ttnn" '
+        "(got backend torch, precision mixed)."
+    ],
+    "chunk-not-block-multiple-untraced": [
+        f"{P}.prefillChunk (96) must be a multiple of {P}.blockSize (64): prefill chunks end on "
+        "block boundaries."
+    ],
+    "kv-blocks-1": [
+        f"{P}.kvBlocks must be 0 (size from memory) or at least 2 (block 0 is reserved for "
+        "padding; got 1)."
+    ],
+    "max-model-len-negative": [
+        f"{P}.maxModelLen must not be negative (0 = the model's own; got -1)."
+    ],
+}
+
+
+@pytest.mark.parametrize("name", sorted(NEW_RULE_MESSAGES))
+def test_new_rule_messages_verbatim(verdicts: list[list[str]], name: str) -> None:
+    assert verdicts[[n for n, *_ in TRUTH_TABLE].index(name)] == NEW_RULE_MESSAGES[name]
 
 
 def test_truth_table_is_big_enough() -> None:

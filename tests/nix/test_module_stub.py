@@ -13,6 +13,7 @@ The argv the module builds is also fed to the real `tt-serve serve` argument par
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import shlex
@@ -24,6 +25,7 @@ import pytest
 
 from tests.nix.nixtools import ROOT, eval_module_stub
 from tt_serve.config import (
+    PRECISIONS,
     ServeConfig,
     add_serve_arguments,
     config_from_json_dict,
@@ -42,7 +44,9 @@ EXAMPLE_HOST = {
     "tracedPrefill": True,
     "prefillChunk": 2048,
     "deviceIds": [0, 1],
+    "precision": "mixed",
     "maxBatchSize": 32,
+    "maxModelLen": 32768,
     "maxNumBatchedTokens": 4096,
     "apiKeyFile": "/run/keys/api key",
 }
@@ -74,8 +78,40 @@ def test_options_are_the_documented_set() -> None:
         "enable", "package", "model", "host", "port", "openFirewall", "backend", "device",
         "deviceIds", "deviceResident", "deviceArgmax", "tracedPrefill", "prefillChunk",
         "blockSize", "kvBlocks", "prefixCaching", "maxBatchSize", "apiKeyFile", "extraArgs",
-        "environment", "hugepages",
+        "environment", "hugepages", "dtype", "precision", "maxModelLen", "maxWaiting",
+        "maxNumBatchedTokens", "servedModelName", "logLevel",
     } <= options  # fmt: skip
+
+
+def test_every_serve_setting_is_an_option() -> None:
+    options = set(eval_module_stub({})["options"])
+    assert set(ServeConfig().to_json_dict()) <= options
+
+
+def _words(text: str) -> str:
+    return " ".join(text.split()).lower()
+
+
+def test_new_options_types_and_descriptions() -> None:
+    info = eval_module_stub({})["optionInfo"]
+    assert info["precision"]["type"] == "one of " + ", ".join(f'"{p}"' for p in PRECISIONS)
+    assert info["maxModelLen"]["type"] == "signed integer"
+    helps = {f.name: f.metadata["help"] for f in dataclasses.fields(ServeConfig)}
+    assert _words(helps["precision"]) in _words(info["precision"]["description"])
+    assert _words(helps["max_model_len"]) in _words(info["maxModelLen"]["description"])
+
+
+def test_every_flag_is_passed_explicitly() -> None:
+    """Each `tt-serve serve` flag (one per ServeConfig field) is on the command line, so CLI
+    defaults never leak into a deployment."""
+    out = eval_module_stub({"enable": True, **EXAMPLE_HOST})
+    argv = serve_argv(out["execStart"])
+    named = [a.removeprefix("--") for a in argv if a.startswith("--")]
+    given = {n.removeprefix("no-") for n in named}  # --no-device-argmax names device-argmax
+    flags = {f.name.replace("_", "-") for f in dataclasses.fields(ServeConfig)}
+    assert flags <= given, flags - given
+    assert argv[argv.index("--precision") + 1] == "mixed"
+    assert argv[argv.index("--max-model-len") + 1] == "32768"
 
 
 def test_defaults_execstart_and_hardening() -> None:
@@ -137,6 +173,12 @@ def test_systemd_specials_are_escaped() -> None:
          f"{P}.deviceResident = true requires {P}.deviceArgmax = true"),
         ({"backend": "ttnn", "maxBatchSize": 64}, f"{P}.maxBatchSize must be in 1..32"),
         ({"prefillChunk": 96, "blockSize": 32}, "GDN chunk (64)"),
+        ({"backend": "ttnn", "dtype": "float32"}, f"{P}.dtype = float32 is not available"),
+        ({"precision": "mixed"}, f"{P}.precision selects a ttnn weight profile"),
+        ({"kvBlocks": 1}, f"{P}.kvBlocks must be 0 (size from memory) or at least 2"),
+        ({"maxModelLen": -1}, f"{P}.maxModelLen must not be negative"),
+        ({"prefillChunk": 96, "blockSize": 64, "prefixCaching": {"enable": False}},
+         f"{P}.prefillChunk (96) must be a multiple of {P}.blockSize (64)"),
     ],
 )  # fmt: skip
 def test_failed_assertions_reach_the_module(settings: dict[str, Any], needle: str) -> None:
@@ -146,10 +188,16 @@ def test_failed_assertions_reach_the_module(settings: dict[str, Any], needle: st
 
 
 def test_type_errors_and_unknown_options_are_reported() -> None:
-    out = eval_module_stub({"enable": True, "port": 70000, "bogus": 1, "backend": "cuda"})
-    assert f"A definition for option `{P}.port' is not of type" in "\n".join(out["problems"])
-    assert f"A definition for option `{P}.backend' is not of type" in "\n".join(out["problems"])
+    out = eval_module_stub(
+        {"enable": True, "port": 70000, "bogus": 1, "backend": "cuda", "precision": "fp8"}
+    )
+    problems = "\n".join(out["problems"])
+    for option in ("port", "backend", "precision"):
+        assert f"A definition for option `{P}.{option}' is not of type" in problems
     assert f"The option `{P}.bogus' does not exist." in out["problems"]
+    # Module disabled: the stand-in would otherwise evaluate the assertions on "4k" and stop.
+    problems = "\n".join(eval_module_stub({"maxModelLen": "4k"})["problems"])
+    assert f"A definition for option `{P}.maxModelLen' is not of type `signed integer'" in problems
 
 
 @pytest.mark.skipif(

@@ -5,14 +5,18 @@ The cross-check against the Nix rules lives in tests/nix/test_invariants.py."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import io
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from tt_serve.config import (
     GDN_CHUNK,
+    PRECISIONS,
     ConfigError,
     ServeConfig,
     add_serve_arguments,
@@ -52,9 +56,64 @@ def test_flags_map_to_fields() -> None:
     assert cfg.prefill_chunk == 512 and cfg.api_key_file == "/k" and ns.dry_run is True
 
 
+def test_new_flags_map_to_fields() -> None:
+    cfg = ServeConfig.from_args(parse("--precision", "mixed", "--max-model-len", "4096"))
+    assert cfg.precision == "mixed" and cfg.max_model_len == 4096
+    assert ServeConfig.from_args(parse()).precision == "auto"
+    assert ServeConfig.from_args(parse()).max_model_len == 0
+
+
 def test_bad_device_ids_are_a_usage_error() -> None:
     with pytest.raises(SystemExit):
         parse("--device-ids", "0,x")
+
+
+@pytest.mark.parametrize("argv", [("--precision", "fp8"), ("--max-model-len", "4k")])
+def test_bad_new_flags_are_usage_errors(argv: tuple[str, ...]) -> None:
+    with pytest.raises(SystemExit):
+        parse(*argv)
+
+
+def serve_help_entries(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """`tt-serve serve --help` (the parser serve_main builds) as flag -> its help entry text."""
+    monkeypatch.setenv("COLUMNS", "80")
+    parser = argparse.ArgumentParser(
+        prog="tt-serve serve", description="OpenAI-compatible HTTP server."
+    )
+    add_serve_arguments(parser)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as info:
+        parser.parse_args(["--help"])
+    assert info.value.code == 0
+    text = out.getvalue().split("\noptions:\n", 1)[1]
+    entries: dict[str, str] = {}
+    for block in re.split(r"\n(?=  -)", text.strip("\n")):
+        invocation, _, rest = block.strip().partition("  ")
+        for flag in re.findall(r"--[a-z][a-z-]*", invocation):
+            entries[flag] = " ".join(rest.split())
+    return entries
+
+
+def _squash(text: str) -> str:
+    """Without whitespace: argparse re-wraps help lines (also after hyphens)."""
+    return "".join(text.split())
+
+
+def test_help_lists_every_field_with_help_and_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    entries = serve_help_entries(monkeypatch)
+    missing_default = []
+    for field in dataclasses.fields(ServeConfig):
+        flag = "--" + field.name.replace("_", "-")
+        assert flag in entries, f"{flag} is not in tt-serve serve --help"
+        assert _squash(field.metadata["help"]) in _squash(entries[flag]), flag
+        if "default" not in entries[flag]:
+            missing_default.append(flag)
+        if not isinstance(field.default, bool):
+            default = field.default
+            shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
+            assert _squash(f"(default: {shown})") in _squash(entries[flag]), flag
+    assert missing_default == [], f"--help shows no default for {missing_default}"
+    assert "--dry-run" in entries
 
 
 def test_resolved_dtype() -> None:
@@ -64,11 +123,32 @@ def test_resolved_dtype() -> None:
     assert ServeConfig(dtype="float32", backend="ttnn").resolved_dtype == "float32"
 
 
+def test_resolved_precision() -> None:
+    assert PRECISIONS == ("auto", "bfloat16", "mixed")
+    assert ServeConfig(backend="ttnn").resolved_precision == "bfloat16"
+    assert ServeConfig(backend="ttnn", precision="mixed").resolved_precision == "mixed"
+
+
+def test_from_kwargs() -> None:
+    cfg = ServeConfig.from_kwargs("LLM", backend="ttnn", device_ids=[0, 1], precision="mixed")
+    assert cfg == ServeConfig(backend="ttnn", device_ids=(0, 1), precision="mixed")
+    with pytest.raises(TypeError, match=r"^LLM got unknown keyword\(s\): colour, max_len$"):
+        ServeConfig.from_kwargs("LLM", max_len=4096, colour="red", port=1)
+
+
 def test_json_round_trip() -> None:
-    cfg = ServeConfig(backend="ttnn", device_ids=(1, 3), prefix_caching=False, snapshot_slots=4)
+    cfg = ServeConfig(
+        backend="ttnn",
+        device_ids=(1, 3),
+        prefix_caching=False,
+        snapshot_slots=4,
+        precision="mixed",
+        max_model_len=8192,
+    )
     data = cfg.to_json_dict()
     assert data["prefixCaching"] == {"enable": False, "snapshotSlots": 4}
     assert data["deviceIds"] == [1, 3]
+    assert data["precision"] == "mixed" and data["maxModelLen"] == 8192
     assert config_from_json_dict(json.loads(json.dumps(data))) == cfg
 
 
@@ -81,6 +161,8 @@ def test_json_round_trip() -> None:
         ({"port": True}, f"{P}.port must be int"),
         ({"deviceArgmax": 1}, f"{P}.deviceArgmax must be bool"),
         ({"deviceIds": [0, "1"]}, f"{P}.deviceIds must be int"),
+        ({"maxModelLen": "4k"}, f"{P}.maxModelLen must be int"),
+        ({"precision": None}, f"{P}.precision must be str"),
         ({"prefixCaching": True}, f"{P}.prefixCaching must be an object"),
         ([1, 2], "must be a JSON object"),
     ],
@@ -105,6 +187,76 @@ def test_validate_messages_name_nix_options() -> None:
     assert validate(ServeConfig(backend="ttnn", max_batch_size=33)) == [
         f"{P}.maxBatchSize must be in 1..32 on backend ttnn (got 33)."
     ]
+
+
+REFUSED = [
+    (
+        ServeConfig(backend="ttnn", max_batch_size=64),
+        [f"{P}.maxBatchSize must be in 1..32 on backend ttnn (got 64)."],
+    ),
+    (
+        ServeConfig(backend="ttnn", dtype="float32"),
+        [
+            f"{P}.dtype = float32 is not available on backend ttnn (it computes in bfloat16 and "
+            f"block floats): use auto or bfloat16, and {P}.precision for the weights."
+        ],
+    ),
+    (
+        ServeConfig(precision="mixed"),
+        [
+            f'{P}.precision selects a ttnn weight profile; it needs {P}.backend = "ttnn" '
+            "(got backend torch, precision mixed)."
+        ],
+    ),
+    (
+        ServeConfig(backend="ttnn", precision="fp8"),
+        [f"{P}.precision must be one of auto, bfloat16, mixed (got fp8)."],
+    ),
+    (
+        ServeConfig(prefill_chunk=96, block_size=64, prefix_caching=False),
+        [
+            f"{P}.prefillChunk (96) must be a multiple of {P}.blockSize (64): prefill chunks "
+            "end on block boundaries."
+        ],
+    ),
+    (
+        ServeConfig(kv_blocks=1),
+        [
+            f"{P}.kvBlocks must be 0 (size from memory) or at least 2 (block 0 is reserved "
+            "for padding; got 1)."
+        ],
+    ),
+    (
+        ServeConfig(max_model_len=-1),
+        [f"{P}.maxModelLen must not be negative (0 = the model's own; got -1)."],
+    ),
+]
+
+
+@pytest.mark.parametrize(("cfg", "messages"), REFUSED)
+def test_new_rules_refuse(cfg: ServeConfig, messages: list[str]) -> None:
+    assert validate(cfg) == messages
+    out, err = io.StringIO(), io.StringIO()
+    assert dry_run(cfg, out, err) != 0
+    assert out.getvalue() == "" and err.getvalue() == "".join(m + "\n" for m in messages)
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        ServeConfig(max_batch_size=64),  # torch has no batch cap (only ttnn: 32)
+        ServeConfig(device="cuda", max_batch_size=256),
+        ServeConfig(dtype="float32"),
+        ServeConfig(backend="ttnn", dtype="bfloat16", precision="mixed"),
+        ServeConfig(backend="ttnn", precision="bfloat16"),
+        ServeConfig(kv_blocks=2),
+        ServeConfig(max_model_len=32768),
+        ServeConfig(prefill_chunk=96, block_size=32, prefix_caching=False),
+    ],
+)
+def test_new_rules_accept(cfg: ServeConfig) -> None:
+    assert validate(cfg) == []
+    assert dry_run(cfg, io.StringIO(), io.StringIO()) == 0
 
 
 def test_check_config_main(tmp_path: Path) -> None:

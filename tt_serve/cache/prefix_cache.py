@@ -81,7 +81,7 @@ class PrefixCache:
         self._inflight: Counter[SnapshotKey] = Counter()
         # Reserved snapshot slot -> (request id, key). Outlives the request: a request that
         # finishes in the step that reserved a save is released before the engine publishes.
-        self._pending: dict[int, tuple[str, SnapshotKey]] = {}
+        self._unpublished: dict[int, tuple[str, SnapshotKey]] = {}
         self._queries = 0
         self._hits = 0
         self._restores = 0
@@ -323,28 +323,28 @@ class PrefixCache:
         slot = self._snapshots.reserve(key)
         if slot is None:
             return None
-        self._pending[slot] = (request_id, key)
+        self._unpublished[slot] = (request_id, key)
         self._inflight[key] += 1  # still in flight until published or aborted
         return SnapshotSave(request_id, slot, num_computed)
 
-    def _take_pending(self, save: SnapshotSave) -> bool:
-        entry = self._pending.get(save.snapshot_slot)
+    def _take_unpublished(self, save: SnapshotSave) -> bool:
+        entry = self._unpublished.get(save.snapshot_slot)
         if entry is None or entry[0] != save.request_id or entry[1][1] != save.boundary:
             return False
-        del self._pending[save.snapshot_slot]
+        del self._unpublished[save.snapshot_slot]
         self._drop_inflight(entry[1])
         return True
 
     def publish(self, save: SnapshotSave) -> None:
         """The engine copied the state into the slot: make the snapshot visible. Valid even
         after the request was released (it may finish in the step that reserved the save)."""
-        if not self._take_pending(save):
+        if not self._take_unpublished(save):
             raise ValueError(f"{save} is not pending (already published or aborted)")
         self._snapshots.publish(save.snapshot_slot)
 
     def abort(self, save: SnapshotSave) -> None:
         """The copy failed or the step is dropped: free the slot. Idempotent."""
-        if self._take_pending(save):
+        if self._take_unpublished(save):
             self._snapshots.abort(save.snapshot_slot)
 
     # -- release -----------------------------------------------------------------------------
@@ -383,12 +383,12 @@ class PrefixCache:
             )
         self._blocks.check_invariants(owners)
         self._snapshots.check_invariants(pins)
-        for slot, (_, key) in self._pending.items():
+        for slot, (_, key) in self._unpublished.items():
             assert self._snapshots.key_of(slot) == key, f"pending slot {slot} key"
             assert not self._snapshots.is_published(slot), f"pending slot {slot} published"
             inflight[key] += 1
-        n_pending = self._snapshots.num_used - self._snapshots.num_published
-        assert n_pending == len(self._pending), "reserved snapshot slots without an owner"
+        n_unpublished = self._snapshots.num_used - self._snapshots.num_published
+        assert n_unpublished == len(self._unpublished), "reserved snapshot slots without an owner"
         assert +inflight == self._inflight, "in-flight boundary index out of sync"
         s = self.stats
         assert 0 <= s.hits <= s.queries, "hits exceed queries"
