@@ -8,16 +8,10 @@ import sys
 import numpy as np
 import pytest
 
+from tt_serve.model.buckets import choose_bucket
 from tt_serve.model.interface import PAD_BLOCK, StepRow
-from tt_serve.model.tt.device import NoDeviceError, parse_device_ids, probe_devices, require_device
-from tt_serve.model.tt.plan import (
-    DecodeValues,
-    choose_bucket,
-    decode_values,
-    make_buckets,
-    prefill_values,
-    slot_row,
-)
+from tt_serve.model.tt.device import NoDeviceError, probe_devices, require_device
+from tt_serve.model.tt.inputs import DecodeValues, decode_values, make_buckets, prefill_values
 
 
 def test_import_needs_no_ttnn() -> None:
@@ -45,14 +39,6 @@ def test_serve_backend_ttnn_fails_fast_without_a_device() -> None:
     assert "Traceback" not in proc.stderr, proc.stderr
     assert "--backend ttnn:" in proc.stderr
     assert "needs the ttnn package" in proc.stderr or "no Tenstorrent device" in proc.stderr
-
-
-def test_parse_device_ids() -> None:
-    assert parse_device_ids("cpu") == (0,)
-    assert parse_device_ids("1") == (1,)
-    assert parse_device_ids("tt:0,1") == (0, 1)
-    with pytest.raises(ValueError):
-        parse_device_ids("cuda")
 
 
 def test_buckets_and_prefill_values() -> None:
@@ -87,26 +73,21 @@ def _decode3(rows: list[StepRow]) -> DecodeValues:
 
 
 def test_decode_values_mark_idle_slots() -> None:
-    """Three rows for state slots 1..3 (no row for the padding slot 0): slot s in row s - 1."""
-    rows = [StepRow(1, (5,), 70, (3, 4), 2, True)]
+    """Three rows for state slots 0..2: slot s in row s; a fed row's id comes from the device."""
+    rows = [StepRow(1, (5,), 70, (3, 4), 1, True)]
     v = _decode3(rows)
     assert v.cur_pos.tolist() == [-1, 70, -1] and v.ids.tolist() == [[0, 5, 0]]
     assert v.page_table[1].tolist() == [3, 4, PAD_BLOCK] and not v.page_table[0].any()
     assert v.conv_mask.reshape(-1).tolist() == [0, 1, 0]
     assert v.gate_mask.shape == (1, 3, 2) and v.cos.shape == (1, 3, 1, 32)
-    assert v.active == (2,)
+    assert v.active == (1,)
     np.testing.assert_array_equal(v.cos[0, 0, 0], np.ones(32, np.float32))
-    last = _decode3([StepRow(1, (9,), 5, (1,), 3, True)])
-    assert last.cur_pos.tolist() == [-1, -1, 5]
-    with pytest.raises(ValueError, match="share state slot 2"):
+    last = _decode3(
+        [StepRow(1, (9,), 5, (1,), 2, True), StepRow(2, (), 8, (2,), 0, True, fed=True)]
+    )
+    assert last.cur_pos.tolist() == [8, -1, 5] and last.ids.tolist() == [[0, 0, 9]]
+    with pytest.raises(ValueError, match="share state slot 1"):
         _decode3(rows * 2)
-    for bad in (0, 4):
-        with pytest.raises(ValueError, match=f"state slot {bad} outside 1..3"):
+    for bad in (-1, 3):
+        with pytest.raises(ValueError, match=rf"state slot {bad} outside 0\.\.2"):
             _decode3([StepRow(1, (5,), 70, (3,), bad, True)])
-
-
-def test_slot_row_maps_engine_slots_past_the_padding_slot() -> None:
-    assert [slot_row(s, 32) for s in (1, 2, 32)] == [0, 1, 31]
-    for bad in (0, -1, 33):
-        with pytest.raises(ValueError, match=f"state slot {bad} outside 1..32"):
-            slot_row(bad, 32)

@@ -9,8 +9,8 @@ import pytest
 
 from tests.tt_contract.fake_ttnn import ContractViolation, FakeTTNN
 from tests.tt_host.ops_calls import extract
+from tt_serve.model.tt.inputs import gdn_const_tiles
 from tt_serve.model.tt.ops import ROW_MAJOR, TILE, Ops
-from tt_serve.model.tt.plan import gdn_const_tiles
 
 
 @pytest.fixture

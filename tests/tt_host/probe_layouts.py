@@ -10,8 +10,8 @@ import ttnn
 from tt_serve.model.interface import StepRow
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.buffers import DECODE_FIELDS, PREFILL_FIELDS
+from tt_serve.model.tt.inputs import decode_values, padded_table, prefill_values
 from tt_serve.model.tt.ops import ROW_MAJOR, TILE, Ops
-from tt_serve.model.tt.plan import decode_values, padded_table, prefill_values
 from tt_serve.model.tt.precision import Precision
 from tt_serve.model.tt.weights import layout_weights
 
@@ -79,7 +79,7 @@ pv = prefill_values(
     conv_state_len=3,
 )
 dv = decode_values(
-    [StepRow(2, (7,), 70, (3, 4), 2, True)],
+    [StepRow(2, (7,), 70, (3, 4), 1, True)],
     num_rows=3,
     width=8,
     head_dim=32,

@@ -1,4 +1,4 @@
-"""Fixed-shape buckets shared by the traced backends (CUDA graphs in ``ref/``, ttnn traces in
+"""Fixed-shape buckets shared by the traced backends (CUDA graphs in ``cuda/``, ttnn traces in
 ``tt/``): a captured program has fixed shapes, so every step is fitted into the smallest bucket
 that holds it. No torch, no ttnn."""
 

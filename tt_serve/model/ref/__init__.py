@@ -1,4 +1,5 @@
-"""Torch reference backend: the numerical reference and the backend that runs anywhere."""
+"""Torch reference backend: the numerical reference (one eager forward) and the backend that runs
+anywhere; its optional CUDA-graph path lives in ``model/cuda``."""
 
 from __future__ import annotations
 

@@ -1,45 +1,53 @@
 """TorchBackend: the reference implementation of the Backend protocol (CPU, or CUDA).
 
 Default: every step runs eagerly through ``StepPlan`` (any shape, any mix of rows). Opt-in
-(keyword-only, off by default so CPU behaviour is unchanged): ``cuda_graphs`` runs decode rows
-through per-batch-bucket programs and ``traced_prefill`` runs prefill chunks through per-length
-bucket programs, both over persistent input buffers, captured as CUDA graphs after the pools are
-allocated (on CPU the same programs run eagerly through the same buffers: the testable twin);
-``device_resident`` keeps each slot's last greedy id on the device, where the next decode
-step's ``FED_TOKEN`` rows read it. Rows no bucket holds run eagerly in the same step. ``capture_graphs=False`` runs
-the bucketed programs eagerly on CUDA too: the debugging path, and the reference a graph must
-equal exactly.
+(off by default so CPU behaviour is unchanged): ``cuda_graphs`` runs decode rows through
+per-batch-bucket programs and ``traced_prefill`` runs prefill chunks through per-length bucket
+programs (``model/cuda``), both captured as CUDA graphs after the pools are allocated (on CPU
+the same programs run eagerly through the same buffers: the testable twin); ``device_resident``
+keeps each slot's last greedy id on the device for fed rows (``model/interface.py``). Rows no
+bucket holds run eagerly in the same step. ``capture_graphs=False`` runs the bucketed programs
+eagerly on CUDA too: the debugging path, and the reference a graph must equal exactly.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 import torch
 
 from tt_serve.model.dtypes import resolve_dtype
-from tt_serve.model.interface import (
-    FED_TOKEN,
-    CopyKind,
-    StateCopy,
-    StepBatch,
-    StepOutput,
-    StepRow,
-)
-from tt_serve.model.ref.buckets import decode_buckets, prefill_buckets
-from tt_serve.model.ref.graphs import GraphRunner
+from tt_serve.model.interface import StateCopy, StepBatch, StepOutput
 from tt_serve.model.ref.model import HybridModel
 from tt_serve.model.ref.outputs import fill_logprobs
+from tt_serve.model.ref.pending import PendingStep
 from tt_serve.model.ref.plan import StepPlan
 from tt_serve.model.ref.pools import Pools
-from tt_serve.model.ref.static_steps import PendingStep, StaticSteps
+from tt_serve.model.resident import ResidentSlots
 from tt_serve.model.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from tt_serve.config import ServeConfig
+    from tt_serve.model.cuda.steps import StaticSteps
 
 log = logging.getLogger(__name__)
 DEFAULT_PREFILL_CHUNK = 256
+
+
+class TorchOptions(TypedDict, total=False):
+    """The torch backend's options, all optional (defaults in brackets)."""
+
+    device: str | torch.device  # ["cpu"]
+    dtype: str | torch.dtype  # [float32] or bfloat16
+    cuda_graphs: bool  # [False] decode rows through the bucketed decode programs
+    traced_prefill: bool  # [False] prefill chunks through the bucketed prefill programs
+    device_resident: bool  # [False] greedy ids stay on the device for fed rows (cuda_graphs)
+    max_prefill_chunk: int  # [DEFAULT_PREFILL_CHUNK] the largest prefill bucket
+    max_model_len: int | None  # [None: the model's own] sizes the programs' block tables
+    capture_graphs: bool  # [True] capture on CUDA (False: run the bucketed programs eagerly)
 
 
 class TorchBackend:
@@ -53,65 +61,61 @@ class TorchBackend:
         self,
         spec: ModelSpec,
         weights: dict[str, torch.Tensor],
-        *,
-        device: str | torch.device = "cpu",
-        dtype: str | torch.dtype = torch.float32,
-        cuda_graphs: bool = False,
-        traced_prefill: bool = False,
-        device_resident: bool = False,
-        max_prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-        max_model_len: int | None = None,
-        capture_graphs: bool = True,
+        **options: Unpack[TorchOptions],
     ) -> None:
-        if device_resident and not cuda_graphs:
+        self.cuda_graphs = options.get("cuda_graphs", False)
+        self.traced_prefill = options.get("traced_prefill", False)
+        self.device_resident = options.get("device_resident", False)
+        if self.device_resident and not self.cuda_graphs:
             raise ValueError("device_resident needs cuda_graphs (the bucketed decode path)")
         self.spec = spec
-        self.device = torch.device(device)
-        self.dtype = resolve_dtype(dtype)
+        self.device = torch.device(options.get("device", "cpu"))
+        self.dtype = resolve_dtype(options.get("dtype", torch.float32))
         cast = {
             n: t if n.endswith(("A_log", "dt_bias")) else t.to(self.dtype)
             for n, t in weights.items()
         }
         self.model = HybridModel(spec, cast, self.device)
         self.pools: Pools | None = None
-        self.cuda_graphs = cuda_graphs
-        self.traced_prefill = traced_prefill
-        self.device_resident = device_resident
-        self.max_prefill_chunk = max_prefill_chunk
-        self.max_model_len = max_model_len
-        self.capture_graphs = capture_graphs
+        self.max_prefill_chunk = options.get("max_prefill_chunk", DEFAULT_PREFILL_CHUNK)
+        self.max_model_len = options.get("max_model_len")
+        self.capture_graphs = options.get("capture_graphs", True)
         self.static: StaticSteps | None = None
+        self.resident = ResidentSlots(self.device_resident)
 
     @classmethod
     def from_pretrained(
-        cls,
-        path: str | Path,
-        *,
-        device: str | torch.device = "cpu",
-        dtype: str = "float32",
-        cuda_graphs: bool = False,
-        traced_prefill: bool = False,
-        device_resident: bool = False,
-        max_prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-        max_model_len: int | None = None,
-        capture_graphs: bool = True,
+        cls, path: str | Path, *, spec: ModelSpec | None = None, **options: Unpack[TorchOptions]
     ) -> TorchBackend:
-        """Load a checkpoint folder (config.json + safetensors) in ``dtype`` (float32 | bfloat16)."""
+        """Load a checkpoint folder (config.json + safetensors) in ``options["dtype"]``;
+        ``spec`` is read from its config.json unless the caller already has it."""
         from tt_serve.model.weights import load_weights
 
-        spec = ModelSpec.from_hf_dir(path)
-        tdtype = resolve_dtype(dtype)
-        return cls(
-            spec,
-            load_weights(path, spec, dtype=tdtype),
-            device=device,
-            dtype=tdtype,
-            cuda_graphs=cuda_graphs,
-            traced_prefill=traced_prefill,
-            device_resident=device_resident,
-            max_prefill_chunk=max_prefill_chunk,
+        spec = spec or ModelSpec.from_hf_dir(path)
+        options["dtype"] = resolve_dtype(options.get("dtype", torch.float32))
+        return cls(spec, load_weights(path, spec, dtype=options["dtype"]), **options)
+
+    @classmethod
+    def from_config(cls, cfg: ServeConfig, spec: ModelSpec, *, max_model_len: int) -> TorchBackend:
+        """The backend ``cfg`` describes (the one mapping of config to torch options).
+
+        CUDA graphs run only on a CUDA device, when traced prefill or device residency asks
+        for them; device residency rides on the graphed decode path."""
+        if cfg.model is None:
+            raise ValueError("TorchBackend.from_config needs cfg.model (a checkpoint folder)")
+        graphs = torch.device(cfg.device).type == "cuda" and (
+            cfg.traced_prefill or cfg.device_resident
+        )
+        return cls.from_pretrained(
+            cfg.model,
+            spec=spec,
+            device=cfg.device,
+            dtype=cfg.resolved_dtype,
+            cuda_graphs=graphs,
+            traced_prefill=graphs and cfg.traced_prefill,
+            device_resident=graphs and cfg.device_resident,
+            max_prefill_chunk=cfg.prefill_chunk,
             max_model_len=max_model_len,
-            capture_graphs=capture_graphs,
         )
 
     def allocate(
@@ -137,6 +141,11 @@ class TorchBackend:
             self.static = self._build_static(self.pools, num_kv_blocks, num_state_slots)
 
     def _build_static(self, pools: Pools, num_kv_blocks: int, num_state_slots: int) -> StaticSteps:
+        # The graph path builds on this package, so it is imported only when enabled.
+        from tt_serve.model.cuda.inputs import decode_buckets, prefill_buckets
+        from tt_serve.model.cuda.programs import Programs
+        from tt_serve.model.cuda.steps import StaticSteps
+
         spec = self.spec
         max_len = min(
             self.max_model_len or spec.max_position_embeddings, spec.max_position_embeddings
@@ -147,16 +156,16 @@ class TorchBackend:
         if self.device.type == "cuda" and moe:
             # The MoE block picks its experts on the host (one sync): not capturable.
             log.warning("MoE model: bucketed programs run eagerly (no CUDA graph capture)")
-        slot_ids = (
-            torch.zeros(num_state_slots, dtype=torch.long, device=self.device)
+        slot_ids = (  # every slot's last greedy id, the scratch slot's included
+            torch.zeros(num_state_slots + 1, dtype=torch.long, device=self.device)
             if self.device_resident
             else None
         )
         return StaticSteps.build(
             self.model,
             pools,
-            GraphRunner(self.device, capture=capture),
-            decode_buckets=decode_buckets(num_state_slots - 1) if self.cuda_graphs else (),
+            Programs(self.device, capture=capture),
+            decode_buckets=decode_buckets(num_state_slots) if self.cuda_graphs else (),
             prefill_buckets=prefill_buckets(self.max_prefill_chunk) if self.traced_prefill else (),
             width=width,
             conv_state_len=spec.conv_state_len,
@@ -175,25 +184,29 @@ class TorchBackend:
         """Launch a step; the greedy ids are read (blocking) only by ``result()``.
 
         Rows the bucketed programs hold run there (asynchronously on CUDA); the rest run
-        eagerly before this returns. The next step may be submitted before this one is read;
-        with deviceResident its ``FED_TOKEN`` rows then take this step's ids on the device."""
+        eagerly before this returns. Raises ValueError, before any device work, for an empty
+        row or a fed row this backend cannot feed."""
         self._pools()
         rows = batch.rows
         out = StepOutput(token_ids=[None] * len(rows), logprobs=[None] * len(rows))
         for r in rows:
             if r.num_tokens == 0:
                 raise ValueError(f"row for seq {r.seq_id} has no tokens")
+        self.resident.check(rows)
         if self.static is None:
-            _no_fed_rows(rows, range(len(rows)), "this backend is not device-resident")
             self._eager(batch, list(range(len(rows))), out)
             return PendingStep(out, rows, done=True)
-        multi = [i for i, r in enumerate(rows) if r.num_tokens > 1]
-        _no_fed_rows(rows, multi, "only single-token decode rows can be fed on the device")
         work, rest = self.static.plan(rows)
-        _no_fed_rows(rows, rest, "no bucketed program holds the row")
+        for i in rest:
+            if rows[i].fed:
+                raise ValueError(
+                    f"fed row for seq {rows[i].seq_id}, but no bucketed program holds the row"
+                )
         if rest:
             self._eager(batch, rest, out)
-        return self.static.launch(rows, work, out)
+        pending = self.static.launch(rows, work, out)
+        pending.resident_slots = self.resident.launched(pending.resident_slots)
+        return pending
 
     def _eager(self, batch: StepBatch, idx: list[int], out: StepOutput) -> None:
         """Run rows ``idx`` of the batch through the plan-driven path, results into ``out``."""
@@ -238,14 +251,7 @@ class TorchBackend:
     def copy_states(self, ops: list[StateCopy] | tuple[StateCopy, ...]) -> None:
         with torch.no_grad():
             self._pools().copy_states(ops)
-        if self.static is not None:
-            self.static.forget({op.slot for op in ops if op.kind is not CopyKind.SAVE})
+        self.resident.forget(ops)
 
-
-def _no_fed_rows(rows: tuple[StepRow, ...], idx: Iterable[int], why: str) -> None:
-    for i in idx:
-        if FED_TOKEN in rows[i].token_ids:
-            raise ValueError(
-                f"row for seq {rows[i].seq_id} carries the device-resident placeholder token, "
-                f"but {why}"
-            )
+    def close(self) -> None:
+        """Nothing to release: the pools and graphs go with the object."""

@@ -1,4 +1,9 @@
-"""Device pools owned by the torch backend: paged KV, GDN state slots and GDN snapshot slots."""
+"""Device pools owned by the torch backend: paged KV, GDN state slots and GDN snapshot slots.
+
+The state pools hold one slot more than the engine numbers (``0 .. num_state_slots - 1``): the
+scratch slot ``scratch_slot`` = ``num_state_slots``, where the static-shape path's padding rows
+run; no engine row and no state copy ever names it.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tt_serve.model.interface import PAD_SLOT, CopyKind, StateCopy
+from tt_serve.model.interface import CopyKind, StateCopy
 from tt_serve.model.spec import ModelSpec
 
 
@@ -17,6 +22,7 @@ class Pools:
     same shapes again for snapshots. Lists are indexed by the layer's rank among its kind."""
 
     block_size: int
+    num_state_slots: int  # the engine's slots; the pools hold one more (the scratch slot)
     k: list[torch.Tensor]
     v: list[torch.Tensor]
     conv: list[torch.Tensor]
@@ -35,8 +41,8 @@ class Pools:
         dtype: torch.dtype,
         device: torch.device,
     ) -> Pools:
-        if num_kv_blocks < 2 or num_state_slots < 2:
-            raise ValueError("need at least 2 KV blocks and 2 state slots (index 0 is padding)")
+        if num_kv_blocks < 2 or num_state_slots < 1:
+            raise ValueError("need at least 2 KV blocks (block 0 is padding) and 1 state slot")
         kv_shape = (num_kv_blocks, spec.num_kv_heads, block_size, spec.head_dim)
         conv_shape = (spec.conv_dim, spec.conv_state_len)
         rec_shape = (
@@ -50,22 +56,29 @@ class Pools:
 
         f32 = torch.float32
         n_attn, n_gdn = spec.num_attention_layers, spec.num_gdn_layers
+        slots = num_state_slots + 1  # + the scratch slot
         return Pools(
             block_size=block_size,
+            num_state_slots=num_state_slots,
             k=[zeros(*kv_shape, dt=dtype) for _ in range(n_attn)],
             v=[zeros(*kv_shape, dt=dtype) for _ in range(n_attn)],
-            conv=[zeros(num_state_slots, *conv_shape, dt=f32) for _ in range(n_gdn)],
-            rec=[zeros(num_state_slots, *rec_shape, dt=f32) for _ in range(n_gdn)],
+            conv=[zeros(slots, *conv_shape, dt=f32) for _ in range(n_gdn)],
+            rec=[zeros(slots, *rec_shape, dt=f32) for _ in range(n_gdn)],
             snap_conv=[zeros(num_snapshot_slots, *conv_shape, dt=f32) for _ in range(n_gdn)],
             snap_rec=[zeros(num_snapshot_slots, *rec_shape, dt=f32) for _ in range(n_gdn)],
         )
 
+    @property
+    def scratch_slot(self) -> int:
+        """The extra slot padding rows run in; also the engine's ``num_state_slots``."""
+        return self.num_state_slots
+
     def copy_states(self, ops: list[StateCopy] | tuple[StateCopy, ...]) -> None:
-        num_slots = self.conv[0].shape[0] if self.conv else 0
+        num_slots = self.num_state_slots
         num_snaps = self.snap_conv[0].shape[0] if self.snap_conv else 0
         for op in ops:
-            if not 0 <= op.slot < num_slots or op.slot == PAD_SLOT:
-                raise ValueError(f"{op}: state slot out of range 1..{num_slots - 1}")
+            if not 0 <= op.slot < num_slots:
+                raise ValueError(f"{op}: state slot out of range 0..{num_slots - 1}")
             if op.kind != CopyKind.RESET and not 0 <= op.snapshot < num_snaps:
                 raise ValueError(f"{op}: snapshot slot out of range 0..{num_snaps - 1}")
             for conv, rec, sconv, srec in zip(
@@ -82,7 +95,7 @@ class Pools:
                     rec[op.slot].zero_()
 
     def zero_slot(self, slot: int) -> None:
-        """Zero one state slot in every GDN layer (keeps the padding slot's garbage bounded)."""
+        """Zero one state slot in every GDN layer (keeps the scratch slot's garbage bounded)."""
         for conv, rec in zip(self.conv, self.rec, strict=True):
             conv[slot].zero_()
             rec[slot].zero_()

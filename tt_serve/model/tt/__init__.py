@@ -1,4 +1,5 @@
-"""ttnn backend for Tenstorrent devices; mirrors ``model/ref`` file for file.
+"""ttnn backend for Tenstorrent devices; mirrors ``model/ref`` (eager layers, backend, pools,
+pending) and ``model/cuda`` (inputs, buffers, programs) by file name.
 
 Every ttnn call goes through :class:`tt_serve.model.tt.ops.Ops`, which imports ttnn lazily, so
 importing this package needs neither ttnn nor a device.

@@ -2,8 +2,8 @@
 
 Prefill (one row, T tokens, chunk start as a device tensor): K/V are written with
 ``paged_fill_cache`` through the chunk's own page-table slice, then ``chunked_scaled_dot_product_
-attention`` reads [0, start + T) through the row's whole page table. Decode (one row per usable
-state slot, slot s in row s - 1): ``paged_update_cache`` at each row's position,
+attention`` reads [0, start + T) through the row's whole page table. Decode (one row per state
+slot, slot s in row s): ``paged_update_cache`` at each row's position,
 ``paged_scaled_dot_product_attention_decode`` with ``cur_pos`` (-1 skips an idle row). The q
 projection is pre-split into query and gate halves.
 """
@@ -86,7 +86,7 @@ def attention_decode(
     v_cache: Tensor,
     rot: Tensor,
 ) -> Tensor:
-    """x [1, S, H] (one row per usable state slot) -> [1, S, H]."""
+    """x [1, S, H] (one row per state slot) -> [1, S, H]."""
     s = x.shape[1]
     q, k, v, gate = _qkv(ops, x, w, s, inp.cos, inp.sin, rot)
     ops.paged_update_cache(k_cache, ops.height_sharded(k, s), inp.write_pos, inp.page_table)

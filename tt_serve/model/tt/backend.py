@@ -3,67 +3,71 @@
 ``allocate`` creates every pool and persistent buffer, then warms and captures one prefill trace
 per bucket and one decode trace, before any request runs: a prefix hit (a warm tail of any
 length) therefore always finds a captured bucket and never falls back to an eager path.
-``submit`` runs the step's single-token rows as one batched decode replay (state slot s in row
-``pools.row(s)`` = s - 1: no row for the engine's padding slot 0, so the batch has max_batch
-rows) and each multi-token row as one prefill replay; ``execute`` is ``submit(batch).result()``.
+``submit`` runs the step's single-token rows as one batched decode replay (engine state slot s in
+decode row s: the batch has exactly num_state_slots rows) and each multi-token row as one
+prefill replay; ``execute`` is ``submit(batch).result()``.
 
 Reads: right after the decode replay (before anything of a later step is enqueued) ``submit``
 starts a non-blocking read of its device-argmax ids (uint32) and records an event;
-``TTPending.result`` waits on that event. Device commands run in order, so the read returns this
-step's ids even when the next step's replay, submitted before ``result``, overwrites the buffer.
-Rows that need logits (``want_logits``, ``top_logprobs``) and prefill rows are read blocking
-inside ``submit`` (the engine does not pipeline them).
+``PendingStep.result`` waits on that event. Device commands run in order, so the read returns
+this step's ids even when the next step's replay, submitted before ``result``, overwrites the
+buffer. Rows that need logits (``want_logits``, ``top_logprobs``) and prefill rows are read
+blocking inside ``submit`` (the engine does not pipeline them).
 
-deviceResident: the decode program's ids input is fed from the previous replay's output buffer
-by one device copy of the whole buffer, so a decode step is all-fed or all-host. It is fed when
-its rows carry ``FED_TOKEN`` (the engine submits step n+1 before reading step n): each row's slot
-must be a resident slot, i.e. a greedy decode row, of the step submitted just before, untouched
-by copy_states since; anything else is a ValueError.
+deviceResident (fed rows: ``model/interface.py``): the decode program's ids input is fed from the
+previous replay's output buffer by one device copy of the whole buffer, so a decode step is
+all-fed or all-host.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 import numpy as np
 
-from tt_serve.engine.sampler import top_logprobs
-from tt_serve.model.interface import (
-    FED_TOKEN,
-    CopyKind,
-    StateCopy,
-    StepBatch,
-    StepOutput,
-    StepRow,
-)
+from tt_serve.logprobs import top_logprobs
+from tt_serve.model.buckets import choose_bucket
+from tt_serve.model.interface import StateCopy, StepBatch, StepOutput, StepRow
+from tt_serve.model.resident import ResidentSlots
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.buffers import InputBuffers
-from tt_serve.model.tt.device import parse_device_ids
-from tt_serve.model.tt.model import TTModel
-from tt_serve.model.tt.ops import Ops
-from tt_serve.model.tt.pending import TTPending
-from tt_serve.model.tt.plan import (
+from tt_serve.model.tt.inputs import (
     DecodeValues,
     PrefillValues,
-    choose_bucket,
     decode_values,
     make_buckets,
     prefill_values,
 )
+from tt_serve.model.tt.model import TTModel
+from tt_serve.model.tt.ops import Ops
+from tt_serve.model.tt.pending import PendingStep
 from tt_serve.model.tt.pools import DevicePools
 from tt_serve.model.tt.precision import Precision
-from tt_serve.model.tt.trace import Programs
+from tt_serve.model.tt.programs import Programs
 from tt_serve.model.tt.weights import default_cache_dir, load_device_weights, to_numpy
 
 if TYPE_CHECKING:
     import torch
 
+    from tt_serve.config import ServeConfig
+
 DEFAULT_TRACE_REGION = 256 << 20
 DEFAULT_L1_SMALL = 32768
+DEFAULT_PREFILL_CHUNK = 2048
+
+
+class TTOptions(TypedDict, total=False):
+    """The ttnn backend's options, all optional (defaults in brackets)."""
+
+    precision: Precision  # [Precision()] the weight profile (``Precision.named``)
+    traced: bool  # [True] replay captured traces (False: run the same programs eagerly)
+    device_resident: bool  # [False] greedy ids stay on the device for fed rows
+    max_prefill_chunk: int  # [DEFAULT_PREFILL_CHUNK] the largest prefill bucket
+    max_model_len: int | None  # [None: the model's own] sizes the traces' page tables
+    weight_cache_dir: Path | None  # [None: no cache; from_pretrained uses the default dir]
 
 
 class TTBackend:
@@ -75,61 +79,65 @@ class TTBackend:
         weights: dict[str, torch.Tensor] | Callable[[], dict[str, np.ndarray]],
         *,
         ops: Ops,
-        precision: Precision | None = None,
-        traced: bool = True,
-        device_resident: bool = False,
-        max_prefill_chunk: int = 2048,
-        weight_cache_dir: Path | None = None,
+        **options: Unpack[TTOptions],
     ) -> None:
         self.spec, self.ops = spec, ops
-        self.precision = precision or Precision()
-        self.device_resident = device_resident
-        self.max_prefill_chunk = max_prefill_chunk
+        self.precision = options.get("precision") or Precision()
+        self.device_resident = options.get("device_resident", False)
+        self.max_prefill_chunk = options.get("max_prefill_chunk", DEFAULT_PREFILL_CHUNK)
+        self.max_model_len = options.get("max_model_len")
         source = weights if callable(weights) else (lambda: to_numpy(weights))
-        dev_w = load_device_weights(ops, spec, self.precision, source, weight_cache_dir)
+        cache_dir = options.get("weight_cache_dir")
+        dev_w = load_device_weights(ops, spec, self.precision, source, cache_dir)
         self.model = TTModel(ops, spec, dev_w)
-        self.programs = Programs(ops, traced=traced)
+        self.programs = Programs(ops, traced=options.get("traced", True))
         self.pools: DevicePools | None = None
         self.prefill_bufs: dict[int, InputBuffers] = {}
         self.decode_bufs: InputBuffers | None = None
         self.buckets: tuple[int, ...] = ()
         self.width = 0
-        self._resident: frozenset[int] = frozenset()  # resident slots of the last submitted step
-        self._touched: set[int] = set()  # slots copy_states touched since that submit
+        self.resident = ResidentSlots(self.device_resident)
         self.device_fed_decodes = 0  # decode steps whose ids came from the device (resident)
+        self._closed = False
 
     @classmethod
     def from_pretrained(
         cls,
         path: str | Path,
         *,
-        device: str | int | tuple[int, ...] | None = "0",
-        dtype: str = "bfloat16",
-        traced: bool = True,
-        device_resident: bool = False,
-        max_prefill_chunk: int = 2048,
-        weight_cache_dir: Path | None = None,
+        spec: ModelSpec | None = None,
+        device_ids: tuple[int, ...] = (0,),
         trace_region_size: int = DEFAULT_TRACE_REGION,
+        **options: Unpack[TTOptions],
     ) -> TTBackend:
-        """Open the device, convert (or load cached) weights for a checkpoint folder."""
+        """Open the device, convert (or load cached) weights for a checkpoint folder; ``spec``
+        is read from its config.json unless the caller already has it."""
         from tt_serve.model.weights import load_weights
 
-        ids = parse_device_ids(device)
-        if len(ids) != 1:
-            raise ValueError(f"the ttnn backend runs on one device; got device ids {ids}")
-        spec = ModelSpec.from_hf_dir(path)
+        if len(device_ids) != 1:
+            raise ValueError(f"the ttnn backend runs on one device; got device ids {device_ids}")
+        model_spec = spec or ModelSpec.from_hf_dir(path)
         ops = Ops.load()
-        ops.open_device(ids[0], trace_region_size=trace_region_size, l1_small_size=DEFAULT_L1_SMALL)
-        precision = Precision.named("mixed" if dtype == "mixed" else "bfloat16")
-        return cls(
-            spec,
-            lambda: to_numpy(load_weights(path, spec)),
-            ops=ops,
-            precision=precision,
-            traced=traced,
-            device_resident=device_resident,
-            max_prefill_chunk=max_prefill_chunk,
-            weight_cache_dir=weight_cache_dir or default_cache_dir(),
+        ops.open_device(
+            device_ids[0], trace_region_size=trace_region_size, l1_small_size=DEFAULT_L1_SMALL
+        )
+        options["weight_cache_dir"] = options.get("weight_cache_dir") or default_cache_dir()
+        return cls(model_spec, lambda: to_numpy(load_weights(path, model_spec)), ops=ops, **options)
+
+    @classmethod
+    def from_config(cls, cfg: ServeConfig, spec: ModelSpec, *, max_model_len: int) -> TTBackend:
+        """The backend ``cfg`` describes (the one mapping of config to ttnn options)."""
+        if cfg.model is None:
+            raise ValueError("TTBackend.from_config needs cfg.model (a checkpoint folder)")
+        return cls.from_pretrained(
+            cfg.model,
+            spec=spec,
+            device_ids=cfg.device_ids,
+            precision=Precision.named(cfg.resolved_precision),
+            traced=cfg.traced_prefill,
+            device_resident=cfg.device_resident,
+            max_prefill_chunk=cfg.prefill_chunk,
+            max_model_len=max_model_len,
         )
 
     # ---- pools and traces ----------------------------------------------------------------
@@ -153,7 +161,8 @@ class TTBackend:
             num_state_slots=num_state_slots,
             num_snapshot_slots=num_snapshot_slots,
         )
-        per_seq = -(-spec.max_position_embeddings // block_size)
+        limit = spec.max_position_embeddings
+        per_seq = -(-min(self.max_model_len or limit, limit) // block_size)
         self.width = min(num_kv_blocks, per_seq)
         self.buckets = make_buckets(block_size, self.max_prefill_chunk)
         act, vocab = self.precision.activations, spec.vocab_size
@@ -166,7 +175,7 @@ class TTBackend:
             self.programs.add(("prefill", bucket), partial(self.model.prefill, bufs, pools))
         idle_dec = self._decode_values([])
         self.decode_bufs = InputBuffers.allocate(
-            ops, idle_dec, act=act, rows=pools.rows, vocab=vocab
+            ops, idle_dec, act=act, rows=pools.num_slots, vocab=vocab
         )
         self.decode_bufs.write(ops, idle_dec)
         dec = self.decode_bufs
@@ -193,7 +202,7 @@ class TTBackend:
         assert self.pools is not None
         return decode_values(
             rows,
-            num_rows=self.pools.rows,
+            num_rows=self.pools.num_slots,
             width=self.width,
             head_dim=s.head_dim,
             rotary_dim=s.rotary_dim,
@@ -203,7 +212,7 @@ class TTBackend:
 
     def _decode_key(self) -> tuple[str, int]:
         assert self.pools is not None
-        return ("decode", self.pools.rows)
+        return ("decode", self.pools.num_slots)
 
     def _pools(self) -> DevicePools:
         if self.pools is None:
@@ -214,54 +223,32 @@ class TTBackend:
     def execute(self, batch: StepBatch) -> StepOutput:
         return self.submit(batch).result()
 
-    def submit(self, batch: StepBatch) -> TTPending:
+    def submit(self, batch: StepBatch) -> PendingStep:
         """Run a step; only the decode replay's greedy ids may still be in flight on return.
 
-        Raises ValueError (before any device work) for an empty row or a misused FED_TOKEN."""
+        Raises ValueError (before any device work) for an empty row, a fed row this backend
+        cannot feed, or a decode step that mixes fed and host rows."""
         pools = self._pools()
         rows = batch.rows
         for row in rows:
             if row.num_tokens == 0:
                 raise ValueError(f"row for seq {row.seq_id} has no tokens")
-            if row.num_tokens > 1 and FED_TOKEN in row.token_ids:
-                raise ValueError(f"FED_TOKEN in a multi-token row (seq {row.seq_id})")
-        out = StepOutput(token_ids=[None] * len(rows), logprobs=[None] * len(rows))
         decode = [i for i, r in enumerate(rows) if r.num_tokens == 1]
-        from_fed = self._check_fed([rows[i] for i in decode])
-        pending = TTPending(out)
+        fed = self.resident.check(rows)
+        if fed and fed != len(decode):
+            raise ValueError(
+                "fed rows mixed with host-token rows in one decode step: the decode ids buffer "
+                "is fed from the device whole, so a decode step is all-fed or all-host"
+            )
+        out = StepOutput(token_ids=[None] * len(rows), logprobs=[None] * len(rows))
+        pending = PendingStep(out)
         if decode:
-            pending = self._decode(rows, decode, out, from_fed)
+            pending = self._decode(rows, decode, out, from_fed=fed > 0)
         for i, row in enumerate(rows):
             if row.num_tokens > 1:
                 self._prefill(row, i, out, pools)
-        self._resident = pending.resident_slots
-        self._touched = set()
+        self.resident.launched(pending.resident_slots)
         return pending
-
-    def _check_fed(self, dec_rows: list[StepRow]) -> bool:
-        """Whether the decode rows carry FED_TOKEN (then all of them do, each legitimately)."""
-        fed = [r for r in dec_rows if r.token_ids[0] == FED_TOKEN]
-        if not fed:
-            return False
-        if len(fed) != len(dec_rows):
-            raise ValueError(
-                "FED_TOKEN rows mixed with host-token rows in one decode step: the decode ids "
-                "buffer is fed from the device whole, so a step is all-fed or all-host"
-            )
-        for r in fed:
-            if r.state_slot in self._touched:
-                raise ValueError(
-                    f"FED_TOKEN for state slot {r.state_slot} (seq {r.seq_id}): copy_states "
-                    "touched the slot after the step that left its id on the device"
-                )
-            if r.state_slot not in self._resident:
-                raise ValueError(
-                    f"FED_TOKEN for state slot {r.state_slot} (seq {r.seq_id}): not a resident "
-                    "slot of the previously submitted step (not a greedy decode row of it"
-                    + ("" if self.device_resident else "; device_resident is off")
-                    + ")"
-                )
-        return True
 
     def _prefill(self, row: StepRow, i: int, out: StepOutput, pools: DevicePools) -> None:
         bucket = choose_bucket(row.num_tokens, self.buckets)
@@ -275,13 +262,12 @@ class TTBackend:
 
     def _decode(
         self, rows: tuple[StepRow, ...], idx: list[int], out: StepOutput, from_fed: bool
-    ) -> TTPending:
+    ) -> PendingStep:
         assert self.decode_bufs is not None and self.pools is not None
-        bufs, dec_rows = self.decode_bufs, [rows[i] for i in idx]
-        # deviceResident (FED_TOKEN rows): step n's output buffer feeds step n+1 on the device
-        # and only positions and tables upload.
-        host_rows = [replace(r, token_ids=(0,)) if from_fed else r for r in dec_rows]
-        values = self._decode_values(host_rows)
+        bufs = self.decode_bufs
+        # deviceResident (fed rows): step n's output buffer feeds step n+1 on the device and
+        # only positions and tables upload.
+        values = self._decode_values([rows[i] for i in idx])
         if from_fed:
             self.ops.copy(bufs.out_ids, bufs.ids)
             self.device_fed_decodes += 1
@@ -294,15 +280,15 @@ class TTBackend:
             frozenset(r.state_slot for _, _, r in greedy) if self.device_resident else frozenset()
         )
         if not picks:
-            return TTPending(out, resident_slots=resident)
+            return PendingStep(out, resident_slots=resident)
         if any(r.want_logits or r.top_logprobs > 0 for _, _, r in picks):
             # Rows that need logits are not pipelined by the engine: read them now.
             self._collect(bufs, picks, out)
-            return TTPending(out, resident_slots=resident)
+            return PendingStep(out, resident_slots=resident)
         # Started before anything of the next step is enqueued: the in-order device reads this
         # replay's ids although the next replay overwrites out_ids.
         read = self.ops.read_start(bufs.out_ids)
-        return TTPending(
+        return PendingStep(
             out,
             resident_slots=resident,
             ops=self.ops,
@@ -332,10 +318,11 @@ class TTBackend:
 
     def copy_states(self, ops: list[StateCopy] | tuple[StateCopy, ...]) -> None:
         self._pools().copy_states(self.ops, ops)
-        # A save only reads the slot: the id the slot's last step left on the device still
-        # continues its sequence (the torch backend agrees).
-        self._touched.update(op.slot for op in ops if op.kind is not CopyKind.SAVE)
+        self.resident.forget(ops)
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         self.programs.release()
         self.ops.close_device()

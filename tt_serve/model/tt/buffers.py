@@ -1,4 +1,5 @@
-"""Persistent device buffers: the fixed-address inputs and outputs of each traced program.
+"""Persistent device buffers: the fixed-address inputs and outputs of each traced program (as
+``cuda/buffers``).
 
 Allocated once, before any capture; refreshed in place with ``copy_host_to_device_tensor``
 before every replay, never rebound (a trace keeps reading the addresses it was captured with).
@@ -13,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tt_serve.model.tt.inputs import DecodeValues, PrefillValues
 from tt_serve.model.tt.ops import ROW_MAJOR, TILE, Ops, Tensor
-from tt_serve.model.tt.plan import DecodeValues, PrefillValues
 
 # field -> (dtype, layout); "act" is the activation dtype of the precision config.
 PREFILL_FIELDS: dict[str, tuple[str, str]] = {

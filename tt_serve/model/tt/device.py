@@ -17,27 +17,6 @@ class NoDeviceError(RuntimeError):
     """ttnn is missing or no Tenstorrent device can be opened."""
 
 
-def parse_device_ids(device: str | int | tuple[int, ...] | None) -> tuple[int, ...]:
-    """The CLI's device string as device ids: ``"0"``, ``"0,1"``, ``"tt:1"``; ``cpu`` or empty
-    means device 0 (the backend's default)."""
-    if device is None:
-        return (0,)
-    if isinstance(device, int):
-        return (device,)
-    if isinstance(device, tuple):
-        return device or (0,)
-    text = device.strip().lower().removeprefix("tt:").removeprefix("tt")
-    if text in ("", "cpu", "auto"):
-        return (0,)
-    try:
-        ids = tuple(int(p) for p in text.split(",") if p.strip())
-    except ValueError as exc:
-        raise ValueError(f"cannot read Tenstorrent device ids from {device!r}") from exc
-    if not ids or min(ids) < 0:
-        raise ValueError(f"cannot read Tenstorrent device ids from {device!r}")
-    return ids
-
-
 def probe_devices(python: str | None = None, timeout_s: float = PROBE_TIMEOUT_S) -> int:
     """Number of Tenstorrent devices ttnn sees, asked in a subprocess; raises NoDeviceError."""
     try:

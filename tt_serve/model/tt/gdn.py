@@ -10,7 +10,7 @@ bucket get beta = g = 0 (identity update) and the new conv history is picked at 
 token by a one-hot matmul. The constant tiles are passed explicitly (the op would otherwise
 upload them from the host on every call, illegal under trace).
 
-Decode (one row per usable state slot, slot s in row s - 1; in place on the pools): the 4-tap
+Decode (one row per state slot, slot s in row s; in place on the pools): the 4-tap
 conv as elementwise ops on [history; x], ``fused_recurrent_gated_delta_rule`` on the whole
 recurrent pool, then both pools are overwritten in place with ``ttnn.copy``; idle rows keep their
 state (masked gates, blended conv history).

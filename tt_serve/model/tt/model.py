@@ -2,9 +2,9 @@
 
 Two programs, each a pure function of persistent buffers so it can be captured as a trace:
 ``prefill`` runs one row of a bucket through every layer (state in the working buffers) and
-``decode`` runs every usable state slot as one batch row (slot s in row s - 1, no row for the
-padding slot 0; state in the pools). Both end by picking the greedy token on the device (argmax
-to uint32) and copying ids and logits into their output buffers.
+``decode`` runs every state slot as one batch row (slot s in row s; state in the pools). Both
+end by picking the greedy token on the device (argmax to uint32) and copying ids and logits
+into their output buffers.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from tt_serve.model.spec import FULL_ATTENTION, ModelSpec
 from tt_serve.model.tt.attention import AttentionWeights, attention_decode, attention_prefill
 from tt_serve.model.tt.buffers import InputBuffers
 from tt_serve.model.tt.gdn import CHUNK, GdnWeights, gdn_decode, gdn_prefill
+from tt_serve.model.tt.inputs import gdn_const_tiles, rotation_matrix
 from tt_serve.model.tt.layers import swiglu
 from tt_serve.model.tt.moe import MoeWeights, moe_forward
 from tt_serve.model.tt.ops import Ops, Tensor
-from tt_serve.model.tt.plan import gdn_const_tiles, rotation_matrix
 from tt_serve.model.tt.pools import DevicePools
 
 SDPA_CHUNK = 32  # chunk starts are multiples of the block size, hence of 32
@@ -141,8 +141,8 @@ class TTModel:
         self._head(ops.matmul(inp.last_select, x), inp)  # the last valid token only
 
     def decode(self, inp: InputBuffers, pools: DevicePools) -> None:
-        """One token for every pool row, i.e. usable state slot (idle slots are masked); pools
-        updated in place."""
+        """One token for every pool row, i.e. state slot (idle slots are masked); pools updated in
+        place."""
         ops, eps = self.ops, self.spec.rms_norm_eps
         x = ops.embedding(inp.ids, self.embed)  # [1, S, H]
         for layer in self.layers:

@@ -1,4 +1,4 @@
-"""TTPending: a step the tt backend has submitted; ``result`` waits for its decode ids.
+"""PendingStep: a step the tt backend has submitted; ``result`` waits for its decode ids.
 
 ``submit`` leaves at most one device read in flight per step: the greedy ids of the decode
 replay (``out_ids``), started right after the replay. Everything else the step needs from the
@@ -14,7 +14,7 @@ from tt_serve.model.interface import StepOutput
 from tt_serve.model.tt.ops import Ops, PendingRead
 
 
-class TTPending:
+class PendingStep:
     """A submitted step. ``rows`` lists (row index, ``out_ids`` column) of its greedy decode
     rows."""
 

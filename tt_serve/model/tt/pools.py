@@ -1,11 +1,10 @@
 """Device pools owned by the ttnn backend (mirrors ``ref/pools.py``), allocated before any trace.
 
 Per attention layer paged K and V ``[blocks, kv_heads, block_size, head_dim]`` (TILE, block 0 is
-the padding block); per GDN layer conv history ``[rows, 1, K-1, C]`` and recurrent state
-``[rows, Hv, dk, dv]`` (fp32), ``[snapshots, ...]`` again for snapshots, and the per-layer working
-state a prefill replay runs on. The state pools hold ``rows = num_state_slots - 1`` rows: engine
-slot s lives in row ``slot_row(s)`` = s - 1, since the tt backend never runs a row in the padding
-slot 0 (the decode batch is then exactly the engine's max_batch). Slot and snapshot copies are
+the padding block); per GDN layer conv history ``[slots, 1, K-1, C]`` and recurrent state
+``[slots, Hv, dk, dv]`` (fp32), ``[snapshots, ...]`` again for snapshots, and the per-layer working
+state a prefill replay runs on. Engine state slot s lives in row s of the state pools (idle
+decode rows are masked, so no scratch slot is needed). Slot and snapshot copies are
 device-to-device: a static slice of the source row and ``fill_cache`` into the destination row,
 so pool addresses never move.
 """
@@ -14,17 +13,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tt_serve.model.interface import PAD_SLOT, CopyKind, StateCopy
+from tt_serve.model.interface import CopyKind, StateCopy
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.ops import ROW_MAJOR, Ops, Tensor
-from tt_serve.model.tt.plan import slot_row
 from tt_serve.model.tt.precision import Precision
 
 
 @dataclass
 class DevicePools:
     block_size: int
-    num_slots: int  # the engine's num_state_slots, padding slot 0 included
+    num_slots: int  # the engine's num_state_slots: the rows of every state pool
     num_snapshots: int
     k: list[Tensor]
     v: list[Tensor]
@@ -50,8 +48,8 @@ class DevicePools:
         num_state_slots: int,
         num_snapshot_slots: int,
     ) -> DevicePools:
-        if num_kv_blocks < 2 or num_state_slots < 2:
-            raise ValueError("need at least 2 KV blocks and 2 state slots (index 0 is padding)")
+        if num_kv_blocks < 2 or num_state_slots < 1:
+            raise ValueError("need at least 2 KV blocks (block 0 is padding) and 1 state slot")
         if block_size % 32:
             raise ValueError(f"ttnn stores KV in 32x32 tiles: block_size {block_size} % 32 != 0")
         kv = (num_kv_blocks, spec.num_kv_heads, block_size, spec.head_dim)
@@ -59,15 +57,14 @@ class DevicePools:
         rec = (spec.linear_num_value_heads, spec.linear_key_head_dim, spec.linear_value_head_dim)
         cdt, rdt = precision.conv_state, precision.recurrent_state
         n_attn, n_gdn, snaps = spec.num_attention_layers, spec.num_gdn_layers, num_snapshot_slots
-        rows = num_state_slots - 1  # no row for the padding slot
         return DevicePools(
             block_size=block_size,
             num_slots=num_state_slots,
             num_snapshots=snaps,
             k=[ops.zeros(kv, precision.kv_cache) for _ in range(n_attn)],
             v=[ops.zeros(kv, precision.kv_cache) for _ in range(n_attn)],
-            conv=[ops.zeros((rows, *conv), cdt) for _ in range(n_gdn)],
-            rec=[ops.zeros((rows, *rec), rdt) for _ in range(n_gdn)],
+            conv=[ops.zeros((num_state_slots, *conv), cdt) for _ in range(n_gdn)],
+            rec=[ops.zeros((num_state_slots, *rec), rdt) for _ in range(n_gdn)],
             snap_conv=[ops.zeros((snaps, *conv), cdt) for _ in range(n_gdn)] if snaps else [],
             snap_rec=[ops.zeros((snaps, *rec), rdt) for _ in range(n_gdn)] if snaps else [],
             conv_work=[ops.zeros((1, *conv[1:]), cdt, ROW_MAJOR) for _ in range(n_gdn)],
@@ -78,14 +75,11 @@ class DevicePools:
             rec_shape=rec,
         )
 
-    @property
-    def rows(self) -> int:
-        """Rows of every state pool and of the decode batch: one per usable state slot."""
-        return self.num_slots - 1
-
     def row(self, slot: int) -> int:
-        """The pool (and decode batch) row of engine state slot ``slot`` (1..num_slots-1)."""
-        return slot_row(slot, self.rows)
+        """The pool (and decode batch) row of engine state slot ``slot``: the slot itself."""
+        if not 0 <= slot < self.num_slots:
+            raise ValueError(f"state slot {slot} outside 0..{self.num_slots - 1}")
+        return slot
 
     def _slice_row(self, ops: Ops, pool: Tensor, i: int) -> Tensor:
         shape = list(pool.shape)
@@ -114,8 +108,8 @@ class DevicePools:
 
     def copy_states(self, ops: Ops, copies: list[StateCopy] | tuple[StateCopy, ...]) -> None:
         for op in copies:
-            if not 0 <= op.slot < self.num_slots or op.slot == PAD_SLOT:
-                raise ValueError(f"{op}: state slot out of range 1..{self.num_slots - 1}")
+            if not 0 <= op.slot < self.num_slots:
+                raise ValueError(f"{op}: state slot out of range 0..{self.num_slots - 1}")
             if op.kind != CopyKind.RESET and not 0 <= op.snapshot < self.num_snapshots:
                 raise ValueError(f"{op}: snapshot slot out of range 0..{self.num_snapshots - 1}")
         for op in copies:

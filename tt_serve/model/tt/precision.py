@@ -34,9 +34,9 @@ class Precision:
 
     @staticmethod
     def named(name: str) -> Precision:
-        """``bfloat16``: every weight bf16. ``mixed`` (default for big models): MLP and expert
-        weights bfloat8_b, the rest bf16."""
-        if name in ("bfloat16", "float32"):
+        """``bfloat16``: every weight bf16. ``mixed``: MLP and expert weights bfloat8_b, the
+        rest bf16 (``ServeConfig.resolved_precision`` names the profile)."""
+        if name == "bfloat16":
             return Precision(mlp="bfloat16", experts="bfloat16")
         if name == "mixed":
             return Precision()

@@ -1,7 +1,7 @@
-"""Token mixers for one padded prefill row of fixed length T (the graph-capturable prefill path).
+"""Masked token mixers for one padded prefill row of fixed length T (the graphed prefill).
 
 The eager mixers slice by host integers (the row's length and start position); here every shape
-is fixed by the bucket and the row's extent arrives as device tensors (see ``buckets.py``):
+is fixed by the bucket and the row's extent arrives as device tensors (see ``inputs.py``):
 attention reads the whole fixed-width block table and masks keys past each query's position;
 the GDN scan sees zero k, v, beta and log decay on padding tokens, which leaves the recurrent
 state exactly as the last valid token left it. On valid tokens the arithmetic is the eager

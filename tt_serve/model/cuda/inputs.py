@@ -1,10 +1,11 @@
-"""Bucket selection and padding for the static-shape (graph-captured) torch path; no torch.
+"""Host values of the static-shape inputs (buckets and padding) of the CUDA-graph path; no torch.
 
 A captured graph has fixed shapes, so every step is fitted into a bucket and padded:
 
 * decode: single-token rows run together in a batch bucket of B rows (powers of two up to the
-  number of usable state slots). Padding rows use ``PAD_SLOT`` and an all-``PAD_BLOCK`` table at
-  position 0; they compute garbage in the reserved slot and block that no real row reads.
+  number of state slots). Padding rows use the backend's scratch slot (``Pools.scratch_slot``,
+  which no engine row uses) and an all-``PAD_BLOCK`` table at position 0; they compute garbage
+  in that slot and block, which no real row reads.
 * prefill: one multi-token row per replay in a length bucket of T tokens (``GDN_CHUNK``·2^k up
   to the largest chunk). The T - n padding tokens sit at position 0, write their K/V into
   ``PAD_BLOCK`` and are masked out of the GDN scan (zero k, v, beta and log-decay leave the
@@ -20,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tt_serve.model.buckets import NoBucket, choose_bucket, doubling
-from tt_serve.model.interface import PAD_BLOCK, PAD_SLOT, StepRow
+from tt_serve.model.buckets import NoBucket, doubling
+from tt_serve.model.interface import PAD_BLOCK, StepRow
 from tt_serve.model.spec import GDN_CHUNK
 
 DECODE_BUCKET_CAP = 32
@@ -76,23 +77,23 @@ class DecodeValues:
 
 def decode_values(
     rows: Sequence[StepRow],
-    fed: Sequence[bool],
     *,
     bucket: int,
     block_size: int,
     width: int,
+    scratch_slot: int,
 ) -> DecodeValues:
     """Single-token rows in bucket order, then ``bucket - len(rows)`` padding rows."""
     if len(rows) > bucket:
         raise NoBucket(f"{len(rows)} decode rows exceed the bucket of {bucket}")
     v = DecodeValues([], [], [], [], [], [], [], [])
-    for row, f in zip(rows, fed, strict=True):
+    for row in rows:
         if row.num_tokens != 1:
             raise ValueError(f"decode row for seq {row.seq_id} has {row.num_tokens} tokens")
         table = fit_table(row, block_size, width)
         pos = row.start_pos
-        v.ids.append(0 if f else row.token_ids[0])  # a fed row's id comes from the device
-        v.fed.append(int(f))
+        v.ids.append(0 if row.fed else row.token_ids[0])  # a fed row's id is on the device
+        v.fed.append(int(row.fed))
         v.positions.append(pos)
         v.slots.append(row.state_slot)
         v.lens.append(pos + 1)
@@ -103,7 +104,7 @@ def decode_values(
         v.ids.append(0)
         v.fed.append(0)
         v.positions.append(0)
-        v.slots.append(PAD_SLOT)
+        v.slots.append(scratch_slot)
         v.lens.append(1)
         v.kv_blocks.append(PAD_BLOCK)
         v.kv_offsets.append(0)
@@ -129,7 +130,13 @@ class PrefillValues:
 
 
 def prefill_values(
-    row: StepRow | None, *, bucket: int, block_size: int, width: int, conv_state_len: int
+    row: StepRow | None,
+    *,
+    bucket: int,
+    block_size: int,
+    width: int,
+    conv_state_len: int,
+    scratch_slot: int,
 ) -> PrefillValues:
     """``row`` None gives the idle input (all padding), used to warm up and capture."""
     n = 0 if row is None else row.num_tokens
@@ -137,7 +144,7 @@ def prefill_values(
         raise NoBucket(f"a prefill row of {n} tokens exceeds the bucket of {bucket}")
     pad = bucket - n
     if row is None:
-        table, slot, start, ids = [PAD_BLOCK] * width, PAD_SLOT, 0, []
+        table, slot, start, ids = [PAD_BLOCK] * width, scratch_slot, 0, []
     else:
         table, slot, start = fit_table(row, block_size, width), row.state_slot, row.start_pos
         ids = list(row.token_ids)
@@ -154,6 +161,3 @@ def prefill_values(
         conv_idx=[n + i for i in range(conv_state_len)],
         last=[max(n - 1, 0)],
     )
-
-
-__all__ = ["NoBucket", "choose_bucket"]  # re-exported: the graph path imports them from here

@@ -1,4 +1,4 @@
-"""GraphRunner: programs keyed by (phase, bucket), replayed as CUDA graphs or run eagerly.
+"""Programs: keyed by (phase, bucket), replayed as CUDA graphs or run eagerly (as ``tt/programs``).
 
 A program is a closure over persistent input buffers and the pools; it returns its outputs.
 On CUDA (``capture=True``) every program is warmed up on a side stream, captured once into a
@@ -10,7 +10,8 @@ kernels, no capture.
 
 Rules kept here: capture only after every pool and buffer exists (a graph keeps the addresses
 it was captured with), capture only device work (no host syncs in a program), and warm up with
-idle inputs (padding slot and block only) so capture changes no sequence's state.
+idle inputs (the scratch slot and the padding block only) so capture changes no sequence's
+state.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ Program = Callable[[], tuple[torch.Tensor, ...]]
 WARMUP_RUNS = 2
 
 
-class GraphRunner:
+class Programs:
     def __init__(self, device: torch.device, *, capture: bool) -> None:
         if capture and device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device (got {device})")

@@ -1,4 +1,5 @@
-"""Trace bookkeeping: one captured trace per (phase, bucket), captured after a compile run.
+"""Programs: one captured trace per (phase, bucket), captured after a compile run (as
+``cuda/programs``).
 
 tt-metal's rules, kept here: run the exact program once before capturing (every kernel must be
 in the program cache), capture only device ops (the program never touches the host), replay

@@ -10,10 +10,9 @@ Prefill runs one row per replay through a bucket of T tokens (T >= the row's n t
 padding tokens compute garbage that nothing reads: their GDN gates are zeroed (beta = g = 0 leaves
 the recurrent state untouched), the conv state is taken at the last *valid* token by a one-hot
 selector, their K/V land in the padding block, and the sampled logits come from the last valid
-token, again by a one-hot selector. Decode runs every usable GDN state slot as one batch row
-(row ``slot_row(s) = s - 1``: the engine's padding slot 0 never holds a tt row, so the batch is
-exactly the engine's max_batch rows); slots without work this step are idle: masked gates,
-``cur_pos = -1`` and an all-padding page table.
+token, again by a one-hot selector. Decode runs every GDN state slot as one batch row (engine
+slot s in row s, so the batch is exactly the engine's max_batch rows); slots without work this
+step are idle: masked gates, ``cur_pos = -1`` and an all-padding page table.
 """
 
 from __future__ import annotations
@@ -22,26 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tt_serve.model.buckets import choose_bucket, doubling
+from tt_serve.model.buckets import doubling
 from tt_serve.model.interface import PAD_BLOCK, StepRow
 
 TILE_SIZE = 32
-
-
-def slot_row(slot: int, rows: int) -> int:
-    """The device row of engine GDN state slot ``slot`` in a pool of ``rows`` rows.
-
-    The engine reserves slot 0 (``PAD_SLOT``) for the torch backend's padding rows; the tt
-    backend never runs a row there (idle decode rows are masked instead), so its pools hold only
-    slots 1..rows, at rows 0..rows-1. Every slot -> row mapping of the tt backend goes through
-    here."""
-    if not 1 <= slot <= rows:
-        raise ValueError(f"state slot {slot} outside 1..{rows}")
-    return slot - 1
-
-
-def pad_to_tile(n: int) -> int:
-    return -(-n // TILE_SIZE) * TILE_SIZE
 
 
 def make_buckets(block_size: int, max_chunk: int) -> tuple[int, ...]:
@@ -169,7 +152,7 @@ def prefill_values(
 
 @dataclass(frozen=True)
 class DecodeValues:
-    """All usable state slots as one decode batch (slot s in row ``slot_row(s)`` = s - 1)."""
+    """Every state slot as one decode batch (slot s in row s)."""
 
     ids: np.ndarray  # [1, S] uint32
     cur_pos: np.ndarray  # [S] int32, -1 = idle (paged SDPA decode skips the row)
@@ -192,7 +175,8 @@ def decode_values(
     theta: float,
     num_v_heads: int,
 ) -> DecodeValues:
-    """Values for a decode batch of ``num_rows`` rows (state slots 1..num_rows)."""
+    """Values for a decode batch of ``num_rows`` rows (state slots 0..num_rows-1). A fed row's
+    id is 0 here: the backend feeds the ids input from the device instead."""
     n = num_rows
     ids = np.zeros((1, n), dtype=np.uint32)
     cur = np.full(n, -1, dtype=np.int32)
@@ -202,10 +186,12 @@ def decode_values(
     mask = np.zeros((1, n, num_v_heads), dtype=np.float32)
     conv = np.zeros((n, 1, 1, 1), dtype=np.float32)
     for row in rows:
-        r = slot_row(row.state_slot, n)
+        r = row.state_slot
+        if not 0 <= r < n:
+            raise ValueError(f"state slot {r} outside 0..{n - 1}")
         if cur[r] != -1:
-            raise ValueError(f"two decode rows share state slot {row.state_slot}")
-        ids[0, r] = row.token_ids[0]
+            raise ValueError(f"two decode rows share state slot {r}")
+        ids[0, r] = 0 if row.fed else row.token_ids[0]
         cur[r] = write[r] = row.start_pos
         positions[r] = row.start_pos
         table[r] = padded_table(row.block_table, width)
@@ -223,6 +209,3 @@ def decode_values(
         conv_mask=conv,
         active=tuple(r.state_slot for r in rows),
     )
-
-
-__all__ = ["choose_bucket"]  # re-exported for the backend
