@@ -14,10 +14,12 @@ import httpx
 import pytest
 import uvicorn
 
+from tt_serve.config import ServeConfig
 from tt_serve.demo import write_demo_model
 from tt_serve.engine.async_engine import AsyncEngine
-from tt_serve.llm import EngineOptions, build_engine, load_tokenizer
+from tt_serve.engine.factory import build_engine
 from tt_serve.server.app import ServerState, create_app
+from tt_serve.tokenizer import load_tokenizer
 
 MODEL_NAME = "demo"
 
@@ -29,19 +31,18 @@ def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
-def engine_options(model_dir: Path, **kw: object) -> EngineOptions:
+def engine_options(model_dir: Path, **kw: object) -> ServeConfig:
     base: dict[str, object] = dict(
-        model=str(model_dir),
         block_size=16,
-        chunk=64,
+        prefill_chunk=64,
         kv_blocks=1024,
         snapshot_slots=16,
-        max_batch=16,
+        max_batch_size=16,
         max_num_batched_tokens=512,
         max_model_len=2048,
     )
     base.update(kw)
-    return EngineOptions(**base)  # type: ignore[arg-type]
+    return ServeConfig.from_kwargs("engine_options()", model=str(model_dir), **base)
 
 
 @dataclass
@@ -66,7 +67,7 @@ def serve(
 
     def loader(st: ServerState) -> None:
         tok = load_tokenizer(model_dir)
-        engine, _ = build_engine(engine_options(model_dir, **engine_kw), tokenizer=tok)
+        engine = build_engine(engine_options(model_dir, **engine_kw), tokenizer=tok)
         ae = AsyncEngine(engine, max_waiting=max_waiting)
         ae.start()
         st.tokenizer, st.max_model_len, st.engine = tok, engine.config.max_model_len, ae
@@ -83,7 +84,8 @@ def serve(
     served = Served(f"http://127.0.0.1:{port}", state)
     if load:
         with served.client() as c:
-            while c.get("/health").status_code != 200:
+            while (health := c.get("/health")).status_code != 200:
+                assert health.json()["status"] != "error", health.json()["detail"]
                 assert time.monotonic() < deadline + 120, "model did not load"
                 time.sleep(0.1)
     try:

@@ -91,7 +91,7 @@ def test_http_greedy_equals_offline_llm(server: Served, demo_dir: Path) -> None:
     llm = LLM(
         demo_dir,
         block_size=opts.block_size,
-        chunk=opts.chunk,
+        prefill_chunk=opts.prefill_chunk,
         kv_blocks=256,
         snapshot_slots=4,
         max_model_len=opts.max_model_len,

@@ -21,7 +21,7 @@ OTHER_EXAMPLES = 20
 @pytest.fixture(scope="module")
 def small_server(demo_dir: Path) -> Iterator[Served]:
     # A short context keeps valid fuzzed requests cheap: huge max_tokens is rejected as 400.
-    with serve(demo_dir, max_model_len=96, kv_blocks=256, max_batch=16) as s:
+    with serve(demo_dir, max_model_len=96, kv_blocks=256, max_batch_size=16) as s:
         yield s
 
 

@@ -1,22 +1,30 @@
-"""A background step loop with a per-request async stream of outputs.
+"""A background step loop with an async stream of outputs per submission.
 
 The engine itself is single-threaded: one thread owns it and runs ``step()`` whenever there is
-work. Callers on the asyncio side send commands (add, abort) through a queue; outputs come back
-to each request's ``asyncio.Queue`` through ``call_soon_threadsafe``. Cancelling or closing a
-consumer's stream aborts its request, which frees its blocks, slot and pins at once.
+work. Callers on the asyncio side submit requests (validated and given their queue slots in the
+caller's coroutine) and abort them through a command queue; outputs come back to the caller's
+``asyncio.Queue`` through ``call_soon_threadsafe``. Closing an ``OutputStream`` early aborts its
+unfinished requests, which frees their blocks, slots and pins at once.
+
+Queue slots: a request holds one from ``submit`` until the engine admits it to the running batch
+(or it ends). The count is the adds still in the command queue plus the engine's waiting
+requests as the loop thread last saw them; the loop thread moves an applied add from the first
+term to the second under the same lock, so the count never falls below the true number and
+``max_waiting`` is never exceeded.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from types import TracebackType
 
-from tt_serve.engine.engine import Engine
+from tt_serve.engine.engine import Engine, EngineStats
 from tt_serve.sequence import FinishReason, RequestError, RequestOutput, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -27,33 +35,66 @@ class QueueFullError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class EngineSnapshot:
-    """Gauges published by the loop thread after every step (read lock-free)."""
-
-    num_running: int = 0
-    num_waiting: int = 0
-    kv_blocks_used: int = 0
-    kv_blocks_total: int = 0
-    snapshot_slots_used: int = 0
-    snapshot_slots_total: int = 0
-    prefix_queries: int = 0
-    prefix_hits: int = 0
-    prefill_tokens_computed: int = 0
-    pipelined_decode_steps: int = 0
-
-
-@dataclass
-class _Add:
+class NewRequest:
     request_id: str
     prompt: list[int]
     params: SamplingParams
+
+
+@dataclass(frozen=True)
+class _Add:
+    request: NewRequest
+    arrival_time: float
     loop: asyncio.AbstractEventLoop
-    out: asyncio.Queue[RequestOutput | BaseException]
+    out: asyncio.Queue[RequestOutput]
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Abort:
     request_id: str
+
+
+class OutputStream:
+    """Outputs of requests submitted together, interleaved as the engine produces them.
+
+    Iteration ends once every request has finished (a failed request finishes with
+    ``finish_reason == "error"``). ``close()``, or leaving a ``with`` block, aborts the
+    unfinished ones: call it when the consumer goes away.
+    """
+
+    def __init__(
+        self, engine: AsyncEngine, request_ids: list[str], out: asyncio.Queue[RequestOutput]
+    ) -> None:
+        self._engine = engine
+        self._unfinished = dict.fromkeys(request_ids)  # an ordered set
+        self._out = out
+
+    def __aiter__(self) -> OutputStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if not self._unfinished:
+            raise StopAsyncIteration
+        out = await self._out.get()
+        if out.finished:
+            self._unfinished.pop(out.request_id, None)
+        return out
+
+    def close(self) -> None:
+        for rid in self._unfinished:
+            self._engine.abort(rid)
+        self._unfinished.clear()
+
+    def __enter__(self) -> OutputStream:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
 
 
 class AsyncEngine:
@@ -61,12 +102,13 @@ class AsyncEngine:
         self.engine = engine
         self.max_waiting = max_waiting
         self._commands: queue.Queue[_Add | _Abort | None] = queue.Queue()
-        self._streams: dict[str, _Add] = {}
+        self._streams: dict[str, _Add] = {}  # requests inside the engine
         self._thread: threading.Thread | None = None
         self._stopping = False
-        self._pending_adds = 0
-        self._lock = threading.Lock()
-        self.snapshot = self._take_snapshot()
+        self._lock = threading.Lock()  # guards the two queue-slot counts
+        self._adds_in_flight = 0
+        self._engine_waiting = 0
+        self.gauges: EngineStats = engine.stats()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -76,83 +118,79 @@ class AsyncEngine:
             self._thread.start()
 
     def shutdown(self) -> None:
+        """Stop the loop (failing what is unfinished), then release the backend."""
         self._stopping = True
         self._commands.put(None)
         if self._thread is not None:
             self._thread.join(timeout=30)
+            if self._thread.is_alive():
+                log.error("the engine loop did not stop within 30 s; the backend stays open")
+                return
             self._thread = None
+        self.engine.close()
 
     # -- API ---------------------------------------------------------------------------------
 
-    def validate(self, prompt: Sequence[int], params: SamplingParams) -> None:
-        self.engine.validate(prompt, params)
-
-    async def generate(
-        self, request_id: str, prompt: Sequence[int], params: SamplingParams
-    ) -> AsyncIterator[RequestOutput]:
-        """Stream a request's outputs until it finishes. Raises RequestError / QueueFullError
-        before anything is queued."""
-        prompt = [int(t) for t in prompt]
-        self.engine.validate(prompt, params)
+    @property
+    def num_queued(self) -> int:
+        """Requests holding a queue slot: submitted and not yet admitted to running."""
         with self._lock:
-            if self.snapshot.num_waiting + self._pending_adds >= self.max_waiting:
+            return self._adds_in_flight + self._engine_waiting
+
+    def submit(self, requests: Sequence[NewRequest]) -> OutputStream:
+        """Queue requests together, or none of them: raises RequestError (naming the limit) or
+        QueueFullError before anything is queued. Call from a coroutine."""
+        for r in requests:
+            self.engine.validate(r.prompt, r.params)
+        with self._lock:
+            if self._adds_in_flight + self._engine_waiting + len(requests) > self.max_waiting:
                 raise QueueFullError(
                     f"the waiting queue is full ({self.max_waiting} requests); retry later"
                 )
-            self._pending_adds += 1
-        out: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-        self._commands.put(_Add(request_id, prompt, params, asyncio.get_running_loop(), out))
-        finished = False
-        try:
-            while True:
-                item = await out.get()
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                if item.finished:
-                    finished = True
-                yield item
-                if finished:
-                    return
-        finally:
-            if not finished:
-                self.abort(request_id)
+            self._adds_in_flight += len(requests)
+        loop = asyncio.get_running_loop()
+        out: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        arrival = time.monotonic()
+        for r in requests:
+            self._commands.put(_Add(r, arrival, loop, out))
+        return OutputStream(self, [r.request_id for r in requests], out)
 
     def abort(self, request_id: str) -> None:
         self._commands.put(_Abort(request_id))
 
     # -- the loop thread ---------------------------------------------------------------------
 
-    def _take_snapshot(self) -> EngineSnapshot:
-        e = self.engine
-        c = e.cache
-        st = c.stats
-        return EngineSnapshot(
-            num_running=e.num_running,
-            num_waiting=e.num_waiting,
-            kv_blocks_used=c.num_active_blocks,
-            kv_blocks_total=c.num_usable_blocks,
-            snapshot_slots_used=c.num_snapshots_used,
-            snapshot_slots_total=c.num_snapshot_slots,
-            prefix_queries=st.queries,
-            prefix_hits=st.hits,
-            prefill_tokens_computed=e.prefill_tokens_computed,
-            pipelined_decode_steps=e.num_pipelined_steps,
-        )
+    def _publish_gauges(self) -> None:
+        stats = self.engine.stats()
+        with self._lock:
+            self._engine_waiting = stats.num_waiting
+        self.gauges = stats
 
     def _apply(self, cmd: _Add | _Abort) -> None:
-        if isinstance(cmd, _Add):
-            with self._lock:
-                self._pending_adds -= 1
-            try:
-                self.engine.add_request(cmd.request_id, cmd.prompt, cmd.params)
-            except RequestError as exc:
-                cmd.loop.call_soon_threadsafe(cmd.out.put_nowait, exc)
-                return
-            self._streams[cmd.request_id] = cmd
-        else:
+        if isinstance(cmd, _Abort):
             if self.engine.abort(cmd.request_id):
                 self._streams.pop(cmd.request_id, None)
+            return
+        r = cmd.request
+        try:
+            self.engine.add_request(
+                r.request_id, r.prompt, r.params, arrival_time=cmd.arrival_time, validated=True
+            )
+        except RequestError as exc:  # validated in submit: only a reused request id gets here
+            with self._lock:
+                self._adds_in_flight -= 1
+            self._send(cmd, _error_output(r, str(exc)))
+            return
+        with self._lock:
+            self._adds_in_flight -= 1
+            self._engine_waiting += 1
+        self._streams[r.request_id] = cmd
+
+    def _send(self, add: _Add, out: RequestOutput) -> None:
+        try:
+            add.loop.call_soon_threadsafe(add.out.put_nowait, out)
+        except RuntimeError:  # the consumer's loop is closed
+            self.engine.abort(out.request_id)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         for o in outputs:
@@ -161,10 +199,7 @@ class AsyncEngine:
                 continue
             if o.finished:
                 self._streams.pop(o.request_id, None)
-            try:
-                s.loop.call_soon_threadsafe(s.out.put_nowait, o)
-            except RuntimeError:  # the consumer's loop is closed
-                self.engine.abort(o.request_id)
+            self._send(s, o)
 
     def _run(self) -> None:
         while not self._stopping:
@@ -190,21 +225,34 @@ class AsyncEngine:
                     log.exception("engine step crashed")
                     outputs = self._fail_all(exc)
                 self._deliver(outputs)
-            self.snapshot = self._take_snapshot()
-        with contextlib.suppress(Exception):
+            self._publish_gauges()
+        try:
             self.engine.drain()  # read a pipelined step still in flight before failing the rest
+        except Exception:
+            log.exception("draining the engine at shutdown failed")
         self._fail_all(RuntimeError("engine shut down"))
 
     def _fail_all(self, exc: BaseException) -> list[RequestOutput]:
+        """Fail every request the engine holds, and (at shutdown) every add not yet applied."""
         for rid, s in list(self._streams.items()):
             self.engine.abort(rid)
-            err = RequestOutput(
-                request_id=rid,
-                prompt_token_ids=s.prompt,
-                finish_reason=FinishReason.ERROR.value,
-                error=f"engine error: {exc}",
-            )
-            with contextlib.suppress(RuntimeError):
-                s.loop.call_soon_threadsafe(s.out.put_nowait, err)
+            self._send(s, _error_output(s.request, f"engine error: {exc}"))
         self._streams.clear()
+        if self._stopping:
+            while True:
+                try:
+                    cmd = self._commands.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(cmd, _Add):
+                    self._send(cmd, _error_output(cmd.request, f"engine error: {exc}"))
         return []
+
+
+def _error_output(r: NewRequest, error: str) -> RequestOutput:
+    return RequestOutput(
+        request_id=r.request_id,
+        prompt_token_ids=r.prompt,
+        finish_reason=FinishReason.ERROR.value,
+        error=error,
+    )

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from tt_serve.model.dtypes import resolve_dtype
+from tt_serve.model.dtypes import torch_dtype
 from tt_serve.model.spec import FULL_ATTENTION, ModelSpec
 
 IGNORED_PREFIXES = ("mtp.", "model.visual.", "visual.")
@@ -132,7 +132,7 @@ def load_weights(
     path: str | Path, spec: ModelSpec, *, dtype: str | torch.dtype = torch.float32
 ) -> dict[str, torch.Tensor]:
     """Load and validate a checkpoint folder into canonical tensors (on CPU, in ``dtype``)."""
-    root, tdtype = Path(path), resolve_dtype(dtype)
+    root, tdtype = Path(path), torch_dtype(dtype)
     files = _tensor_files(root)
     stripped: dict[str, str] = {}
     for name in files:

@@ -1,20 +1,22 @@
 """Prometheus metrics with vLLM-like names under ``tt_serve:``.
 
-Engine-side numbers (prefix-cache queries and hits in tokens, running / waiting requests, KV and
-snapshot usage) are read from the engine's last published snapshot at scrape time; per-request
-numbers (latencies, token counters, finish reasons) are recorded by the server as requests end.
+Engine-side numbers (prefix-cache queries and hits in tokens, computed tokens, running / waiting
+requests, KV and snapshot usage, failed steps, where rows were sampled) are read from the
+engine's last published ``EngineStats`` at scrape time; per-request numbers (latencies, token
+counters, finish reasons) are recorded by the server as outputs arrive.
 Each app gets its own registry, so several servers can live in one process (tests).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from tt_serve.engine.async_engine import EngineSnapshot
+from tt_serve.engine.engine import EngineStats
 from tt_serve.sequence import RequestOutput
 
 P = "tt_serve:"
@@ -60,11 +62,11 @@ _ITL_BUCKETS = (
 
 
 class _EngineCollector(Collector):
-    def __init__(self, snapshot: Callable[[], EngineSnapshot | None]) -> None:
-        self._snapshot = snapshot
+    def __init__(self, gauges: Callable[[], EngineStats | None]) -> None:
+        self._gauges = gauges
 
     def collect(self) -> Iterator[Metric]:
-        s = self._snapshot() or EngineSnapshot()
+        s = self._gauges() or EngineStats()
         yield CounterMetricFamily(
             f"{P}prefix_cache_queries",
             "Prompt tokens looked up in the prefix cache.",
@@ -79,6 +81,24 @@ class _EngineCollector(Collector):
             f"{P}prefill_tokens_computed",
             "Prompt tokens actually computed by the backend.",
             value=s.prefill_tokens_computed,
+        )
+        yield CounterMetricFamily(
+            f"{P}decode_tokens_computed",
+            "Decode tokens computed by the backend.",
+            value=s.decode_tokens_computed,
+        )
+        sampled = CounterMetricFamily(
+            f"{P}sampled_rows",
+            "Batch rows whose next token was picked on the device (argmax) or on the host.",
+            labels=["where"],
+        )
+        sampled.add_metric(["device"], s.sampled_rows_device)
+        sampled.add_metric(["host"], s.sampled_rows_host)
+        yield sampled
+        yield CounterMetricFamily(
+            f"{P}failed_steps",
+            "Engine steps whose backend call raised (their requests failed).",
+            value=s.failed_steps,
         )
         yield CounterMetricFamily(
             f"{P}pipelined_decode_steps",
@@ -115,10 +135,10 @@ class _EngineCollector(Collector):
 
 
 class Metrics:
-    def __init__(self, snapshot: Callable[[], EngineSnapshot | None]) -> None:
+    def __init__(self, gauges: Callable[[], EngineStats | None]) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        r.register(_EngineCollector(snapshot))
+        r.register(_EngineCollector(gauges))
         self.ttft = Histogram(
             f"{P}time_to_first_token_seconds",
             "Time to first token.",
@@ -154,11 +174,19 @@ class Metrics:
             registry=r,
         )
 
-    def observe_token(self, last_token_time: float | None, now: float) -> None:
-        if last_token_time is not None:
-            self.itl.observe(max(now - last_token_time, 0.0))
+    def observe(self, out: RequestOutput, last_token_time: dict[str, float]) -> None:
+        """One output as it reaches its client: the inter-token latency (``last_token_time``
+        keeps each request's last token time) and, at the end, the request's totals."""
+        if out.new_token_ids:
+            t = time.monotonic()
+            prev = last_token_time.get(out.request_id)
+            if prev is not None:
+                self.itl.observe(max(t - prev, 0.0))
+            last_token_time[out.request_id] = t
+        if out.finished:
+            self._finished(out)
 
-    def observe_finished(self, out: RequestOutput) -> None:
+    def _finished(self, out: RequestOutput) -> None:
         self.prompt_tokens.inc(len(out.prompt_token_ids))
         self.generation_tokens.inc(len(out.token_ids))
         self.finished.labels(finished_reason=out.finish_reason or "abort").inc()

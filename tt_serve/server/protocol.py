@@ -1,7 +1,10 @@
-"""OpenAI-compatible request bodies, response builders and the error body.
+"""OpenAI-compatible request bodies, the error body and small response helpers.
 
 Validation lives here: anything a client can send that the engine cannot serve becomes a 400
 with ``{"error": {"message", "type", "param", "code"}}`` before a single block is allocated.
+Fields are strictly typed as in the OpenAI schema (``"n": "2"`` is refused; an integer is still
+a number), and text must be valid Unicode (a lone UTF-16 surrogate sent as a JSON escape is
+refused here rather than failing in the tokenizer).
 """
 
 from __future__ import annotations
@@ -10,12 +13,13 @@ import time
 import uuid
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tt_serve.sequence import SamplingParams
 
 MAX_N = 16
 MAX_STOP = 16
+RETRY_AFTER_S = 1
 
 
 class APIError(Exception):
@@ -29,6 +33,7 @@ class APIError(Exception):
         type: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -36,9 +41,21 @@ class APIError(Exception):
         self.type = type
         self.param = param
         self.code = code
+        self.headers = headers
 
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.type, self.param, self.code)
+
+
+def unavailable(message: str, code: str | None = None) -> APIError:
+    """A 503 the client should retry."""
+    return APIError(
+        503,
+        message,
+        type="server_unavailable",
+        code=code,
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    )
 
 
 def error_body(
@@ -47,15 +64,36 @@ def error_body(
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
+def _lone_surrogate(value: object, path: str = "") -> str | None:
+    """The path of the first string (value or key) holding a lone surrogate, else None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path or "body"
+        return None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            found = _lone_surrogate(k, path) or _lone_surrogate(v, f"{path}.{k}".lstrip("."))
+            if found:
+                return found
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            found = _lone_surrogate(v, f"{path}[{i}]")
+            if found:
+                return found
+    return None
+
+
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     include_usage: bool = False
 
 
-class _SamplingFields(BaseModel):
+class SamplingRequest(BaseModel):
     """Fields shared by completions and chat completions."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
@@ -77,6 +115,14 @@ class _SamplingFields(BaseModel):
     skip_special_tokens: bool = True
     # Extension (as in vLLM): also return the prompt and generated token ids.
     return_token_ids: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        where = _lone_surrogate(data)
+        if where is not None:
+            raise ValueError(f"{where} holds a lone UTF-16 surrogate (not valid Unicode text)")
+        return data
 
     @field_validator("stop")
     @classmethod
@@ -120,7 +166,7 @@ class _SamplingFields(BaseModel):
 PromptType = str | list[str] | list[int] | list[list[int]]
 
 
-class CompletionRequest(_SamplingFields):
+class CompletionRequest(SamplingRequest):
     prompt: PromptType
     max_tokens: int | None = Field(default=16, ge=1)
     logprobs: int | None = Field(default=None, ge=0, le=5)
@@ -131,12 +177,12 @@ class CompletionRequest(_SamplingFields):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     role: str
     content: str | list[dict[str, Any]] | None = None
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)

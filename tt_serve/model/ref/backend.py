@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, TypedDict, Unpack
 
 import torch
 
-from tt_serve.model.dtypes import resolve_dtype
+from tt_serve.model.dtypes import torch_dtype
 from tt_serve.model.interface import StateCopy, StepBatch, StepOutput
 from tt_serve.model.ref.model import HybridModel
 from tt_serve.model.ref.outputs import fill_logprobs
@@ -70,7 +70,7 @@ class TorchBackend:
             raise ValueError("device_resident needs cuda_graphs (the bucketed decode path)")
         self.spec = spec
         self.device = torch.device(options.get("device", "cpu"))
-        self.dtype = resolve_dtype(options.get("dtype", torch.float32))
+        self.dtype = torch_dtype(options.get("dtype", torch.float32))
         cast = {
             n: t if n.endswith(("A_log", "dt_bias")) else t.to(self.dtype)
             for n, t in weights.items()
@@ -92,7 +92,7 @@ class TorchBackend:
         from tt_serve.model.weights import load_weights
 
         spec = spec or ModelSpec.from_hf_dir(path)
-        options["dtype"] = resolve_dtype(options.get("dtype", torch.float32))
+        options["dtype"] = torch_dtype(options.get("dtype", torch.float32))
         return cls(spec, load_weights(path, spec, dtype=options["dtype"]), **options)
 
     @classmethod
