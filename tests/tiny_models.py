@@ -8,6 +8,7 @@ No weights are committed; building one takes well under a second.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from pathlib import Path
@@ -254,6 +255,22 @@ def greedy_hf(model: Any, prompt: list[int], new_tokens: int) -> list[int]:
             pad_token_id=0,
         )
     return [int(t) for t in out[0, len(prompt) :]]
+
+
+def prefill_hf(model: Any, prompt: list[int], splits: list[int]) -> torch.Tensor:
+    """HF logits [T, vocab] at every position, prefilled in chunks cut at ``splits``: each chunk
+    resumes from the cache the previous one left (GDN conv/recurrent state and KV)."""
+    from transformers import DynamicCache
+
+    ids = torch.tensor([prompt])
+    cache = DynamicCache(config=model.config)
+    cuts = [0, *splits, len(prompt)]
+    with torch.no_grad():
+        parts = [
+            model(ids[:, a:b], cache=cache, use_cache=True).logits[0].float()
+            for a, b in itertools.pairwise(cuts)
+        ]
+    return torch.cat(parts)
 
 
 def assert_varied_greedy(model: Any, prompt: list[int], *, n: int = 40, distinct: int = 10) -> None:

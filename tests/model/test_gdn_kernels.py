@@ -9,6 +9,7 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import (
     torch_recurrent_gated_delta_rule,
 )
 
+from tests import numerics as nm
 from tt_serve.model.ref.gdn import chunk_gated_delta, recurrent_gated_delta_step
 from tt_serve.model.ref.layers import l2norm
 
@@ -38,8 +39,12 @@ def test_chunk_matches_hf(t: int) -> None:
     )
     qq, kk = _ours(q, k)
     out, s = chunk_gated_delta(qq, kk, v[0], g[0], beta[0], s0[0])
-    assert (out - ref[0]).abs().max().item() < 1e-5
-    assert (s - ref_s[0]).abs().max().item() < 1e-5
+    # Same math, possibly another rounding order: the longest chain accumulates dk products per
+    # token over t tokens (numerics.py). Measured 0 here; re-chunking at 32 stays within it, while
+    # a 1% error in the decay or beta moves outputs by 1e-4..2e-3 (over 100x the bound).
+    n = t * q.shape[-1]
+    assert (out - ref[0]).abs().max().item() <= nm.reorder_bound(ref.abs().max().item(), n)
+    assert (s - ref_s[0]).abs().max().item() <= nm.reorder_bound(ref_s.abs().max().item(), n)
 
 
 def test_recurrent_step_matches_hf() -> None:
@@ -49,5 +54,7 @@ def test_recurrent_step_matches_hf() -> None:
     )
     qq, kk = _ours(q, k)
     out, s = recurrent_gated_delta_step(qq, kk, v[0], g[0], beta[0], s0)
-    assert (out[0] - ref[0, 0]).abs().max().item() < 1e-6
-    assert (s - ref_s).abs().max().item() < 1e-6
+    # One token: chains of dk products (numerics.py). Measured 3.7e-9 (1 ulp) and 0 here.
+    n = q.shape[-1]
+    assert (out[0] - ref[0, 0]).abs().max().item() <= nm.reorder_bound(ref.abs().max().item(), n)
+    assert (s - ref_s).abs().max().item() <= nm.reorder_bound(ref_s.abs().max().item(), n)

@@ -7,11 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests import numerics as nm
 from tests import tiny_models as tm
 from tests.model import driver as d
 from tt_serve.model.interface import StepBatch
-
-TOL = 1e-4
 
 
 @pytest.mark.parametrize("name", ["dense_dir", "moe_dir", "next_dir", "tied_dir", "release_dir"])
@@ -24,8 +23,12 @@ def test_logits_match_hf_at_every_position(name: str, request: pytest.FixtureReq
         ref = hf(torch.tensor([ids])).logits[0].float()
     ours = d.prefill_logits(d.backend(path), 0, ids, [])
     assert ours.shape == ref.shape
-    err = (ours - ref).abs().max().item()
-    assert err < TOL, f"{name}: max |Δlogit| {err}"
+    # Two fp32 implementations of the same math: the error-analysis bound for logits
+    # (numerics.py), 6.7e-5-7.3e-5 here; measured 0 (8.8e-6 for Qwen3-Next's fused projections).
+    scale = ref.abs().max().item()
+    err, tol = (ours - ref).abs().max().item(), nm.logits_bound(scale, nm.model_dims(path))
+    assert err <= tol, f"{name}: max |Δlogit| {err:.3g} > {tol:.3g}"
+    assert scale < nm.LOGIT_SCALE  # the scale that logprob-only tests assume
     assert ref.std().item() > 1.0  # the comparison is not vacuous
 
 
