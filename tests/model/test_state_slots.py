@@ -11,9 +11,9 @@ import torch
 from tests import numerics as nm
 from tests import tiny_models as tm
 from tests.model import driver as d
+from tt_serve.config import GDN_CHUNK
 from tt_serve.model.interface import StateCopy, StepBatch
 from tt_serve.model.ref import TorchBackend
-from tt_serve.model.spec import GDN_CHUNK
 
 PROMPT = d.prompt(512, seed=5)
 

@@ -17,7 +17,6 @@ from typing import Any
 SUPPORTED_MODEL_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")
 LINEAR_ATTENTION = "linear_attention"
 FULL_ATTENTION = "full_attention"
-from tt_serve.config import GDN_CHUNK  # the GDN chunked-scan grid (stated once, in config)
 
 
 class UnsupportedModelError(ValueError):

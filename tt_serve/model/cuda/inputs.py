@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tt_serve.config import GDN_CHUNK
 from tt_serve.model.buckets import NoBucket, doubling
 from tt_serve.model.interface import PAD_BLOCK, StepRow
-from tt_serve.model.spec import GDN_CHUNK
 
 DECODE_BUCKET_CAP = 32
 

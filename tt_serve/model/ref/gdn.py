@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from tt_serve.config import GDN_CHUNK
 from tt_serve.model.ref.layers import l2norm, rms_norm_gated
 from tt_serve.model.ref.plan import StepPlan
-from tt_serve.model.spec import GDN_CHUNK
 
 
 @dataclass(frozen=True)
