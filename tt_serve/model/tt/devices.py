@@ -1,0 +1,363 @@
+"""Descriptions of the Tenstorrent boards and boxes users deploy on (no ttnn import).
+
+Each number is cited from tt-metal (or Tenstorrent's published specifications where tt-metal
+has no file for it) in a comment next to it. The device model (op rules, DRAM and trace-region
+accounting) and ``tt-serve plan`` read these; nothing here talks to a device.
+
+Sources, all public GitHub; paths are repository-relative (read in tt-metal and tt-umd
+snapshots from 2025-2026; line numbers drift, so the key or define that states each number is
+named instead):
+
+* ``tt-metal/tt_metal/core_descriptors/{wormhole_b0_80_arch,wormhole_b0_80_arch_eth_dispatch,
+  blackhole_140_arch}.yaml``: ``compute_with_storage_grid_range`` per product (``nebula_x1`` =
+  1 harvested tensix row, ``nebula_x2`` = 2 rows, ``galaxy`` = 0 rows on Wormhole;
+  ``unharvested`` / ``1xharvested`` / ``2xharvested`` tensix columns on Blackhole), per
+  dispatch axis (``row`` / ``col``) and dispatch core type (tensix or ethernet). This is what
+  ``device.compute_with_storage_grid_size()`` returns.
+* ``tt-umd/device/api/umd/device/types/cluster_descriptor_types.hpp``:
+  ``expected_tensix_harvested_units_map`` (which product each board is: N150 1, N300 2, P100 2,
+  P150 2, P300 2, UBB (Wormhole Galaxy) 0, UBB_BLACKHOLE 1) and
+  ``expected_dram_harvested_units_map`` (P100 1, every other board 0).
+* ``tt-metal/ttnn/ttnn/device.py``: ``get_default_dispatch_core_type()`` (ETH for cluster types
+  N300, T3K, N300_2x2, else WORKER) and ``get_default_dispatch_core_axis()`` (COL on Blackhole,
+  ROW elsewhere): the dispatch configuration a plain ``ttnn.open_mesh_device`` gets, hence the
+  grid these specs record.
+* ``tt-metal/tt_metal/hw/inc/internal/tt-1xx/{wormhole,blackhole}/dev_mem_map.h``:
+  ``MEM_L1_SIZE``, ``MEM_DRAM_SIZE`` (per DRAM bank), ``MEM_MAX_KERNEL_SIZE`` comment (firmware
+  reserved L1); cross-checked against ``tt-metal/tt_metal/soc_descriptors/
+  {wormhole_b0_80_arch,blackhole_140_arch}.yaml`` (``worker_l1_size``, ``dram_view_size``,
+  ``dram_bank_size``, ``dram``/``dram_views`` lists).
+* ``tt-metal/tt_metal/llrt/hal/tt-1xx/wormhole/wh_hal.cpp`` (and ``blackhole/bh_hal.cpp``):
+  the only DRAM the HAL reserves is ``DRAM_BARRIER_SIZE`` (one ``DRAM_ALIGNMENT``, 32 B on
+  Wormhole, 64 B on Blackhole) at the bottom of every bank, plus a profiler region in Tracy
+  builds only.
+* ``tt-metal/models/tt_transformers/tt/model_config.py``: ``determine_device_name()`` (N150,
+  N300, N150x4, T3K, TG; P100 (DRAM grid 7x1), P150 (8x1), P300, P150x4, P150x8, BHGLX) and the
+  ``MESH_DEVICE`` -> ``MeshShape`` tables in tt-metal's demos/tests (e.g.
+  ``models/tt_transformers/demo/simple_text_demo.py``): N150 (1,1), N300 (1,2), T3K (1,8),
+  TG (8,4), P150 (1,1), P300 (1,2), P150x4 (1,4), P150x8 (1,8), BHGLX (8,4).
+
+What the numbers do not cover (the planner must keep a margin):
+
+* DRAM: beyond the HAL barrier word, ``trace_region_size`` (a device-open parameter) is carved
+  out of every DRAM bank, and the allocator needs headroom (alignment, fragmentation,
+  per-bank interleaving). tt-metal states no further fixed reservation, so ``dram_reserved_bytes``
+  below is only the HAL's; size the rest in the planner.
+* L1: ``l1_firmware_reserved_bytes`` is the firmware/mailbox region the dev_mem_map comment
+  states; the allocator's L1 base sits higher still (kernel-config buffer, whose size is the
+  ``worker_l1_size`` device parameter, and ``l1_small_size``).
+* Grid: a non-default dispatch configuration changes it (N300/T3K with tensix dispatch lose a
+  row: 8x7; Galaxy with column dispatch: 7x10; Blackhole with fabric tensix MUX goes to row
+  dispatch), and ``TT_METAL_CORE_GRID_OVERRIDE_TODEPRECATE`` can shrink it further.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ChipSpec:
+    """One chip as ttnn sees it: the worker (compute-with-storage) grid ops can use, its DRAM,
+    and the L1 per worker core."""
+
+    arch: str  # "wormhole_b0" | "blackhole"
+    grid_x: int  # compute_with_storage_grid_size().x
+    grid_y: int  # compute_with_storage_grid_size().y
+    dram_bytes: int  # device DRAM per chip, as the allocator sees it (banks x bank size)
+    l1_bytes: int  # L1 SRAM per worker core
+    dram_banks: int = 0  # interleaving banks (dram_grid_size().x on Blackhole; 12 on Wormhole)
+    dram_reserved_bytes: int = 0  # DRAM the HAL reserves per chip (all banks together)
+    l1_firmware_reserved_bytes: int = 0  # bottom of each worker's L1 held by firmware/mailboxes
+    enabled_tensix: int = 0  # Tensix cores left after harvesting, dispatch cores included
+
+    @property
+    def num_cores(self) -> int:
+        return self.grid_x * self.grid_y
+
+    @property
+    def dram_bank_bytes(self) -> int:
+        return self.dram_bytes // self.dram_banks if self.dram_banks else self.dram_bytes
+
+    @property
+    def usable_dram_bytes(self) -> int:
+        """DRAM left after the HAL's reservation; trace region and headroom still to subtract."""
+        return self.dram_bytes - self.dram_reserved_bytes
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """A board or a box: ``chips`` identical chips arranged as a ``mesh`` (rows, cols)."""
+
+    name: str
+    chip: ChipSpec
+    mesh: tuple[int, int]
+    dispatch: str = ""  # ttnn's default dispatch: "worker-row" | "worker-col" | "eth"
+    other_meshes: tuple[tuple[int, int], ...] = field(default=())  # other shapes tt-metal opens
+    description: str = ""
+
+    @property
+    def num_chips(self) -> int:
+        return self.mesh[0] * self.mesh[1]
+
+
+# --------------------------------------------------------------------------------------------
+# Per-architecture memory sizes
+# --------------------------------------------------------------------------------------------
+
+# Wormhole L1 per Tensix core: 1464 KiB.
+#   tt_metal/hw/inc/internal/tt-1xx/wormhole/dev_mem_map.h: `#define MEM_L1_SIZE (1464 * 1024)`
+#   tt_metal/soc_descriptors/wormhole_b0_80_arch.yaml: `worker_l1_size: 1499136`
+WH_L1_BYTES = 1464 * 1024  # 1_499_136
+# Firmware-reserved bottom of Wormhole L1: 32 KiB.
+#   wormhole/dev_mem_map.h: "1432 KB = 1464 KB (L1 total) - 32 KB (MEM_MAP_END system reserved)"
+WH_L1_FIRMWARE_RESERVED = 32 * 1024
+# Wormhole DRAM bank (as ttnn interleaves over it): 1 GiB, 12 banks = 12 GiB per chip.
+#   wormhole/dev_mem_map.h: `#define MEM_DRAM_SIZE (1048576 * 1024)`
+#   wormhole_b0_80_arch.yaml: 6 `dram` channels, `dram_bank_size: 2147483648` per channel, split
+#   into 12 `dram_views` (address_offset 0 / 1073741824) of `dram_view_size: 1073741824`.
+WH_DRAM_BANK_BYTES = 1048576 * 1024  # 1_073_741_824
+WH_DRAM_BANKS = 12
+# Wormhole HAL DRAM reservation: DRAM_BARRIER_SIZE = one DRAM_ALIGNMENT (32 B) at the bottom of
+# each bank (tt_metal/llrt/hal/tt-1xx/wormhole/wh_hal.cpp: DRAM_BARRIER_BASE = 0,
+# DRAM_BARRIER_SIZE rounded to DRAM_ALIGNMENT; DRAM_ALIGNMENT = max(NOC_DRAM_READ/WRITE_
+# ALIGNMENT_BYTES) = 32 on Wormhole). The profiler region is 0 unless built with Tracy.
+WH_DRAM_ALIGNMENT = 32
+
+# Blackhole L1 per Tensix core: 1536 KiB (1.5 MiB).
+#   tt_metal/hw/inc/internal/tt-1xx/blackhole/dev_mem_map.h: `#define MEM_L1_SIZE (1536 * 1024)`
+#   tt_metal/soc_descriptors/blackhole_140_arch.yaml: `worker_l1_size: 1572864` (older snapshots
+#   of this yaml said 1499136; dev_mem_map.h is what the firmware and allocator use).
+BH_L1_BYTES = 1536 * 1024  # 1_572_864
+# Firmware-reserved bottom of Blackhole L1: 33 KiB.
+#   blackhole/dev_mem_map.h: "1503 KB = 1536 KB (L1 total) - 33 KB (MEM_MAP_END system reserved)"
+BH_L1_FIRMWARE_RESERVED = 33 * 1024
+# Blackhole DRAM bank: 4 GiB - 16 MiB exposed per GDDR6 channel; 8 channels on P150/P300.
+#   blackhole/dev_mem_map.h: `#define MEM_DRAM_SIZE (4177920 * 1024U)` = 4_278_190_080
+#   blackhole_140_arch.yaml: 8 `dram` channels, `dram_bank_size: 4278190080`
+#   (also `dram_view_size: 4278190080`, one view per channel).
+# So a P150 chip exposes 8 x 4_278_190_080 = 34_225_520_640 B (31.875 GiB) of its 32 GiB GDDR6;
+# the top 16 MiB of each channel is not in tt-metal's map.
+BH_DRAM_BANK_BYTES = 4177920 * 1024  # 4_278_190_080
+BH_DRAM_BANKS = 8
+# P100 has one DRAM channel harvested: 7 banks.
+#   tt-umd cluster_descriptor_types.hpp: expected_dram_harvested_units_map {P100, 1};
+#   models/tt_transformers/tt/model_config.py determine_device_name(): "P100 DRAM grid is 7x1,
+#   P150 is 8x1".
+BH_P100_DRAM_BANKS = 7
+# Blackhole HAL DRAM reservation: DRAM_BARRIER_SIZE = one DRAM_ALIGNMENT = 64 B per bank
+# (tt_metal/llrt/hal/tt-1xx/blackhole/bh_hal.cpp, same scheme as wh_hal.cpp; DRAM_ALIGNMENT is
+# 64 on Blackhole).
+BH_DRAM_ALIGNMENT = 64
+
+
+# --------------------------------------------------------------------------------------------
+# Chips
+# --------------------------------------------------------------------------------------------
+
+# Wormhole die: 8 columns x 10 rows = 80 Tensix
+#   (tt_metal/soc_descriptors/wormhole_b0_80_arch.yaml `functional_workers`: 80 entries, x in
+#   {1..4, 6..9}, y in {1..5, 7..11}).
+
+# N150: 1 tensix row harvested (tt-umd expected_tensix_harvested_units_map {N150, 1}) -> 72 Tensix,
+# product "nebula_x1". Default dispatch for an N150 cluster is WORKER on the ROW axis
+# (ttnn/ttnn/device.py), which takes the last of the 9 rows: wormhole_b0_80_arch.yaml
+# `nebula_x1` (row dispatch, 1 or 2 CQs) `compute_with_storage_grid_range: end: [7, 7]` -> 8x8 = 64.
+WH_N150_CHIP = ChipSpec(
+    arch="wormhole_b0",
+    grid_x=8,
+    grid_y=8,
+    dram_bytes=WH_DRAM_BANKS * WH_DRAM_BANK_BYTES,  # 12 GiB
+    l1_bytes=WH_L1_BYTES,
+    dram_banks=WH_DRAM_BANKS,
+    dram_reserved_bytes=WH_DRAM_BANKS * WH_DRAM_ALIGNMENT,
+    l1_firmware_reserved_bytes=WH_L1_FIRMWARE_RESERVED,
+    enabled_tensix=72,
+)
+
+# N300 (both chips; also every chip of a T3K = 4 x N300): 2 tensix rows harvested
+# (tt-umd {N300, 2}) -> 64 Tensix, product "nebula_x2". Default dispatch for cluster types
+# N300 / T3K / N300_2x2 is ETH (ttnn/ttnn/device.py get_default_dispatch_core_type), so no
+# Tensix row goes to dispatch: wormhole_b0_80_arch_eth_dispatch.yaml
+# `nebula_x2: row: 1: compute_with_storage_grid_range: end: [7, 7]` -> 8x8 = 64 on the local
+# and the remote chip alike. With tensix dispatch instead (DispatchCoreType.WORKER),
+# wormhole_b0_80_arch.yaml `nebula_x2: ... end: [7, 6]` -> 8x7 = 56 on both chips.
+WH_N300_CHIP = ChipSpec(
+    arch="wormhole_b0",
+    grid_x=8,
+    grid_y=8,
+    dram_bytes=WH_DRAM_BANKS * WH_DRAM_BANK_BYTES,
+    l1_bytes=WH_L1_BYTES,
+    dram_banks=WH_DRAM_BANKS,
+    dram_reserved_bytes=WH_DRAM_BANKS * WH_DRAM_ALIGNMENT,
+    l1_firmware_reserved_bytes=WH_L1_FIRMWARE_RESERVED,
+    enabled_tensix=64,
+)
+
+# Wormhole Galaxy chip (UBB, 32 per Galaxy): no tensix harvesting (tt-umd {UBB, 0}) -> 80 Tensix,
+# product "galaxy". Default dispatch for a GALAXY cluster is WORKER on ROW (ttnn/ttnn/device.py),
+# which takes one of the 10 rows -> 8x9 = 72. That is tt-metal PR #26373 (merged Aug 2025; issue
+# #26632: "Galaxy with row dispatch compute grid was set to 8x8 when it should have been 8x9"),
+# which changed wormhole_b0_80_arch.yaml `galaxy: row:` from `end: [7, 7]` (the text in the
+# snapshots read here) to 9 rows; TT_METAL_CORE_GRID_OVERRIDE_TODEPRECATE="7,7" restores 8x8.
+# Column dispatch (DispatchCoreAxis.COL, used by tt-metal's Galaxy Llama demos) gives
+# `galaxy: col: ... end: [6, 9]` -> 7x10 = 70 (tt-metal issue #14569 / PR #15316).
+WH_GALAXY_CHIP = ChipSpec(
+    arch="wormhole_b0",
+    grid_x=8,
+    grid_y=9,
+    dram_bytes=WH_DRAM_BANKS * WH_DRAM_BANK_BYTES,
+    l1_bytes=WH_L1_BYTES,
+    dram_banks=WH_DRAM_BANKS,
+    dram_reserved_bytes=WH_DRAM_BANKS * WH_DRAM_ALIGNMENT,
+    l1_firmware_reserved_bytes=WH_L1_FIRMWARE_RESERVED,
+    enabled_tensix=80,
+)
+
+# Blackhole die: 14 columns x 10 rows = 140 Tensix
+#   (tt_metal/soc_descriptors/blackhole_140_arch.yaml `functional_workers`: x in {1..7, 10..16},
+#   y in {2..11}). Blackhole harvests whole columns, and dispatch takes one more column
+#   (default axis COL, ttnn/ttnn/device.py get_default_dispatch_core_axis).
+
+# P150 (P150a/b/c; also each chip of a P300 and of a P150x4/P150x8 box): 2 tensix columns
+# harvested (tt-umd {P150, 2}, {P300, 2}; tt-umd PR #1942 "Change p150 to expect 2 harvested
+# columns" for firmware 19.5.0, Jan 2026, which unified all p150 cards, older ones included, to
+# 120 Tensix; tt-metal issue #47014) -> 12x10 = 120 Tensix, product "2xharvested":
+# blackhole_140_arch.yaml `2xharvested: col: 1: compute_with_storage_grid_range: end: [10, 9]`
+# -> 11x10 = 110. (Cards on firmware older than 19.5.0 still show 140 Tensix, "unharvested",
+# `end: [12, 9]` -> 13x10 = 130; tt-metal's own CI moved to 11x10 in PR #35056.)
+BH_P150_CHIP = ChipSpec(
+    arch="blackhole",
+    grid_x=11,
+    grid_y=10,
+    dram_bytes=BH_DRAM_BANKS * BH_DRAM_BANK_BYTES,  # 34_225_520_640
+    l1_bytes=BH_L1_BYTES,
+    dram_banks=BH_DRAM_BANKS,
+    dram_reserved_bytes=BH_DRAM_BANKS * BH_DRAM_ALIGNMENT,
+    l1_firmware_reserved_bytes=BH_L1_FIRMWARE_RESERVED,
+    enabled_tensix=120,
+)
+
+# P100: same 2 harvested tensix columns (tt-umd {P100, 2}) -> 11x10 = 110 like P150, but one DRAM
+# channel harvested -> 7 banks (see BH_P100_DRAM_BANKS); no ethernet (tt-umd
+# expected_eth_harvested_units_map {P100, 14}), so single chip only.
+BH_P100_CHIP = ChipSpec(
+    arch="blackhole",
+    grid_x=11,
+    grid_y=10,
+    dram_bytes=BH_P100_DRAM_BANKS * BH_DRAM_BANK_BYTES,  # 29_947_330_560
+    l1_bytes=BH_L1_BYTES,
+    dram_banks=BH_P100_DRAM_BANKS,
+    dram_reserved_bytes=BH_P100_DRAM_BANKS * BH_DRAM_ALIGNMENT,
+    l1_firmware_reserved_bytes=BH_L1_FIRMWARE_RESERVED,
+    enabled_tensix=120,
+)
+
+# Blackhole Galaxy chip (UBB_BLACKHOLE, 32 per box): 1 tensix column harvested
+# (tt-umd {UBB_BLACKHOLE, 1}) -> 13x10 = 130 Tensix, product "1xharvested":
+# blackhole_140_arch.yaml `1xharvested: col: 1: ... end: [11, 9]` -> 12x10 = 120.
+BH_GALAXY_CHIP = ChipSpec(
+    arch="blackhole",
+    grid_x=12,
+    grid_y=10,
+    dram_bytes=BH_DRAM_BANKS * BH_DRAM_BANK_BYTES,  # tt-umd {UBB_BLACKHOLE, 0} DRAM harvested
+    l1_bytes=BH_L1_BYTES,
+    dram_banks=BH_DRAM_BANKS,
+    dram_reserved_bytes=BH_DRAM_BANKS * BH_DRAM_ALIGNMENT,
+    l1_firmware_reserved_bytes=BH_L1_FIRMWARE_RESERVED,
+    enabled_tensix=130,
+)
+
+
+# --------------------------------------------------------------------------------------------
+# Boards and boxes (mesh shapes from tt-metal's MESH_DEVICE -> MeshShape tables and
+# models/tt_transformers/tt/model_config.py determine_device_name(); chips per board from tt-umd
+# cluster_descriptor_types.hpp get_number_of_chips_from_board_type: N150 1, N300 2, P100 1,
+# P150 1, P300 2, UBB / UBB_BLACKHOLE 32)
+# --------------------------------------------------------------------------------------------
+
+N150 = DeviceSpec(
+    name="n150",
+    chip=WH_N150_CHIP,
+    mesh=(1, 1),  # MESH_DEVICE "N150": (1, 1)
+    dispatch="worker-row",
+    description="Wormhole n150: one chip",
+)
+N300 = DeviceSpec(
+    name="n300",
+    chip=WH_N300_CHIP,
+    mesh=(1, 2),  # MESH_DEVICE "N300": (1, 2)
+    dispatch="eth",
+    description="Wormhole n300: two chips on one card (one PCIe-attached, one over ethernet)",
+)
+T3K = DeviceSpec(
+    name="t3k",
+    chip=WH_N300_CHIP,
+    mesh=(1, 8),  # MESH_DEVICE "T3K": (1, 8); tt-metal models also open it as (2, 4)
+    dispatch="eth",
+    other_meshes=((2, 4),),
+    description="Wormhole T3000 (LoudBox/QuietBox): 4 x n300 = 8 chips",
+)
+GALAXY = DeviceSpec(
+    name="galaxy",
+    chip=WH_GALAXY_CHIP,
+    mesh=(8, 4),  # MESH_DEVICE "TG": (8, 4); also opened as (4, 8)
+    dispatch="worker-row",
+    other_meshes=((4, 8),),
+    description="Wormhole Galaxy: 32 chips",
+)
+P100 = DeviceSpec(
+    name="p100",
+    chip=BH_P100_CHIP,
+    mesh=(1, 1),  # determine_device_name: 1 Blackhole device with a 7x1 DRAM grid -> "P100"
+    dispatch="worker-col",
+    description="Blackhole p100a: one chip, 7 DRAM channels, no ethernet",
+)
+P150 = DeviceSpec(
+    name="p150",
+    chip=BH_P150_CHIP,
+    mesh=(1, 1),  # MESH_DEVICE "P150": (1, 1)
+    dispatch="worker-col",
+    description="Blackhole p150a/p150b: one chip",
+)
+P300 = DeviceSpec(
+    name="p300",
+    chip=BH_P150_CHIP,
+    mesh=(1, 2),  # MESH_DEVICE "P300": (1, 2)
+    dispatch="worker-col",
+    description="Blackhole p300: two chips on one card",
+)
+P150X4 = DeviceSpec(
+    name="p150x4",
+    chip=BH_P150_CHIP,
+    mesh=(1, 4),  # MESH_DEVICE "P150x4": (1, 4)
+    dispatch="worker-col",
+    description="Blackhole QuietBox: 4 x p150",
+)
+P150X8 = DeviceSpec(
+    name="p150x8",
+    chip=BH_P150_CHIP,
+    mesh=(1, 8),  # MESH_DEVICE "P150x8": (1, 8)
+    dispatch="worker-col",
+    description="Blackhole LoudBox: 8 x p150",
+)
+BH_GALAXY = DeviceSpec(
+    name="bh_galaxy",
+    chip=BH_GALAXY_CHIP,
+    mesh=(8, 4),  # MESH_DEVICE "BHGLX": (8, 4)
+    dispatch="worker-col",
+    description="Blackhole Galaxy: 32 chips",
+)
+
+DEVICES: dict[str, DeviceSpec] = {
+    d.name: d for d in (N150, N300, T3K, GALAXY, P100, P150, P300, P150X4, P150X8, BH_GALAXY)
+}
+
+
+def device_spec(name: str) -> DeviceSpec:
+    """The spec for a name users pass on the command line (case-insensitive)."""
+    spec = DEVICES.get(name.strip().lower())
+    if spec is None:
+        known = ", ".join(sorted(DEVICES))
+        raise ValueError(f"unknown device {name!r}; known devices: {known}")
+    return spec
