@@ -98,7 +98,7 @@ class StaticSteps:
             slot_ids=slot_ids,
         )
 
-    def plan(self, rows: tuple[StepRow, ...]) -> tuple[list[tuple[Key, list[int]]], list[int]]:
+    def assign(self, rows: tuple[StepRow, ...]) -> tuple[list[tuple[Key, list[int]]], list[int]]:
         """(bucketed work as (key, row indices), row indices left for the eager path)."""
         work: list[tuple[Key, list[int]]] = []
         rest: list[int] = []

@@ -196,7 +196,7 @@ class TorchBackend:
         if self.static is None:
             self._eager(batch, list(range(len(rows))), out)
             return PendingStep(out, rows, done=True)
-        work, rest = self.static.plan(rows)
+        work, rest = self.static.assign(rows)
         for i in rest:
             if rows[i].fed:
                 raise ValueError(

@@ -24,7 +24,7 @@ from typing import Any
 from tt_serve.model.tt.layers import l2norm
 from tt_serve.model.tt.ops import Ops, Tensor
 
-CHUNK = 32  # the flat (rank-3) chunked op path requires chunk 32
+KERNEL_CHUNK = 32  # chunk_gated_delta_rule's own chunk: its flat (rank-3) path requires 32
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ def gdn_prefill(
         beta,
         state=rec_work,
         scale=w.head_k_dim**-0.5,
-        chunk_size=CHUNK,
+        chunk_size=KERNEL_CHUNK,
         consts=consts,
     )
     ops.copy(final, rec_work)

@@ -15,14 +15,14 @@ from typing import Any
 from tt_serve.model.spec import FULL_ATTENTION, ModelSpec
 from tt_serve.model.tt.attention import AttentionWeights, attention_decode, attention_prefill
 from tt_serve.model.tt.buffers import InputBuffers
-from tt_serve.model.tt.gdn import CHUNK, GdnWeights, gdn_decode, gdn_prefill
+from tt_serve.model.tt.gdn import KERNEL_CHUNK, GdnWeights, gdn_decode, gdn_prefill
 from tt_serve.model.tt.inputs import gdn_const_tiles, rotation_matrix
 from tt_serve.model.tt.layers import swiglu
 from tt_serve.model.tt.moe import MoeWeights, moe_forward
 from tt_serve.model.tt.ops import Ops, Tensor
 from tt_serve.model.tt.pools import DevicePools
 
-SDPA_CHUNK = 32  # chunk starts are multiples of the block size, hence of 32
+SDPA_QK_CHUNK = 32  # chunk starts are multiples of the block size, hence of 32
 
 
 @dataclass(frozen=True)
@@ -42,9 +42,9 @@ class TTModel:
         self.embed, self.norm, self.lm_head = w["embed"], w["norm"], w["lm_head"]
         self.layers = [self._layer(spec, w, i) for i in range(spec.num_layers)]
         self.rot = ops.upload(rotation_matrix(spec.head_dim, spec.rotary_dim), "bfloat16")
-        eye, tril, ones, masks = (ops.upload(a, "float32") for a in gdn_const_tiles(CHUNK))
+        eye, tril, ones, masks = (ops.upload(a, "float32") for a in gdn_const_tiles(KERNEL_CHUNK))
         self.gdn_consts = (eye, tril, ones, masks)
-        self.sdpa_config: Any = ops.sdpa_program_config(SDPA_CHUNK, SDPA_CHUNK)
+        self.sdpa_config: Any = ops.sdpa_program_config(SDPA_QK_CHUNK, SDPA_QK_CHUNK)
         self.conv_config: Any = ops.conv_program_config(_channel_chunk(spec.conv_dim))
 
     @staticmethod
