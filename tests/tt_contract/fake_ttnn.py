@@ -16,6 +16,15 @@ compared token for token with the torch reference; device numerics are tested on
 * runtime_args: under capture, the chunk start and cache positions must be device tensors, and
   chunk_gated_delta_rule must get its constant tiles explicitly;
 * program_cache: every program captured must have run eagerly before (compile run);
+* device limits (``tt_serve/model/tt/limits.py``, rule names ``<op>.<check>``): every op call is
+  checked against tt-metal's own validation for the fake's chip (default a Blackhole P150,
+  ``FakeTTNN(chip=WORMHOLE)`` for an 8x8 Wormhole): core-grid limits, shape, dtype, layout and
+  sharding rules; every device allocation is charged to the chip's DRAM banks
+  (``dram.capacity``); every capture is charged to the trace region at ``end_trace_capture``
+  (``trace.region``, an estimate of the command stream) and released by ``release_trace``.
+  Paged SDPA decode calls are recorded in ``sdpa_decode_plans`` (whether a program config was
+  given, cores per head, exp_approx_mode); ``require_sdpa_program_config=True`` makes a missing
+  config an error;
 * async_read: the host tensor of ``from_device(blocking=False)`` is unreadable (to_numpy,
   to_layout, upload) until ``event_synchronize`` of an event recorded after the read, or
   ``synchronize_device``. The fake copies the value when the read is enqueued, as the in-order
@@ -26,9 +35,10 @@ Replay re-runs the recorded ops on the recorded buffers, in place, like a device
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import pickle
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -41,6 +51,11 @@ import torch.nn.functional as F
 
 from tt_serve.model.ref.gdn import chunk_gated_delta, recurrent_gated_delta_step
 from tt_serve.model.ref.layers import l2norm
+from tt_serve.model.tt import limits, memory
+from tt_serve.model.tt.devices import ChipSpec, device_spec
+
+WORMHOLE = device_spec("n150").chip  # 8x8 workers, 12 x 1 GiB DRAM banks
+P150 = device_spec("p150").chip  # 11x10 workers, 8 x (4 GiB - 16 MiB) DRAM banks
 
 
 class ContractViolation(AssertionError):
@@ -71,8 +86,12 @@ class Buffer:
     serial: int
     on_device: bool
     freed: bool = False
-    sharded: bool = False
+    shard: limits.Shard | None = None  # L1 height-sharded (interleaved_to_sharded)
     pending: int = 0  # stamp of a non-blocking read not yet synchronized (0: readable)
+
+    @property
+    def sharded(self) -> bool:
+        return self.shard is not None
 
 
 class Tensor:
@@ -82,8 +101,7 @@ class Tensor:
         self._fake, self.buffer, self.dtype, self.layout = fake, buf, dtype, layout
 
     def __del__(self) -> None:
-        self.buffer.freed = True
-        self._fake._buffers.discard(self.buffer)
+        self._fake._release(self.buffer)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -95,6 +113,17 @@ class Tensor:
         if self.layout is Layout.TILE and len(s) >= 2:
             s[-1], s[-2] = -(-s[-1] // 32) * 32, -(-s[-2] // 32) * 32
         return tuple(s)
+
+    def info(self) -> limits.TensorInfo:
+        """The operand as the device rules see it."""
+        buf = self.buffer
+        return limits.TensorInfo(
+            self.shape,
+            self.dtype.value,
+            self.layout.value,
+            "l1" if buf.shard is not None else "dram",
+            buf.shard,
+        )
 
     def to_numpy(self) -> np.ndarray:
         if self.buffer.on_device:
@@ -109,13 +138,23 @@ class Trace:
     steps: list[tuple[Callable[[], None], list[Buffer]]] = field(default_factory=list)
     inputs: list[Buffer] = field(default_factory=list)
     signature: list[tuple[Any, ...]] = field(default_factory=list)
+    program_cores: list[int] = field(default_factory=list)  # per captured program
     end_serial: int = 0
     released: bool = False
 
 
+@dataclass(frozen=True)
+class CoreCoord:
+    x: int
+    y: int
+
+
 class FakeDevice:
-    def compute_with_storage_grid_size(self) -> tuple[int, int]:
-        return (8, 8)
+    def __init__(self, chip: ChipSpec) -> None:
+        self.chip = chip
+
+    def compute_with_storage_grid_size(self) -> CoreCoord:
+        return CoreCoord(self.chip.grid_x, self.chip.grid_y)
 
 
 @dataclass(frozen=True)
@@ -129,8 +168,22 @@ class FakeEvent:
 class FakeTTNN:
     """The module-like fake: attribute names as in ttnn 0.81.1."""
 
-    def __init__(self, *, num_devices: int = 1) -> None:
+    def __init__(
+        self,
+        *,
+        num_devices: int = 1,
+        chip: ChipSpec = P150,
+        require_sdpa_program_config: bool = False,
+        legacy_fill_cache_work_blocks: bool = False,
+    ) -> None:
         self._num_devices = num_devices
+        self.chip = chip
+        self.require_sdpa_program_config = require_sdpa_program_config
+        self.legacy_fill_cache_work_blocks = legacy_fill_cache_work_blocks
+        self.dram = memory.DramBudget(chip)
+        self.trace_region = memory.TraceRegion(chip, 0)
+        self.sdpa_decode_plans: list[limits.SdpaDecodePlan] = []
+        self.argmax_paths: list[str] = []
         self._serial = itertools.count(1)
         self._capturing: int | None = None
         self._traces: dict[int, Trace] = {}
@@ -142,7 +195,8 @@ class FakeTTNN:
         self.float32, self.uint32, self.int32 = DataType.FLOAT32, DataType.UINT32, DataType.INT32
         self.TILE_LAYOUT, self.ROW_MAJOR_LAYOUT = Layout.TILE, Layout.ROW_MAJOR
         self.DRAM_MEMORY_CONFIG = SimpleNamespace(sharded=False)
-        self.ShardStrategy = SimpleNamespace(HEIGHT="height")
+        self.ShardStrategy = SimpleNamespace(HEIGHT="height", WIDTH="width", BLOCK="block")
+        self.ShardOrientation = SimpleNamespace(ROW_MAJOR="row_major", COL_MAJOR="col_major")
         self.Tensor = self._host_tensor
         self.experimental = SimpleNamespace(
             paged_fill_cache=self._paged_fill_cache,
@@ -168,8 +222,24 @@ class FakeTTNN:
         data = data.to(torch.int64 if dtype in INT_TYPES else torch.float32)
         buf = Buffer(data, next(self._serial), device)
         if device:
+            info = limits.TensorInfo(tuple(data.shape), dtype.value, layout.value)
+            with self._rules():
+                self.dram.allocate(buf.serial, info)
             self._buffers.add(buf)
         return Tensor(self, buf, dtype, layout)
+
+    def _release(self, buf: Buffer) -> None:
+        buf.freed = True
+        self._buffers.discard(buf)
+        self.dram.free(buf.serial)
+
+    @contextlib.contextmanager
+    def _rules(self) -> Iterator[None]:
+        """Device limits as contract violations (same rule names)."""
+        try:
+            yield
+        except limits.DeviceLimitError as exc:
+            raise ContractViolation(exc.rule, str(exc).split("] ", 1)[1]) from None
 
     def _no_host_io(self, what: str) -> None:
         if self.capturing:
@@ -188,8 +258,11 @@ class FakeTTNN:
         inputs: Sequence[Tensor],
         compute: Callable[[], Any],
         write: Callable[[Any], list[Buffer]],
+        cores: int | None = None,
     ) -> Any:
-        """Run an op now; under capture also record it for replay (same buffers, in place)."""
+        """Run an op now; under capture also record it for replay (same buffers, in place).
+        ``cores``: the cores its program runs on (default: one per output tile, up to the grid),
+        for the trace-size estimate."""
         self._live(*inputs)
         self.counts[name] = self.counts.get(name, 0) + 1
         sig = (name, tuple((t.shape, t.dtype, t.layout) for t in inputs))
@@ -201,6 +274,10 @@ class FakeTTNN:
         if sig not in self._program_cache:
             raise ContractViolation("program_cache", f"{name} captured before any compile run")
         trace = self._traces[self._capturing]
+        if cores is None:
+            tiles = max((_tiles(b.data.shape) for b in outs), default=1)
+            cores = limits.op_cores(self.chip, tiles)
+        trace.program_cores.append(cores)
         in_bufs = [t.buffer for t in inputs]
         trace.inputs.extend(b for b in in_bufs if b.serial < trace.end_serial)
         trace.signature.append(sig)
@@ -224,6 +301,7 @@ class FakeTTNN:
         fn: Callable[[], torch.Tensor],
         dtype: DataType,
         layout: Layout = Layout.TILE,
+        cores: int | None = None,
     ) -> Tensor:
         holder: list[Tensor] = []
 
@@ -232,17 +310,22 @@ class FakeTTNN:
             holder.append(t)
             return [t.buffer]
 
-        self._op(name, inputs, fn, write)
+        self._op(name, inputs, fn, write, cores)
         return holder[0]
 
     def _inplace(
-        self, name: str, inputs: Sequence[Tensor], target: Tensor, fn: Callable[[], torch.Tensor]
+        self,
+        name: str,
+        inputs: Sequence[Tensor],
+        target: Tensor,
+        fn: Callable[[], torch.Tensor],
+        cores: int | None = None,
     ) -> Tensor:
         def write(res: torch.Tensor) -> list[Buffer]:
             target.buffer.data = res.detach().clone()
             return [target.buffer]
 
-        self._op(name, [*inputs, target], fn, write)
+        self._op(name, [*inputs, target], fn, write, cores)
         return target
 
     # ---- device and traces -------------------------------------------------------------------
@@ -254,7 +337,9 @@ class FakeTTNN:
     ) -> FakeDevice:
         if device_id >= self._num_devices:
             raise RuntimeError("No chips detected in the cluster")
-        return FakeDevice()
+        self.dram.trace_region_size = trace_region_size
+        self.trace_region = memory.TraceRegion(self.chip, trace_region_size)
+        return FakeDevice(self.chip)
 
     def close_device(self, device: FakeDevice) -> None:
         pass
@@ -300,9 +385,21 @@ class FakeTTNN:
         trace.end_serial = next(self._serial)
         for other_id, other in self._traces.items():
             if other_id != trace_id and not other.released and other.signature == trace.signature:
+                trace.released = True
                 raise ContractViolation(
                     "one_trace", f"trace {trace_id} repeats trace {other_id}: one trace per bucket"
                 )
+        try:
+            with self._rules():
+                size = self.trace_region.end_capture(trace_id, trace.program_cores)
+                if self.trace_region.size == 0:  # the trace buffer is an ordinary DRAM buffer
+                    pages = size // memory.TRACE_PAGE_BYTES
+                    label = f"trace {trace_id}"
+                    self.dram.allocate_pages(-trace_id, pages, memory.TRACE_PAGE_BYTES, label)
+        except ContractViolation:
+            trace.released = True
+            self.trace_region.release(trace_id)
+            raise
 
     def execute_trace(
         self, device: FakeDevice, trace_id: int, *, cq_id: int = 0, blocking: bool = True
@@ -324,6 +421,8 @@ class FakeTTNN:
 
     def release_trace(self, device: FakeDevice, trace_id: int) -> None:
         self._traces[trace_id].released = True
+        self.trace_region.release(trace_id)
+        self.dram.free(-trace_id)
 
     # ---- host <-> device --------------------------------------------------------------------
     def _host_tensor(
@@ -378,14 +477,15 @@ class FakeTTNN:
         )
 
     def deallocate(self, tensor: Tensor, force: bool = False) -> None:
-        tensor.buffer.freed = True
-        self._buffers.discard(tensor.buffer)
+        self._release(tensor.buffer)
 
     def dump_tensor(self, file_name: str, tensor: Tensor) -> None:
         payload = (tensor.buffer.data.numpy(), tensor.dtype.value, tensor.layout.value)
         Path(file_name).write_bytes(pickle.dumps(payload))
 
     def load_tensor(self, file_name: str, *, device: FakeDevice | None = None) -> Tensor:
+        if device is not None:
+            self._no_host_io("load_tensor(device=...)")
         data, dtype, layout = pickle.loads(Path(file_name).read_bytes())
         return self._new(
             torch.from_numpy(data), DataType(dtype), Layout(layout), device is not None
@@ -398,13 +498,20 @@ class FakeTTNN:
         compute_with_storage_grid_size: Any,
         q_chunk_size: int,
         k_chunk_size: int,
-    ) -> Any:
-        return SimpleNamespace(q_chunk_size=q_chunk_size, k_chunk_size=k_chunk_size)
+        exp_approx_mode: bool | None = None,
+        max_cores_per_head_batch: int = 16,
+    ) -> limits.SdpaConfig:
+        grid = compute_with_storage_grid_size
+        return limits.SdpaConfig(
+            (grid.x, grid.y), q_chunk_size, k_chunk_size, exp_approx_mode, max_cores_per_head_batch
+        )
 
     def QkvCausalConv1dSiluProgramConfig(self, *, channel_chunk_size: int) -> Any:
         return SimpleNamespace(channel_chunk_size=channel_chunk_size)
 
     def num_cores_to_corerangeset(self, n: int, grid: Any, row_wise: bool) -> Any:
+        with self._rules():
+            limits.num_cores_to_corerangeset(self.chip, n)
         return SimpleNamespace(num_cores=n)
 
     def create_sharded_memory_config(
@@ -412,15 +519,20 @@ class FakeTTNN:
         shape: Any,
         core_grid: Any,
         strategy: Any,
+        orientation: Any = "row_major",
         use_height_and_width_as_shard_shape: bool = False,
     ) -> Any:
-        return SimpleNamespace(sharded=True, cores=core_grid.num_cores, shard_shape=shape)
+        return SimpleNamespace(
+            sharded=True,
+            shard=limits.Shard(core_grid.num_cores, tuple(shape), strategy, orientation),
+        )
 
     def interleaved_to_sharded(self, x: Tensor, config: Any) -> Tensor:
-        if x.shape[1] > config.cores:
+        if x.shape[1] > config.shard.num_cores:
             raise ContractViolation("dtype", "more users than cores in the height-sharded config")
         out = self._single("interleaved_to_sharded", [x], lambda: x.buffer.data, x.dtype, x.layout)
-        out.buffer.sharded = True
+        out.buffer.shard = config.shard  # lives in L1, not in the DRAM banks
+        self.dram.free(out.buffer.serial)
         return out
 
     # ---- data movement ------------------------------------------------------------------------
@@ -470,6 +582,14 @@ class FakeTTNN:
         if cache.dtype != x.dtype or cache.shape[1:] != x.shape[1:] or x.shape[0] != 1:
             raise ContractViolation(
                 "dtype", f"fill_cache {x.shape}/{x.dtype} into {cache.shape}/{cache.dtype}"
+            )
+        with self._rules():
+            limits.fill_cache(
+                self.chip,
+                cache.info(),
+                x.info(),
+                batch_idx,
+                legacy_work_blocks=self.legacy_fill_cache_work_blocks,
             )
 
         def fn() -> torch.Tensor:
@@ -562,6 +682,8 @@ class FakeTTNN:
         return self._unary("softmax", x, lambda d: torch.softmax(d, dim))
 
     def topk(self, x: Tensor, k: int, dim: int, largest: bool, sorted: bool) -> list[Tensor]:
+        with self._rules():
+            limits.topk(x.info(), k, dim)
         vals = self._unary("topk", x, lambda d: d.topk(k, dim, largest, sorted).values)
         idx = self._single(
             "topk_idx",
@@ -577,6 +699,8 @@ class FakeTTNN:
             raise ContractViolation("dtype", f"argmax input must be bf16/fp32, got {x.dtype}")
         if dim is None and x.layout is not Layout.ROW_MAJOR:
             raise ContractViolation("dtype", "argmax over all dims needs ROW_MAJOR")
+        with self._rules():
+            self.argmax_paths.append(limits.argmax(x.info(), dim))
         return self._single(
             "argmax", [x], lambda: x.buffer.data.argmax(dim=-1), DataType.UINT32, Layout.ROW_MAJOR
         )
@@ -600,6 +724,8 @@ class FakeTTNN:
             )
         if x.shape[2] % 32:
             raise ContractViolation("tile", f"paged_fill_cache of {x.shape[2]} tokens")
+        with self._rules():
+            limits.paged_fill_cache(cache.info(), x.info(), page_table.info(), batch_idx)
 
         def fn() -> torch.Tensor:
             new, bs = cache.buffer.data.clone(), cache.shape[2]
@@ -632,6 +758,10 @@ class FakeTTNN:
             raise ContractViolation("dtype", "paged_update_cache input must be height-sharded")
         if update_idxs_tensor.dtype is not DataType.INT32:
             raise ContractViolation("dtype", "update_idxs_tensor must be INT32")
+        with self._rules():
+            limits.paged_update_cache(
+                self.chip, cache.info(), x.info(), update_idxs_tensor.info(), page_table.info()
+            )
 
         def fn() -> torch.Tensor:
             new, bs = cache.buffer.data.clone(), cache.shape[2]
@@ -640,7 +770,9 @@ class FakeTTNN:
                     new[page_table.buffer.data[b, p // bs], :, p % bs] = x.buffer.data[0, b]
             return new
 
-        return self._inplace("paged_update_cache", [x, update_idxs_tensor, page_table], cache, fn)
+        return self._inplace(
+            "paged_update_cache", [x, update_idxs_tensor, page_table], cache, fn, x.shape[1]
+        )
 
     @staticmethod
     def _attend(
@@ -676,7 +808,13 @@ class FakeTTNN:
         t, hd = q.shape[2], q.shape[3]
         if t % 32:
             raise ContractViolation("tile", f"chunked SDPA chunk of {t} tokens")
+        start_info = chunk_start_idx_tensor.info() if chunk_start_idx_tensor is not None else None
+        with self._rules():
+            limits.chunked_sdpa(
+                q.info(), k.info(), v.info(), page_table.info(), start_info, program_config
+            )
         qc = program_config.q_chunk_size if program_config is not None else 32
+        kc = program_config.k_chunk_size if program_config is not None else 32
         sc = scale if scale is not None else hd**-0.5
 
         def fn() -> torch.Tensor:
@@ -685,8 +823,8 @@ class FakeTTNN:
                 if chunk_start_idx_tensor is not None
                 else int(chunk_start_idx or 0)
             )
-            if start % qc:
-                raise ContractViolation("tile", f"chunk start {start} not a multiple of {qc}")
+            with self._rules():
+                limits.chunked_sdpa_start(start, qc, kc)
             end = start + t
             row = page_table.buffer.data[0]
             keys = self._gather(k.buffer.data, row, end)
@@ -710,12 +848,26 @@ class FakeTTNN:
         *,
         cur_pos_tensor: Tensor | None = None,
         scale: float | None = None,
+        program_config: limits.SdpaConfig | None = None,
     ) -> Tensor:
         if cur_pos_tensor is None or cur_pos_tensor.dtype is not DataType.INT32:
             raise ContractViolation(
                 "runtime_args", "decode positions must be an INT32 cur_pos_tensor"
             )
         self._check_cache(k, page_table)
+        with self._rules():
+            plan = limits.paged_sdpa_decode(
+                self.chip,
+                q.info(),
+                k.info(),
+                v.info(),
+                page_table.info(),
+                cur_pos_tensor.info(),
+                program_config,
+                require_program_config=self.require_sdpa_program_config,
+            )
+        self.sdpa_decode_plans.append(plan)
+        active = plan.cores_per_head * k.shape[1] * plan.batch // plan.heads_per_core
         b, nh, hd = q.shape[1], q.shape[2], q.shape[3]
         sc = scale if scale is not None else hd**-0.5
 
@@ -733,7 +885,10 @@ class FakeTTNN:
                 out[0, i, :nh] = self._attend(qi, keys, vals, mask, sc).reshape(nh, hd)
             return out
 
-        return self._single("sdpa_decode", [q, k, v, page_table, cur_pos_tensor], fn, q.dtype)
+        ins = [q, k, v, page_table, cur_pos_tensor]
+        return self._single(
+            "sdpa_decode", ins, fn, q.dtype, cores=min(active, plan.cores_available)
+        )
 
     # ---- Gated DeltaNet ---------------------------------------------------------------------------
     def _qkv_conv(
@@ -792,6 +947,7 @@ class FakeTTNN:
         ins: list[Tensor],
         fn: Callable[[], tuple[torch.Tensor, torch.Tensor]],
         o_layout: Layout,
+        cores: int,
     ) -> tuple[Tensor, Tensor]:
         outs: list[Tensor] = []
 
@@ -800,7 +956,7 @@ class FakeTTNN:
             outs.append(self._out(res[1], DataType.FLOAT32, Layout.TILE))
             return [o.buffer for o in outs]
 
-        self._op(name, ins, fn, write)
+        self._op(name, ins, fn, write, cores)
         return outs[0], outs[1]
 
     def _chunk_gdr(
@@ -835,6 +991,16 @@ class FakeTTNN:
             raise ContractViolation(
                 "tile", "flat chunk_gated_delta_rule needs chunk 32, T%32==0, K==V"
             )
+        with self._rules():
+            limits.chunk_gated_delta_rule(
+                self.chip,
+                [q.info(), k.info(), v.info()],
+                g.info(),
+                beta.info(),
+                initial_state.info(),
+                chunk_size,
+                [c.info() for c in consts if c is not None],
+            )
 
         def fn() -> tuple[torch.Tensor, torch.Tensor]:
             dk = initial_state.shape[2]
@@ -861,7 +1027,7 @@ class FakeTTNN:
             return torch.stack(outs), torch.stack(finals)
 
         ins = [q, k, v, g, beta, initial_state] + [c for c in consts if c is not None]
-        return self._gdr_out("chunk_gated_delta_rule", ins, fn, Layout.ROW_MAJOR)
+        return self._gdr_out("chunk_gated_delta_rule", ins, fn, Layout.ROW_MAJOR, b * hv)
 
     def _recurrent_gdr(
         self,
@@ -879,6 +1045,10 @@ class FakeTTNN:
             raise ContractViolation("dtype", "initial_state must be FLOAT32")
         if q.shape[1] != 1:
             raise ContractViolation("dtype", "decode runs one token per row")
+        with self._rules():
+            limits.fused_recurrent_gated_delta_rule(
+                self.chip, q.info(), v.info(), initial_state.info()
+            )
 
         def fn() -> tuple[torch.Tensor, torch.Tensor]:
             hv, dk = v.shape[2], q.shape[3]
@@ -898,8 +1068,19 @@ class FakeTTNN:
             return o[:, None], s
 
         return self._gdr_out(
-            "fused_recurrent_gated_delta_rule", [q, k, v, g, beta, initial_state], fn, Layout.TILE
+            "fused_recurrent_gated_delta_rule",
+            [q, k, v, g, beta, initial_state],
+            fn,
+            Layout.TILE,
+            q.shape[0] * v.shape[2],
         )
+
+
+def _tiles(shape: Sequence[int]) -> int:
+    """32x32 tiles of a shape (the last two dims padded)."""
+    s = [1, *list(shape)] if len(shape) < 2 else list(shape)
+    rows, cols = -(-s[-2] // 32), -(-s[-1] // 32)
+    return int(np.prod(s[:-2])) * rows * cols
 
 
 def _landed(t: Tensor, what: str) -> None:

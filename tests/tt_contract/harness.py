@@ -20,11 +20,14 @@ from tt_serve.sequence import SamplingParams
 
 BLOCK = 64
 CHUNK = 128
+# The trace region the hardware tier opens with; the fake charges every capture to it (an estimate
+# of tt-metal's command stream, ``memory.trace_bytes``): the tiny models need a few MB.
+TRACE_REGION = 64 << 20
 
 
 def tt_backend(path: Path, fake: FakeTTNN | None = None, **kw: Any) -> TTBackend:
     ops = Ops(fake or FakeTTNN())
-    ops.open_device(0, trace_region_size=1 << 20, l1_small_size=0)
+    ops.open_device(0, trace_region_size=TRACE_REGION, l1_small_size=0)
     spec = ModelSpec.from_hf_dir(path)
     kw.setdefault("max_prefill_chunk", CHUNK)
     return TTBackend(spec, load_weights(path, spec), ops=ops, **kw)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from tt_serve.model.tt.ops import ROW_MAJOR, TILE, Ops
 @pytest.fixture
 def ops() -> Ops:
     o = Ops(FakeTTNN())
-    o.open_device(0, trace_region_size=1, l1_small_size=0)
+    o.open_device(0, trace_region_size=1 << 20, l1_small_size=0)
     return o
 
 
@@ -87,6 +88,21 @@ def test_no_host_io_inside_capture(ops: Ops) -> None:
     tid = ops.begin_trace()
     _trips("host_io", lambda: ops.write(ops.host(np.ones((1, 32)), "float32"), x))
     _trips("host_io", lambda: ops.read(x))
+    ops.end_trace(tid)
+
+
+def test_no_device_allocation_or_upload_inside_capture(ops: Ops, tmp_path: Path) -> None:
+    """zeros(device=...), to_device and load_tensor(device=...) write the device from the host:
+    not allowed while a trace is being captured (ops allocate their outputs on the device)."""
+    x = ops.zeros([1, 32], "float32")
+    host = ops.host(np.ones((1, 32)), "float32")
+    ops.dump(tmp_path / "t.bin", host)
+    ops.mul(x, 1.0)
+    tid = ops.begin_trace()
+    _trips("host_io", lambda: ops.zeros([1, 32], "float32"))
+    _trips("host_io", lambda: ops.to_device(host))
+    _trips("host_io", lambda: ops.load_tensor(tmp_path / "t.bin"))
+    ops.mul(x, 1.0)  # an op's own output is allocated by the device op: fine
     ops.end_trace(tid)
 
 

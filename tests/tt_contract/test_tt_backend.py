@@ -243,7 +243,7 @@ def test_weight_cache_round_trip(dense_dir: Path, tmp_path: Path) -> None:
     from tt_serve.model.tt.ops import Ops
 
     ops = Ops(Fake())
-    ops.open_device(0, trace_region_size=1, l1_small_size=0)
+    ops.open_device(0, trace_region_size=h.TRACE_REGION, l1_small_size=0)
     second = TTBackend(spec, boom, ops=ops, max_prefill_chunk=h.CHUNK, weight_cache_dir=tmp_path)
     p = h.prompt(70, 3)
     a = h.generate(h.engine(first, spec), [p], 4)

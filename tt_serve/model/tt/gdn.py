@@ -106,9 +106,18 @@ def gdn_prefill(
 
 
 def gdn_decode(
-    ops: Ops, x: Tensor, w: GdnWeights, inp: Any, conv_pool: Tensor, rec_pool: Tensor
+    ops: Ops,
+    x: Tensor,
+    w: GdnWeights,
+    inp: Any,
+    conv_pool: Tensor,
+    rec_pool: Tensor,
+    rows_per_call: int,
 ) -> Tensor:
-    """x [1, S, H] -> [1, S, H]; conv_pool [S, 1, K-1, C], rec_pool [S, Hv, dk, dv] in place."""
+    """x [1, S, H] -> [1, S, H]; conv_pool [S, 1, K-1, C], rec_pool [S, Hv, dk, dv] in place.
+
+    The recurrence runs on at most ``rows_per_call`` rows at a time, so that rows x value heads
+    never exceed the worker grid (one core per (row, head) in the fused op)."""
     s = x.shape[1]
     kd, _, vd = w.widths
     c = 2 * kd + vd
@@ -129,15 +138,24 @@ def gdn_decode(
     q = l2norm(ops, ops.reshape(ops.slice(mixed, [0, 0, 0], [s, 1, kd]), [s, 1, hk, dk]))
     k = l2norm(ops, ops.reshape(ops.slice(mixed, [0, 0, kd], [s, 1, 2 * kd]), [s, 1, hk, dk]))
     v = ops.reshape(ops.slice(mixed, [0, 0, 2 * kd], [s, 1, c]), [s, 1, hv, dv])
-    core, final = ops.fused_recurrent_gated_delta_rule(
-        q,
-        k,
-        v,
-        ops.reshape(g, [s, 1, hv]),
-        ops.reshape(beta, [s, 1, hv]),
-        state=rec_pool,
-        scale=dk**-0.5,
-    )
+    g, beta = ops.reshape(g, [s, 1, hv]), ops.reshape(beta, [s, 1, hv])
+    cores: list[Tensor] = []
+    finals: list[Tensor] = []
+    for a in range(0, s, rows_per_call):
+        b = min(s, a + rows_per_call)
+
+        def rows(t: Tensor, a: int = a, b: int = b) -> Tensor:
+            return (
+                t if b - a == s else ops.slice(t, [a] + [0] * (len(t.shape) - 1), [b, *t.shape[1:]])
+            )
+
+        part, fin = ops.fused_recurrent_gated_delta_rule(
+            rows(q), rows(k), rows(v), rows(g), rows(beta), state=rows(rec_pool), scale=dk**-0.5
+        )
+        cores.append(part)
+        finals.append(fin)
+    core = cores[0] if len(cores) == 1 else ops.concat(cores, 0)
+    final = finals[0] if len(finals) == 1 else ops.concat(finals, 0)
     ops.copy(final, rec_pool)
     ops.copy(new_conv, conv_pool)
     return _output(ops, ops.reshape(core, [1, s, hv, dv]), z, w, s)

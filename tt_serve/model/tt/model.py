@@ -46,6 +46,11 @@ class TTModel:
         self.gdn_consts = (eye, tril, ones, masks)
         self.sdpa_config: Any = ops.sdpa_program_config(SDPA_QK_CHUNK, SDPA_QK_CHUNK)
         self.conv_config: Any = ops.conv_program_config(_channel_chunk(spec.conv_dim))
+        # fused_recurrent_gated_delta_rule puts one core per (row, value head) and refuses more
+        # than the grid (its program factory's TT_FATAL): decode runs it in row groups.
+        self.gdn_rows_per_call = max(
+            1, ops.num_worker_cores() // max(spec.linear_num_value_heads, 1)
+        )
 
     @staticmethod
     def _layer(spec: ModelSpec, w: dict[str, Tensor], i: int) -> Layer:
@@ -149,7 +154,9 @@ class TTModel:
             h = ops.rms_norm(x, layer.input_norm, eps)
             j = layer.pool_index
             if isinstance(layer.mixer, GdnWeights):
-                h = gdn_decode(ops, h, layer.mixer, inp, pools.conv[j], pools.rec[j])
+                h = gdn_decode(
+                    ops, h, layer.mixer, inp, pools.conv[j], pools.rec[j], self.gdn_rows_per_call
+                )
             else:
                 h = attention_decode(ops, h, layer.mixer, inp, pools.k[j], pools.v[j], self.rot)
             x = ops.add(x, h)

@@ -66,6 +66,11 @@ class Ops:
             self.ttnn.close_device(self.device)
             self.device = None
 
+    def num_worker_cores(self) -> int:
+        """Cores of the compute-with-storage grid: the bound one-core-per-item ops check."""
+        grid = self.device.compute_with_storage_grid_size()
+        return int(grid.x) * int(grid.y)
+
     def synchronize(self) -> None:
         self.ttnn.synchronize_device(self.device)
 

@@ -1,0 +1,591 @@
+"""The device rules tt-metal enforces on the ops the backend calls (pure Python: no ttnn, no numpy).
+
+Each function mirrors the host-side validation of one device operation (``TT_FATAL`` in its
+``validate_on_program_cache_miss`` or program factory) and raises :class:`DeviceLimitError`
+with a dotted rule name (``<op>.<check>``) and a message that names the limit, the numbers and
+what to change. The source is cited next to each check: paths are in ``tenstorrent/tt-metal``
+(op paths relative to ``ttnn/cpp/ttnn/operations/``), read at recent commits. For ttnn 0.81.1 (the pinned wheel) a check
+was confirmed when its message string is present in the wheel's ``_ttnncpp.so`` / ``libtt_metal.so``
+(noted "0.81.1: present"); where the wheel differs from the sources, it says so. Limits that are
+modelled rather than read (DRAM banks, the size of a captured trace) say how.
+
+Tensors are described by :class:`TensorInfo` (logical shape, dtype, layout, placement); the
+contract fake (``tests/tt_contract/fake_ttnn.py``) builds one per operand and calls these rules on
+every op, allocation and trace capture.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tt_serve.model.tt.devices import ChipSpec
+
+TILE = 32
+# bytes of one 32x32 tile (tt::tile_size): block floats share one exponent per 16 values.
+TILE_BYTES = {
+    "float32": 4096,
+    "bfloat16": 2048,
+    "bfloat8_b": 1088,  # 1024 mantissa bytes + 64 shared exponents
+    "bfloat4_b": 576,  # 512 + 64
+    "uint32": 4096,
+    "int32": 4096,
+    "uint16": 2048,
+}
+ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "uint32": 4, "int32": 4, "uint16": 2}
+ATTENTION_DTYPES = ("bfloat16", "bfloat8_b", "bfloat4_b")
+# sdpa_flash_decode.cpp / writer_decode_all.cpp: #define MAX_TREE_REDUCTION_ROUNDS 6 (64 cores/head)
+MAX_TREE_REDUCTION_ROUNDS = 6
+
+
+class DeviceLimitError(ValueError):
+    """A call tt-metal would reject (TT_FATAL) on the modelled chip."""
+
+    def __init__(self, rule: str, message: str) -> None:
+        super().__init__(f"[{rule}] {message}")
+        self.rule = rule
+
+
+@dataclass(frozen=True)
+class Shard:
+    """A sharded memory config: ``num_cores`` shards of ``shape`` (height, width) elements."""
+
+    num_cores: int
+    shape: tuple[int, int]
+    strategy: str = "height"  # "height" | "width" | "block"
+    orientation: str = "row_major"
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """What a rule needs of an operand: logical shape, dtype name, layout ("tile" or
+    "row_major"), buffer ("dram" or "l1") and the shard spec when sharded."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    layout: str
+    buffer: str = "dram"
+    shard: Shard | None = None
+
+    @property
+    def tile(self) -> bool:
+        return self.layout == "tile"
+
+    @property
+    def padded_shape(self) -> tuple[int, ...]:
+        """TILE pads the last two dims to 32 (ttnn padded_shape); ROW_MAJOR is unpadded."""
+        s = list(self.shape)
+        if self.tile:
+            for i in (-1, -2):
+                if len(s) >= -i:
+                    s[i] = round_up(s[i], TILE)
+        return tuple(s)
+
+    @property
+    def pages(self) -> int:
+        """Interleaved pages: one tile each (TILE; rank < 2 pads to one tile row) or one row
+        each (ROW_MAJOR)."""
+        p = self.padded_shape
+        if self.tile:
+            width = p[-1] if p else TILE
+            height = p[-2] if len(p) >= 2 else TILE
+            return math.prod(p[:-2]) * (height // TILE) * (width // TILE)
+        return math.prod(p[:-1]) if len(p) > 1 else 1
+
+    @property
+    def page_bytes(self) -> int:
+        if self.tile:
+            return TILE_BYTES[self.dtype]
+        if self.dtype not in ELEMENT_BYTES:
+            raise DeviceLimitError("layout.block_float", f"{self.dtype} exists only in TILE layout")
+        return (self.shape[-1] if self.shape else 1) * ELEMENT_BYTES[self.dtype]
+
+
+def round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def _fail(rule: str, ok: bool, message: str) -> None:
+    if not ok:
+        raise DeviceLimitError(rule, message)
+
+
+def _is(t: TensorInfo, dtypes: Sequence[str]) -> bool:
+    return t.dtype in dtypes
+
+
+# ---- core grid -------------------------------------------------------------------------------
+def num_cores_to_corerangeset(chip: ChipSpec, n: int) -> None:
+    """tt_metal work_split (num_cores_to_corerangeset): "Target number of cores {} is greater than
+    total number of available cores {}" (0.81.1: present)."""
+    _fail(
+        "cores.corerangeset",
+        0 < n <= chip.num_cores,
+        f"{n} cores requested from a {chip.grid_x}x{chip.grid_y} = {chip.num_cores}-core grid "
+        "(one decode user per core for the height-sharded KV update): lower max_batch to "
+        f"<= {chip.num_cores} or split the batch",
+    )
+
+
+def op_cores(chip: ChipSpec, output_tiles: int) -> int:
+    """Cores a generic op runs on: split_work_to_cores over its output tiles, capped by the grid
+    (the trace-size estimate's per-core term)."""
+    return max(1, min(chip.num_cores, output_tiles))
+
+
+# ---- Gated DeltaNet ----------------------------------------------------------------------------
+def fused_recurrent_gated_delta_rule(
+    chip: ChipSpec, q: TensorInfo, v: TensorInfo, initial_state: TensorInfo | None
+) -> None:
+    """transformer/fused_recurrent_gated_delta_rule/device/
+    fused_recurrent_gated_delta_rule_program_factory.cpp: one Tensix core per (batch, value head),
+    ``TT_FATAL(BH <= grid.x * grid_y, "num_heads {} exceeds compute cores {}")`` (0.81.1: present;
+    the 0.81.1 docstring: "one Tensix core per head"). The device op wants key/value dims that are
+    non-zero multiples of 32 and a state [B, HV, K, V]."""
+    b, hv, k, vd = q.shape[0], v.shape[2], q.shape[3], v.shape[3]
+    bh = b * hv
+    _fail(
+        "fused_recurrent_gated_delta_rule.cores",
+        bh <= chip.num_cores,
+        f"B*HV = {b}*{hv} = {bh} heads need one core each; the {chip.arch} grid has "
+        f"{chip.grid_x}x{chip.grid_y} = {chip.num_cores} (TT_FATAL 'num_heads {bh} exceeds compute "
+        f"cores {chip.num_cores}'): run the decode batch in groups of <= {chip.num_cores // hv} rows",
+    )
+    _fail(
+        "fused_recurrent_gated_delta_rule.shape",
+        k % TILE == 0 and vd % TILE == 0 and k > 0 and vd > 0,
+        f"key_dim {k} and val_dim {vd} must be non-zero multiples of {TILE}",
+    )
+    if initial_state is not None:
+        _fail(
+            "fused_recurrent_gated_delta_rule.shape",
+            initial_state.shape == (b, hv, k, vd),
+            f"initial_state {initial_state.shape} must be [B, HV, K, V] = {(b, hv, k, vd)}",
+        )
+
+
+def chunk_gated_delta_rule(
+    chip: ChipSpec,
+    qkv: Sequence[TensorInfo],
+    g: TensorInfo,
+    beta: TensorInfo,
+    initial_state: TensorInfo | None,
+    chunk_size: int,
+    consts: Sequence[TensorInfo],
+) -> None:
+    """transformer/chunk_gated_delta_rule (0.81.1 docstring and device ops): every input TILE ("a
+    ROW_MAJOR input fails the device op's validation"); chunk_size 32 or 64 ("chunk_gdn:
+    chunk_size must be 32 or 64"); the rank-3 flat path needs K == V, chunk 32 and T a multiple of
+    32; g/beta [B, T, HV] ("chunk_gdn: {} must be [B, T, HV]"); constant tiles fp32 TILE. Cores: the
+    fused path needs BH*(NV+NP) cores and otherwise falls back to the phased path, whose scan runs
+    one core per head: chunk_gdn_phased_program_factory.cpp distribute_scan
+    ``TT_FATAL(BH <= ncores, "num_heads {} exceeds compute cores {}")`` (0.81.1: present)."""
+    q, v = qkv[0], qkv[2]
+    for t in (*qkv, g, beta, *([initial_state] if initial_state else []), *consts):
+        _fail("chunk_gated_delta_rule.layout", t.tile, f"operand {t.shape} must be TILE")
+    for t in consts:
+        _fail("chunk_gated_delta_rule.dtype", t.dtype == "float32", "eye/tril/ones/masks fp32")
+    _fail("chunk_gated_delta_rule.chunk", chunk_size in (32, 64), f"chunk_size {chunk_size}")
+    b, t_len, hv = g.shape[0], g.shape[1], g.shape[-1]
+    _fail(
+        "chunk_gated_delta_rule.shape",
+        len(g.shape) == 3 and beta.shape == g.shape and q.shape[:2] == (b, t_len),
+        f"g {g.shape} and beta {beta.shape} must be [B, T, HV] with q's B, T {q.shape[:2]}",
+    )
+    if len(q.shape) == 3:
+        dv = initial_state.shape[3] if initial_state else v.shape[2] // hv
+        dk = initial_state.shape[2] if initial_state else dv
+        _fail(
+            "chunk_gated_delta_rule.flat",
+            chunk_size == 32 and t_len % 32 == 0 and dk == dv,
+            f"the rank-3 flat path needs chunk_size 32 (got {chunk_size}), T % 32 == 0 (T = "
+            f"{t_len}) and K == V (K = {dk}, V = {dv})",
+        )
+    if initial_state is not None:
+        _fail(
+            "chunk_gated_delta_rule.shape",
+            initial_state.shape[:2] == (b, hv),
+            f"initial_state {initial_state.shape} must be [B, HV, K, V] with B={b}, HV={hv}",
+        )
+    _fail(
+        "chunk_gated_delta_rule.cores",
+        b * hv <= chip.num_cores,
+        f"B*HV = {b}*{hv} = {b * hv} scan heads need one core each; the grid has "
+        f"{chip.num_cores}: prefill fewer rows per call",
+    )
+
+
+# ---- caches ----------------------------------------------------------------------------------
+def fill_cache(
+    chip: ChipSpec,
+    cache: TensorInfo,
+    x: TensorInfo,
+    batch_idx: int,
+    update_idx: int = 0,
+    *,
+    legacy_work_blocks: bool = False,
+) -> None:
+    """kv_cache/device/update_cache_device_operation.cpp, FILL branch (all present in 0.81.1):
+    TILE operands, dtypes fp32/bf16/bfp8 and equal, equal padded width and dim 1, input dim 0 = 1,
+    interleaved cache, batch_idx < cache rows, update_idx % 32 == 0 and input height <= cache
+    height - update_idx.
+
+    ``legacy_work_blocks``: older tt-metal (kv_cache/device/update_cache_op.cpp, UpdateCache::
+    validate) also required, for an interleaved input with padded_shape[1] > 1,
+    ``padded[1] * padded[-2] / 32 <= grid`` ("Number of work blocks ({}) must be <= total grid
+    size ({})"). That message is NOT in the 0.81.1 wheel, whose fill writer
+    (writer_fill_cache_interleaved_start_id.cpp) walks several blocks per core and skips to the
+    next head, so a [1, 32, 128, 128] state row (128 blocks) is legal on 0.81.1. Off by default."""
+    rule = "fill_cache"
+    _fail(rule + ".layout", x.tile and cache.tile, "Inputs to update_cache must be tilized")
+    fill = ("float32", "bfloat16", "bfloat8_b")
+    _fail(rule + ".dtype", _is(x, fill) and _is(cache, fill), f"{x.dtype}/{cache.dtype}")
+    _fail(
+        rule + ".dtype",
+        x.dtype == cache.dtype,
+        f"input {x.dtype} != cache {cache.dtype} (fill does not convert): cast first",
+    )
+    xp, cp = x.padded_shape, cache.padded_shape
+    _fail(rule + ".shape", xp[-1] == cp[-1], f"input width {xp[-1]} != cache width {cp[-1]}")
+    _fail(rule + ".shape", xp[0] == 1, f"input batch {xp[0]} must be 1")
+    _fail(rule + ".shape", xp[1] == cp[1], f"input dim 1 {xp[1]} != cache dim 1 {cp[1]}")
+    _fail(rule + ".memory", cache.shard is None, "the cache must be interleaved")
+    _fail(rule + ".row", 0 <= batch_idx < cp[0], f"batch_idx {batch_idx} outside 0..{cp[0] - 1}")
+    _fail(
+        rule + ".row",
+        update_idx % TILE == 0 and xp[-2] <= cp[-2] - update_idx,
+        f"update_idx {update_idx} (multiple of 32) + input height {xp[-2]} must fit the "
+        f"cache height {cp[-2]}",
+    )
+    if legacy_work_blocks and x.shard is None and xp[1] > 1:
+        blocks = xp[1] * xp[-2] // TILE
+        _fail(
+            rule + ".work_blocks",
+            blocks <= chip.num_cores,
+            f"work blocks padded[1]*padded[-2]/32 = {xp[1]}*{xp[-2]}/32 = {blocks} > "
+            f"{chip.num_cores} cores ({chip.grid_x}x{chip.grid_y}): view the row as "
+            f"[1, 1, {xp[1] * xp[-2]}, {xp[-1]}] so padded[1] == 1",
+        )
+
+
+def paged_update_cache(
+    chip: ChipSpec,
+    cache: TensorInfo,
+    x: TensorInfo,
+    update_idxs: TensorInfo,
+    page_table: TensorInfo,
+) -> None:
+    """experimental/paged_cache/device/update_cache/paged_update_cache_device_operation.cpp (every
+    message present in 0.81.1): input TILE, fp32/bf16, dim 0 = 1, height-sharded (not width),
+    ROW_MAJOR orientation, shard width = last dim, one shard per user ("Input tensor shard grid must
+    have num_cores ({}) equal to the number of users / batch ({})"); cache TILE, interleaved, same
+    head dim; page table INT32 ROW_MAJOR interleaved with padded_shape[0] == batch and width <=
+    cache blocks; update_idxs INT32 ROW_MAJOR DRAM-interleaved with one entry per user. The shard
+    grid is a subset of the worker grid, so batch <= cores."""
+    rule = "paged_update_cache"
+    xp, cp = x.padded_shape, cache.padded_shape
+    users = xp[1]
+    _fail(rule + ".layout", x.tile and cache.tile, "input and cache must be TILE")
+    _fail(
+        rule + ".dtype",
+        _is(x, ("float32", "bfloat16")),
+        f"input {x.dtype}: the decode update takes FLOAT32 or BFLOAT16",
+    )
+    _fail(
+        rule + ".dtype",
+        _is(cache, ("float32", "bfloat16", "bfloat8_b", "bfloat4_b")),
+        f"cache {cache.dtype}",
+    )
+    _fail(rule + ".shape", xp[0] == 1, f"dim 0 of the input {xp} must be 1")
+    _fail(rule + ".memory", cache.shard is None, "only an interleaved cache is supported")
+    _fail(rule + ".shape", xp[-1] == cp[-1] and xp[-1] % TILE == 0, f"head dim {xp[-1]}/{cp[-1]}")
+    _fail(rule + ".shape", cp[2] % TILE == 0, f"block size {cp[2]} must be a multiple of 32")
+    _fail(
+        rule + ".page_table",
+        page_table.dtype == "int32" and not page_table.tile and page_table.shard is None,
+        f"page table {page_table.dtype}/{page_table.layout} must be INT32 ROW_MAJOR interleaved",
+    )
+    pp = page_table.padded_shape
+    _fail(rule + ".page_table", pp[0] == users, f"page table rows {pp[0]} != batch {users}")
+    _fail(rule + ".page_table", pp[1] <= cp[0], f"page table width {pp[1]} > {cp[0]} blocks")
+    _fail(
+        rule + ".update_idxs",
+        update_idxs.dtype == "int32" and not update_idxs.tile,
+        f"update_idxs {update_idxs.dtype}/{update_idxs.layout} must be INT32 ROW_MAJOR",
+    )
+    _fail(
+        rule + ".update_idxs",
+        update_idxs.shard is None and update_idxs.buffer == "dram",
+        "update_idxs must be DRAM interleaved",
+    )
+    n_idx = update_idxs.padded_shape[0]
+    _fail(rule + ".update_idxs", n_idx == users, f"{n_idx} update_idxs for a batch of {users}")
+    shard = x.shard
+    _fail(rule + ".shard", shard is not None, "Expect input_tensor to be sharded")
+    assert shard is not None
+    _fail(rule + ".shard", shard.strategy != "width", "input must not be WIDTH sharded")
+    _fail(rule + ".shard", shard.shape[1] == xp[-1], f"shard width {shard.shape[1]} != {xp[-1]}")
+    height = math.prod(xp) // xp[-1]
+    _fail(rule + ".shard", height % shard.shape[0] == 0, f"height {height} % {shard.shape[0]}")
+    _fail(rule + ".shard", shard.orientation == "row_major", "Only ROW_MAJOR sharding")
+    _fail(
+        rule + ".cores",
+        users <= chip.num_cores,
+        f"batch {users} needs one core per user; the grid has {chip.num_cores}",
+    )
+    _fail(
+        rule + ".shard",
+        shard.num_cores == users,
+        f"shard grid of {shard.num_cores} cores for {users} users: one user per core",
+    )
+
+
+def paged_fill_cache(
+    cache: TensorInfo, x: TensorInfo, page_table: TensorInfo, batch_idx: int
+) -> None:
+    """experimental/paged_cache/device/fill_cache/paged_fill_cache_device_operation.cpp (0.81.1:
+    present): cache fp32/bf16/bfp8/bfp4, input dtype == cache dtype (no conversion), input and
+    page table interleaved, page table INT32, batch_idx < table rows, equal per-block geometry,
+    head dim and block size multiples of 32, input seq_len <= block_size * table width."""
+    rule = "paged_fill_cache"
+    _fail(
+        rule + ".dtype",
+        _is(cache, ("float32", "bfloat16", "bfloat8_b", "bfloat4_b")),
+        f"cache dtype {cache.dtype}",
+    )
+    _fail(
+        rule + ".dtype",
+        x.dtype == cache.dtype,
+        f"input {x.dtype} != cache {cache.dtype}: cast prefill K/V to the cache dtype first",
+    )
+    _fail(rule + ".memory", x.shard is None, "input must be interleaved")
+    _fail(
+        rule + ".page_table",
+        page_table.shard is None and page_table.dtype == "int32",
+        f"page table {page_table.dtype} must be INT32 interleaved",
+    )
+    xp, cp, pp = x.padded_shape, cache.padded_shape, page_table.padded_shape
+    _fail(rule + ".page_table", 0 <= batch_idx < pp[0], f"batch_idx {batch_idx} vs {pp[0]} rows")
+    _fail(
+        rule + ".shape",
+        xp[1] * cp[2] * xp[3] == cp[1] * cp[2] * cp[3] and xp[3] % TILE == 0 and cp[2] % TILE == 0,
+        f"input [*, {xp[1]} heads, *, {xp[3]}] does not match cache blocks {cp}",
+    )
+    _fail(
+        rule + ".seq_len",
+        xp[2] <= cp[2] * pp[1],
+        f"input seq_len {xp[2]} > block_size {cp[2]} x table width {pp[1]}",
+    )
+
+
+# ---- attention -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SdpaConfig:
+    """The fields of ttnn.SDPAProgramConfig the rules read (defaults as in 0.81.1)."""
+
+    grid: tuple[int, int]
+    q_chunk_size: int
+    k_chunk_size: int
+    exp_approx_mode: bool | None = None
+    max_cores_per_head_batch: int = 16
+
+
+@dataclass(frozen=True)
+class SdpaDecodePlan:
+    """How sdpa_decode_program_factory.cpp lays out a paged decode call."""
+
+    batch: int
+    cores_available: int
+    cores_per_head: int
+    heads_per_core: int
+    tree_reduction_rounds: int
+    exp_approx_mode: bool
+    program_config: bool  # False: device grid, cores/(B*nkv) per head, exp_approx_mode True
+
+
+def paged_sdpa_decode(
+    chip: ChipSpec,
+    q: TensorInfo,
+    k: TensorInfo,
+    v: TensorInfo,
+    page_table: TensorInfo,
+    cur_pos: TensorInfo,
+    config: SdpaConfig | None,
+    *,
+    require_program_config: bool = False,
+) -> SdpaDecodePlan:
+    """transformer/sdpa_decode/device/sdpa_decode_device_operation.cpp (validate) and
+    sdpa_decode_program_factory.cpp (core allocation); every message present in 0.81.1.
+    B = page_table.padded_shape[0]; ``TT_FATAL(num_cores_available >= B)`` where the cores are
+    the program config's grid, else the whole device grid; without a config
+    max_cores_per_head = all cores (cross-core tree reduction when > 1 core per head) and
+    ``exp_approx_mode`` defaults to true. ``require_program_config`` makes a missing config an
+    error (rule ``paged_sdpa_decode.program_config``), for callers that require one."""
+    rule = "paged_sdpa_decode"
+    for name, t in (("Q", q), ("K", k), ("V", v)):
+        _fail(rule + ".dtype", _is(t, ATTENTION_DTYPES), f"{name} {t.dtype}: bf16/bfp8/bfp4 only")
+    _fail(rule + ".layout", k.tile and v.tile, "K and V must be TILE")
+    _fail(
+        rule + ".memory",
+        (q.shard is None and q.buffer == "dram")
+        or (q.shard is not None and q.shard.strategy == "height"),
+        "Q must be DRAM interleaved or height sharded",
+    )
+    _fail(rule + ".memory", k.buffer == "dram" and v.buffer == "dram", "K/V must be in DRAM")
+    b = page_table.padded_shape[0]
+    _fail(
+        rule + ".cur_pos",
+        cur_pos.dtype == "int32" and not cur_pos.tile,
+        f"cur_pos {cur_pos.dtype}/{cur_pos.layout} must be INT32 ROW_MAJOR",
+    )
+    _fail(rule + ".cur_pos", cur_pos.padded_shape[-1] == b, f"cur_pos {cur_pos.shape} vs B={b}")
+    _fail(
+        rule + ".page_table",
+        page_table.dtype == "int32" and not page_table.tile and page_table.shard is None,
+        "page table must be INT32 ROW_MAJOR (interleaved)",
+    )
+    qp, kp, vp = q.padded_shape, k.padded_shape, v.padded_shape
+    _fail(rule + ".shape", kp[2] == vp[2], "K and V must have the same block size")
+    _fail(rule + ".shape", kp[3] == vp[3] == qp[3], f"head dims Q {qp[3]} K {kp[3]} V {vp[3]}")
+    _fail(rule + ".shape", kp[1] == vp[1], "K and V must have the same number of heads")
+    if config is not None:
+        _fail(rule + ".chunk", config.k_chunk_size % 32 == 0, f"k_chunk {config.k_chunk_size}")
+    nkv = kp[1]
+    if nkv > 1:  # GQA
+        _fail(rule + ".dtype", q.dtype == "bfloat16", f"GQA expects a BFLOAT16 Q, got {q.dtype}")
+        _fail(rule + ".shape", q.shape[2] % nkv == 0, f"{q.shape[2]} q heads % {nkv} kv heads")
+    grid = config.grid if config is not None else (chip.grid_x, chip.grid_y)
+    avail = grid[0] * grid[1]
+    _fail(rule + ".cores", avail <= chip.num_cores, f"config grid {grid} > device grid")
+    _fail(
+        rule + ".cores",
+        avail >= b,
+        f"Cores available ({avail}) must be >= batch size ({b}): the decode batch needs one core "
+        f"per user on the {grid[0]}x{grid[1]} grid; lower max_batch to <= {avail}",
+    )
+    per_head_cap = config.max_cores_per_head_batch if config is not None else avail
+    per_batch = min(avail, per_head_cap * b * nkv) // b
+    cores_per_head = max(1, per_batch // nkv)
+    heads_per_core = max(1, math.ceil(nkv / per_batch))
+    while nkv % heads_per_core:
+        heads_per_core += 1
+    rounds = (cores_per_head - 1).bit_length() if cores_per_head > 1 else 0
+    _fail(
+        rule + ".tree_reduction",
+        rounds <= MAX_TREE_REDUCTION_ROUNDS,
+        f"{cores_per_head} cores per head need {rounds} tree-reduction rounds, at most "
+        f"{MAX_TREE_REDUCTION_ROUNDS} ({1 << MAX_TREE_REDUCTION_ROUNDS} cores/head): pass a "
+        "program config with a smaller grid or max_cores_per_head_batch",
+    )
+    exp_approx = True
+    if config is not None and config.exp_approx_mode is not None:
+        exp_approx = config.exp_approx_mode
+    plan = SdpaDecodePlan(
+        b, avail, cores_per_head, heads_per_core, rounds, exp_approx, bool(config)
+    )
+    if require_program_config and config is None:
+        raise DeviceLimitError(
+            rule + ".program_config",
+            f"no program_config: the whole {grid[0]}x{grid[1]} grid, {cores_per_head} cores per "
+            f"(user, kv head) with a cross-core tree reduction, exp_approx_mode=True: pass "
+            "SDPAProgramConfig(exp_approx_mode=False, max_cores_per_head_batch=1, k_chunk_size=128)",
+        )
+    return plan
+
+
+def chunked_sdpa(
+    q: TensorInfo,
+    k: TensorInfo,
+    v: TensorInfo,
+    page_table: TensorInfo,
+    chunk_start: TensorInfo | None,
+    config: SdpaConfig | None,
+) -> None:
+    """transformer/sdpa/device/sdpa_device_operation.cpp, validate_chunked_mode (0.81.1: present):
+    Q/K/V TILE, bf16/bfp8/bfp4, interleaved, no padding on batch/heads/head_dim; the start tensor
+    INT32 of shape [1]; page table INT32 ROW_MAJOR with Q's batch; K/V same block size, heads
+    and head dim; q heads a multiple of kv heads; chunk sizes multiples of 32; kv_length (table
+    width x block) >= Sq. The start itself is checked by :func:`chunked_sdpa_start`."""
+    rule = "chunked_scaled_dot_product_attention"
+    for name, t in (("Q", q), ("K", k), ("V", v)):
+        _fail(rule + ".layout", t.tile and t.shard is None, f"{name} must be interleaved TILE")
+        _fail(rule + ".dtype", _is(t, ATTENTION_DTYPES), f"{name} {t.dtype}: bf16/bfp8/bfp4 only")
+        _fail(rule + ".shape", t.shape[3] % TILE == 0, f"{name} head dim {t.shape[3]} is padded")
+    if chunk_start is not None:
+        _fail(
+            rule + ".chunk_start",
+            chunk_start.dtype == "int32" and chunk_start.shape == (1,),
+            f"chunk_start_idx tensor {chunk_start.dtype} {chunk_start.shape} must be int32 [1]",
+        )
+    _fail(
+        rule + ".page_table",
+        page_table.dtype == "int32" and not page_table.tile,
+        "Page table must be int32 row major",
+    )
+    _fail(rule + ".page_table", page_table.shape[0] == q.shape[0], "page table batch != Q batch")
+    _fail(
+        rule + ".shape",
+        k.shape[1:] == v.shape[1:] and q.shape[3] == k.shape[3],
+        f"K {k.shape} / V {v.shape} / Q {q.shape}",
+    )
+    _fail(
+        rule + ".shape",
+        q.shape[1] >= k.shape[1] and q.shape[1] % k.shape[1] == 0,
+        f"{q.shape[1]} q heads vs {k.shape[1]} kv heads",
+    )
+    if config is not None:
+        _fail(
+            rule + ".chunk",
+            config.q_chunk_size % TILE == 0 and config.k_chunk_size % TILE == 0,
+            f"q/k chunk {config.q_chunk_size}/{config.k_chunk_size} must be multiples of 32",
+        )
+    kv_len = page_table.shape[1] * k.shape[2]
+    _fail(rule + ".kv_length", kv_len >= q.shape[2], f"kv length {kv_len} < Sq {q.shape[2]}")
+
+
+def chunked_sdpa_start(start: int, q_chunk: int, k_chunk: int) -> None:
+    """ "chunk_start_idx must be a multiple of q_chunk_size" / "... of k_chunk_size" (issue
+    #35225; 0.81.1: present). tt-metal checks it on the scalar path only: with
+    ``chunk_start_idx_tensor`` the value is read on the device and a misaligned start silently
+    mis-indexes, so the fake checks the value at run time."""
+    _fail(
+        "chunked_scaled_dot_product_attention.chunk_start",
+        start >= 0 and start % q_chunk == 0 and start % k_chunk == 0,
+        f"chunk start {start} must be a multiple of q_chunk {q_chunk} and k_chunk {k_chunk}: "
+        "align prefill chunks to both",
+    )
+
+
+# ---- sampling --------------------------------------------------------------------------------
+def topk(x: TensorInfo, k: int, dim: int) -> None:
+    """reduction/topk/device/topk_device_operation.cpp (0.81.1 messages present): TILE input,
+    k != 0, reduction on the last dim, and "Input height (combined input_shape[0-3]) {} must be a
+    multiple of 32" on the PADDED 4-D shape (the docstring: "All shape validations are performed
+    on padded shapes"), so a TILE input always passes it: a [1, 16, E] decode routing passes.
+    dtypes per the 0.81.1 docstring: BFLOAT8, BFLOAT16, FLOAT32."""
+    rule = "topk"
+    _fail(rule + ".layout", x.tile, "The input must be in tiled format")
+    _fail(rule + ".dtype", _is(x, ("bfloat16", "bfloat8_b", "float32")), f"{x.dtype}")
+    _fail(rule + ".k", k > 0, "K must be non-zero")
+    _fail(rule + ".dim", dim in (-1, len(x.shape) - 1), f"dim {dim}: last dim only")
+    p = (1,) * (4 - len(x.padded_shape)) + x.padded_shape
+    height = math.prod(p[:-1])
+    _fail(rule + ".height", height % 32 == 0, f"N*C*H = {height} (padded) must be a multiple of 32")
+
+
+def argmax(x: TensorInfo, dim: int | None) -> str:
+    """The 0.81.1 ``ttnn.argmax`` docstring: interleaved input only; dim=None needs ROW_MAJOR;
+    last dim: ROW_MAJOR is multi-core (bf16/fp32/int32/uint32/uint16), TILE single-core
+    (bf16/fp32); other dims bf16/fp32. Returns "multi_core" or "single_core"."""
+    rule = "argmax"
+    _fail(rule + ".memory", x.shard is None, "sharded input is not supported")
+    last = dim is not None and dim in (-1, len(x.shape) - 1)
+    if dim is None:
+        _fail(rule + ".layout", not x.tile, "dim=None needs ROW_MAJOR input")
+        return "single_core"
+    if last and not x.tile:
+        _fail(rule + ".dtype", x.dtype in ELEMENT_BYTES, f"{x.dtype}")
+        return "multi_core"
+    _fail(rule + ".dtype", _is(x, ("bfloat16", "float32")), f"{x.dtype} on this path")
+    return "single_core"
