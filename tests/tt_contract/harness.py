@@ -7,13 +7,13 @@ from typing import Any
 
 import torch
 
-from tests.tt_contract.fake_ttnn import FakeTTNN
 from tt_serve.engine.engine import Engine, EngineConfig
 from tt_serve.engine.scheduler import SchedulerConfig
 from tt_serve.model.interface import Backend
 from tt_serve.model.ref import TorchBackend
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.backend import TTBackend
+from tt_serve.model.tt.fake_ttnn import FakeTTNN
 from tt_serve.model.tt.ops import Ops
 from tt_serve.model.weights import load_weights
 from tt_serve.sequence import SamplingParams

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.tt_contract.fake_ttnn import ContractViolation, FakeTTNN
 from tests.tt_host.ops_calls import extract
+from tt_serve.model.tt.fake_ttnn import ContractViolation, FakeTTNN
 from tt_serve.model.tt.inputs import gdn_const_tiles
 from tt_serve.model.tt.ops import ROW_MAJOR, TILE, Ops
 

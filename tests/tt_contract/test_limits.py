@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 from tests.tt_contract import harness as h
-from tests.tt_contract.fake_ttnn import P150, WORMHOLE, ContractViolation, FakeTTNN
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt import limits, memory
 from tt_serve.model.tt.backend import TTBackend
 from tt_serve.model.tt.devices import ChipSpec
+from tt_serve.model.tt.fake_ttnn import P150, WORMHOLE, ContractViolation, FakeTTNN
 from tt_serve.model.tt.limits import DeviceLimitError, Shard, TensorInfo
 from tt_serve.model.tt.ops import ROW_MAJOR, Ops
 from tt_serve.model.weights import load_weights

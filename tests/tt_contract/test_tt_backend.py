@@ -9,7 +9,6 @@ import pytest
 
 from tests import numerics as nm
 from tests.tt_contract import harness as h
-from tests.tt_contract.fake_ttnn import FakeTTNN
 from tt_serve.model.interface import (
     Backend,
     PipelinedBackend,
@@ -18,6 +17,7 @@ from tt_serve.model.interface import (
     StepRow,
 )
 from tt_serve.model.spec import ModelSpec
+from tt_serve.model.tt.fake_ttnn import FakeTTNN
 
 
 @pytest.fixture(scope="module")
@@ -238,8 +238,8 @@ def test_weight_cache_round_trip(dense_dir: Path, tmp_path: Path) -> None:
     def boom() -> dict[str, np.ndarray]:
         raise AssertionError("cache hit must not reconvert the checkpoint")
 
-    from tests.tt_contract.fake_ttnn import FakeTTNN as Fake
     from tt_serve.model.tt.backend import TTBackend
+    from tt_serve.model.tt.fake_ttnn import FakeTTNN as Fake
     from tt_serve.model.tt.ops import Ops
 
     ops = Ops(Fake())

@@ -10,7 +10,7 @@ was confirmed when its message string is present in the wheel's ``_ttnncpp.so`` 
 modelled rather than read (DRAM banks, the size of a captured trace) say how.
 
 Tensors are described by :class:`TensorInfo` (logical shape, dtype, layout, placement); the
-contract fake (``tests/tt_contract/fake_ttnn.py``) builds one per operand and calls these rules on
+contract fake (``tt_serve/model/tt/fake_ttnn.py``) builds one per operand and calls these rules on
 every op, allocation and trace capture.
 """
 
