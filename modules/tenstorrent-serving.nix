@@ -45,7 +45,7 @@ in
     backend = opt (types.enum [ "torch" "ttnn" ]) d.backend
       "torch: CPU/CUDA reference backend; ttnn: Tenstorrent devices.";
     device = opt types.str d.device "torch backend device: cpu, cuda or cuda:N.";
-    deviceIds = opt (types.listOf types.int) d.deviceIds "Tenstorrent device ids (ttnn).";
+    deviceIds = opt (types.listOf types.int) d.deviceIds "Tenstorrent device ids (ttnn); one device today (tensor parallel over a mesh is not built yet).";
     dtype = opt (types.enum [ "auto" "float32" "bfloat16" ]) d.dtype ''
       Compute dtype: auto = float32 for torch on the CPU, bfloat16 elsewhere. float32 is
       refused on backend = "ttnn" (use precision for its weights).

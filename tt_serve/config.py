@@ -64,7 +64,7 @@ class ServeConfig:
     port: int = _opt(8000, "port to listen on")
     backend: str = _opt("torch", "torch (CPU/CUDA) or ttnn (Tenstorrent)", choices=BACKENDS)
     device: str = _opt("cpu", "torch backend device: cpu, cuda or cuda:N")
-    device_ids: tuple[int, ...] = _opt((0,), "ttnn backend: Tenstorrent device ids, e.g. 0,1")
+    device_ids: tuple[int, ...] = _opt((0,), "ttnn backend: the Tenstorrent device id (one today)")
     dtype: str = _opt(
         "auto",
         "compute dtype: auto = float32 for torch on the CPU, bfloat16 elsewhere",
@@ -210,6 +210,11 @@ def validate(cfg: ServeConfig) -> list[str]:
             not ttnn or (len(cfg.device_ids) > 0 and min(cfg.device_ids) >= 0 and _distinct(cfg)),
             f"{p}.deviceIds must be a non-empty list of distinct non-negative integers "
             f'on backend ttnn (got "{ids}").',
+        ),
+        (
+            not ttnn or len(cfg.device_ids) <= 1,
+            f"{p}.deviceIds must name one device on backend ttnn (got {len(cfg.device_ids)}): "
+            "the ttnn backend runs on one chip; tensor parallel over a mesh is not built yet.",
         ),
         (
             cfg.dtype in DTYPES,

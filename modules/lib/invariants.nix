@@ -39,6 +39,8 @@ in
     "${p}.device must be cpu, cuda or cuda:N (got ${cfg.device}).")
   (rule (!ttnn || (cfg.deviceIds != [ ] && all (i: i >= 0) cfg.deviceIds && distinct cfg.deviceIds))
     "${p}.deviceIds must be a non-empty list of distinct non-negative integers on backend ttnn (got \"${ids}\").")
+  (rule (!ttnn || builtins.length cfg.deviceIds <= 1)
+    "${p}.deviceIds must name one device on backend ttnn (got ${s (builtins.length cfg.deviceIds)}): the ttnn backend runs on one chip; tensor parallel over a mesh is not built yet.")
   (rule (elem cfg.dtype dtypes)
     "${p}.dtype must be one of auto, float32, bfloat16 (got ${cfg.dtype}).")
   (rule (!ttnn || cfg.dtype != "float32")

@@ -43,7 +43,7 @@ EXAMPLE_HOST = {
     "deviceResident": True,
     "tracedPrefill": True,
     "prefillChunk": 2048,
-    "deviceIds": [0, 1],
+    "deviceIds": [1],
     "precision": "mixed",
     "maxBatchSize": 32,
     "maxModelLen": 32768,
