@@ -50,9 +50,10 @@ in
       Compute dtype: auto = float32 for torch on the CPU, bfloat16 elsewhere. float32 is
       refused on backend = "ttnn" (use precision for its weights).
     '';
-    precision = opt (types.enum [ "auto" "bfloat16" "mixed" ]) d.precision ''
+    precision = opt (types.enum [ "auto" "bfloat16" "mixed" "bfp4-mlp" ]) d.precision ''
       ttnn weight precision profile: auto (bfloat16 today), bfloat16 (every weight bf16),
-      mixed (MLP and expert weights bfloat8_b). Anything but auto needs backend = "ttnn".
+      mixed (attention, GDN, MLP, expert and LM-head weights bfloat8_b), bfp4-mlp (as mixed,
+      MLP and expert weights bfloat4_b). Anything but auto needs backend = "ttnn".
     '';
     deviceArgmax = opt types.bool d.deviceArgmax
       "Pick greedy tokens on the device; only token ids come back to the host.";

@@ -1,4 +1,4 @@
-"""Command line: ``tt-serve serve | generate | demo-model | check-config``."""
+"""Command line: ``tt-serve serve | generate | demo-model | check-config | plan``."""
 
 from __future__ import annotations
 
@@ -106,6 +106,69 @@ def _check_config(argv: Sequence[str]) -> int:
     return check_config_main(a.file)
 
 
+def _plan(argv: Sequence[str]) -> int:
+    from tt_serve.config import ServeConfig
+    from tt_serve.model.tt.backend import DEFAULT_TRACE_REGION
+    from tt_serve.model.tt.precision import PROFILES
+
+    d = ServeConfig()
+    p = argparse.ArgumentParser(
+        prog="tt-serve plan",
+        description=(
+            "Plan a ttnn deployment without a device or weights: run the backend's startup "
+            "(weights, pools, traces) and a short workload on a shape-only model of the chip, "
+            "and print the memory plan, or the limit that stops it (exit status 3)."
+        ),
+    )
+    p.add_argument("--model", required=True, help="checkpoint folder (config.json is enough)")
+    p.add_argument("--backend", choices=("ttnn",), default="ttnn")
+    p.add_argument("--device", default="p150", help="n150, n300, p150, p300, t3k, ...")
+    p.add_argument("--max-batch-size", type=int, default=d.max_batch_size)
+    p.add_argument("--prefill-chunk", type=int, default=d.prefill_chunk)
+    p.add_argument("--block-size", type=int, default=d.block_size)
+    p.add_argument("--snapshot-slots", type=int, default=d.snapshot_slots)
+    p.add_argument("--precision", choices=("auto", *PROFILES), default=d.precision)
+    p.add_argument("--kv-blocks", type=int, default=d.kv_blocks, help="0: size from DRAM")
+    p.add_argument("--max-model-len", type=int, default=d.max_model_len)
+    p.add_argument("--trace-region-size", type=int, default=DEFAULT_TRACE_REGION)
+    p.add_argument(
+        "--traced-prefill", action=argparse.BooleanOptionalAction, default=d.traced_prefill
+    )
+    p.add_argument("--search-max-batch", action="store_true", help="bisect the largest max_batch")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--ops", default=None, help="write every ttnn call as JSON lines to FILE")
+    a = p.parse_args(argv)
+
+    from tt_serve.model.tt import planner
+
+    try:
+        spec = planner.load_spec(a.model)
+        req = planner.PlanRequest(
+            device=a.device,
+            precision="bfloat16" if a.precision == "auto" else a.precision,
+            max_batch_size=a.max_batch_size,
+            prefill_chunk=a.prefill_chunk,
+            block_size=a.block_size,
+            snapshot_slots=a.snapshot_slots,
+            kv_blocks=a.kv_blocks,
+            max_model_len=a.max_model_len,
+            trace_region_size=a.trace_region_size,
+            traced_prefill=a.traced_prefill,
+        )
+        planner.device_spec(a.device)
+    except (FileNotFoundError, ValueError, KeyError) as exc:
+        print(f"tt-serve plan: error: {exc}", file=sys.stderr)
+        return 2
+    return planner.main(
+        spec,
+        req,
+        as_json=a.json,
+        ops_file=a.ops,
+        search_batch=a.search_max_batch,
+        echo=print,
+    )
+
+
 def _serve(argv: Sequence[str]) -> int:
     from tt_serve.server.run import serve_main
 
@@ -117,13 +180,14 @@ COMMANDS = {
     "generate": (_generate, "generate offline from token ids or text"),
     "demo-model": (_demo_model, "write the tiny random-weight demo model"),
     "check-config": (_check_config, "validate a deployment config file"),
+    "plan": (_plan, "plan a ttnn deployment (memory, traces, limits) without a device"),
 }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
-        print("usage: tt-serve {serve,generate,demo-model,check-config} [options]\n")
+        print("usage: tt-serve {serve,generate,demo-model,check-config,plan} [options]\n")
         for name, (_, help_text) in COMMANDS.items():
             print(f"  {name:14s}{help_text}")
         return 0 if args else 2

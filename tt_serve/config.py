@@ -27,7 +27,7 @@ GDN_CHUNK = 64
 NIX_PREFIX = "services.tenstorrent-serving"
 BACKENDS = ("torch", "ttnn")
 DTYPES = ("auto", "float32", "bfloat16")
-PRECISIONS = ("auto", "bfloat16", "mixed")
+PRECISIONS = ("auto", "bfloat16", "mixed", "bfp4-mlp")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 TTNN_MAX_BATCH = 32
 TTNN_BLOCK_ALIGN = 32
@@ -73,7 +73,8 @@ class ServeConfig:
     precision: str = _opt(
         "auto",
         "ttnn weight precision profile: auto (bfloat16 today), bfloat16 (every weight bf16), "
-        "mixed (MLP and expert weights bfloat8_b)",
+        "mixed (attention, GDN, MLP, expert and LM-head weights bfloat8_b), bfp4-mlp (as mixed, "
+        "MLP and expert weights bfloat4_b)",
         choices=PRECISIONS,
     )
     device_argmax: bool = _opt(

@@ -10,7 +10,7 @@ let
   ttnnBlockAlign = 32; # ttnn keeps paged KV in TILE layout (32 x 32)
   backends = [ "torch" "ttnn" ];
   dtypes = [ "auto" "float32" "bfloat16" ];
-  precisions = [ "auto" "bfloat16" "mixed" ];
+  precisions = [ "auto" "bfloat16" "mixed" "bfp4-mlp" ];
   logLevels = [ "critical" "error" "warning" "info" "debug" "trace" ];
 
   # Nix has no modulo; truncating division gives a remainder that is 0 exactly when Python's is.

@@ -178,7 +178,9 @@ NEW_RULE_MESSAGES = {
         f"{P}.dtype = float32 is not available on backend ttnn (it computes in bfloat16 and "
         f"block floats): use auto or bfloat16, and {P}.precision for the weights."
     ],
-    "ttnn-precision-unknown": [f"{P}.precision must be one of auto, bfloat16, mixed (got fp8)."],
+    "ttnn-precision-unknown": [
+        f"{P}.precision must be one of auto, bfloat16, mixed, bfp4-mlp (got fp8)."
+    ],
     "torch-precision-mixed": [
         f'{P}.precision selects a ttnn weight profile; it needs {P}.backend = "ttnn" '
         "(got backend torch, precision mixed)."

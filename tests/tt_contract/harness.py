@@ -25,8 +25,15 @@ CHUNK = 128
 TRACE_REGION = 64 << 20
 
 
-def tt_backend(path: Path, fake: FakeTTNN | None = None, **kw: Any) -> TTBackend:
-    ops = Ops(fake or FakeTTNN())
+def fake(**kw: Any) -> FakeTTNN:
+    """The contract fake as the backend tests use it: paged SDPA decode must get a program
+    config (without one tt-metal spreads a head over many cores: review finding 5)."""
+    kw.setdefault("require_sdpa_program_config", True)
+    return FakeTTNN(**kw)
+
+
+def tt_backend(path: Path, fake_ttnn: FakeTTNN | None = None, **kw: Any) -> TTBackend:
+    ops = Ops(fake_ttnn or fake())
     ops.open_device(0, trace_region_size=TRACE_REGION, l1_small_size=0)
     spec = ModelSpec.from_hf_dir(path)
     kw.setdefault("max_prefill_chunk", CHUNK)

@@ -52,9 +52,6 @@ def test_buckets_and_prefill_values() -> None:
         bucket=128,
         block_size=64,
         width=6,
-        head_dim=32,
-        rotary_dim=16,
-        theta=1e4,
         num_v_heads=2,
         conv_state_len=3,
     )
@@ -64,12 +61,13 @@ def test_buckets_and_prefill_values() -> None:
     assert v.last_select[0, 0].argmax() == 39
     assert [int(r.argmax()) for r in v.conv_select[0]] == [40, 41, 42]
     assert v.start.tolist() == [128] and v.ids[0, 39] == 49 and v.ids[0, 40] == 0
+    # RoPE rows by position; padding tokens past the 6 x 64 table rows read its last row.
+    assert v.positions.dtype == np.uint32 and v.positions[0, :3].tolist() == [128, 129, 130]
+    assert v.positions[0, -1] == 255
 
 
 def _decode3(rows: list[StepRow]) -> DecodeValues:
-    return decode_values(
-        rows, num_rows=3, width=3, head_dim=32, rotary_dim=16, theta=1e4, num_v_heads=2
-    )
+    return decode_values(rows, num_rows=3, width=3, num_v_heads=2)
 
 
 def test_decode_values_mark_idle_slots() -> None:
@@ -79,9 +77,9 @@ def test_decode_values_mark_idle_slots() -> None:
     assert v.cur_pos.tolist() == [-1, 70, -1] and v.ids.tolist() == [[0, 5, 0]]
     assert v.page_table[1].tolist() == [3, 4, PAD_BLOCK] and not v.page_table[0].any()
     assert v.conv_mask.reshape(-1).tolist() == [0, 1, 0]
-    assert v.gate_mask.shape == (1, 3, 2) and v.cos.shape == (1, 3, 1, 32)
+    assert v.gate_mask.shape == (1, 3, 2) and v.positions.tolist() == [[0, 70, 0]]
+    assert v.write_pos.tolist() == [-1, 70, -1]
     assert v.active == (1,)
-    np.testing.assert_array_equal(v.cos[0, 0, 0], np.ones(32, np.float32))
     last = _decode3(
         [StepRow(1, (9,), 5, (1,), 2, True), StepRow(2, (), 8, (2,), 0, True, fed=True)]
     )

@@ -562,14 +562,15 @@ def test_trace_size_estimate() -> None:
 # ---- the backend on the modelled chips -------------------------------------------------------------
 def test_tiny_backend_runs_within_wormhole_limits(dense_dir: Path) -> None:
     """The tiny contract model (8 value heads, max_batch 4) fits an 8x8 Wormhole: every op call,
-    allocation and capture of a real engine run passes the rules; its decode SDPA runs with no
-    program config (recorded, finding 5)."""
+    allocation and capture of a real engine run passes the rules; its decode SDPA runs with a
+    program config, one core per (user, kv head) (recorded, finding 5)."""
     fake = FakeTTNN(chip=WORMHOLE)
     be = h.tt_backend(dense_dir, fake)
     spec = ModelSpec.from_hf_dir(dense_dir)
     out = h.generate(h.engine(be, spec), [h.prompt(70, 1)], 3)
     assert len(out[0][0]) == 3
-    assert fake.sdpa_decode_plans and not any(p.program_config for p in fake.sdpa_decode_plans)
+    plans = fake.sdpa_decode_plans
+    assert plans and all(p.program_config and p.cores_per_head == 1 for p in plans)
     assert fake.trace_region.live and sum(fake.trace_region.live.values()) <= h.TRACE_REGION
 
 

@@ -17,7 +17,6 @@ from tt_serve.model.interface import (
     StepRow,
 )
 from tt_serve.model.spec import ModelSpec
-from tt_serve.model.tt.fake_ttnn import FakeTTNN
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +38,7 @@ def test_engine_tokens_match_torch_with_warm_prefix_hit(
     dense_dir: Path, prompts: tuple[list[int], list[int]], torch_tokens: list[tuple[list[int], int]]
 ) -> None:
     spec = ModelSpec.from_hf_dir(dense_dir)
-    fake = FakeTTNN()
+    fake = h.fake()
     be = h.tt_backend(dense_dir, fake)
     got = h.generate(h.engine(be, spec), list(prompts), 12)
     assert got == torch_tokens
@@ -89,8 +88,8 @@ def _run_rows(be: h.TTBackend) -> list[tuple[list[int | None], dict[int, np.ndar
 
 
 def test_traced_equals_eager(dense_dir: Path) -> None:
-    traced = _run_rows(h.tt_backend(dense_dir, traced=True))
-    eager = _run_rows(h.tt_backend(dense_dir, traced=False))
+    traced = _run_rows(h.tt_backend(dense_dir))
+    eager = _run_rows(h.tt_backend(dense_dir, traced_prefill=False, traced_decode=False))
     assert [t for t, _ in traced] == [t for t, _ in eager]
     for (_, lt), (_, le) in zip(traced, eager, strict=True):
         assert lt.keys() == le.keys()
@@ -115,7 +114,7 @@ def test_device_resident_decode_same_tokens(
     dense_dir: Path, prompts: tuple[list[int], list[int]], torch_tokens: list[tuple[list[int], int]]
 ) -> None:
     spec = ModelSpec.from_hf_dir(dense_dir)
-    fake = FakeTTNN()
+    fake = h.fake()
     be = h.tt_backend(dense_dir, fake, device_resident=True)
     eng = h.engine(be, spec)
     assert eng.pipelining
@@ -239,10 +238,9 @@ def test_weight_cache_round_trip(dense_dir: Path, tmp_path: Path) -> None:
         raise AssertionError("cache hit must not reconvert the checkpoint")
 
     from tt_serve.model.tt.backend import TTBackend
-    from tt_serve.model.tt.fake_ttnn import FakeTTNN as Fake
     from tt_serve.model.tt.ops import Ops
 
-    ops = Ops(Fake())
+    ops = Ops(h.fake())
     ops.open_device(0, trace_region_size=h.TRACE_REGION, l1_small_size=0)
     second = TTBackend(spec, boom, ops=ops, max_prefill_chunk=h.CHUNK, weight_cache_dir=tmp_path)
     p = h.prompt(70, 3)
@@ -333,7 +331,7 @@ def test_from_config_maps_the_serve_config(
     from tt_serve.model.tt.ops import Ops
     from tt_serve.model.tt.precision import Precision
 
-    fake = FakeTTNN()
+    fake = h.fake()
     monkeypatch.setattr(Ops, "load", classmethod(lambda cls: cls(fake)))
     monkeypatch.setenv(weights.CACHE_ENV, str(tmp_path))
     spec = ModelSpec.from_hf_dir(dense_dir)
@@ -343,12 +341,162 @@ def test_from_config_maps_the_serve_config(
     be = TTBackend.from_config(cfg, spec, max_model_len=512)
     assert be.spec is spec and be.precision == Precision.named("mixed")
     assert be.max_prefill_chunk == 128 and be.max_model_len == 512
-    assert not be.programs.traced and not be.device_resident  # traced_prefill is off by default
+    assert not be.device_resident
     assert any(tmp_path.rglob("*.tensorbin")), "from_pretrained caches converted weights"
     be.allocate(num_kv_blocks=16, block_size=64, num_state_slots=2, num_snapshot_slots=1)
     assert be.width == 8  # 512 tokens / 64 per block, not the model's whole context
+    # Decode is traced whatever --traced-prefill says; prefill (off by default) runs eagerly.
+    assert be.programs.traced(("decode", 2)) and be.programs.num_traces == 1
+    assert not any(be.programs.traced(("prefill", b)) for b in be.buckets)
     be.close()
     be.close()  # idempotent
     two = ServeConfig(model=str(dense_dir), backend="ttnn", device_ids=(0, 1))
     with pytest.raises(ValueError, match="one device"):
         TTBackend.from_config(two, spec, max_model_len=512)
+
+
+def test_sdpa_calls_carry_program_and_compute_configs(dense_dir: Path) -> None:
+    """Review finding 5: paged decode on one core per (user, kv head), k chunk 128, exact exp,
+    HiFi2 without approximations; chunked prefill q/k chunk 64 (the 64-token block allows it),
+    exact exp, HiFi4. The harness fake refuses a decode call without a program config."""
+    fake = h.fake()
+    be = h.tt_backend(dense_dir, fake)
+    state = _two_prefilled(be)
+    be.execute(_decode(state))
+    plans = fake.sdpa_decode_plans
+    assert plans and all(p.program_config for p in plans)
+    assert {(p.cores_per_head, p.tree_reduction_rounds, p.exp_approx_mode) for p in plans} == {
+        (1, 0, False)
+    }
+    assert be.model.sdpa_decode.program.k_chunk_size == 128
+    prefill = be.model.sdpa_prefill(h.BLOCK).program
+    assert (prefill.q_chunk_size, prefill.k_chunk_size, prefill.exp_approx_mode) == (64, 64, False)
+    assert be.model.sdpa_prefill(96).program.q_chunk_size == 32  # 64 does not divide 96
+    configs = fake.compute_configs
+    for op, fidelity in (("sdpa_decode", "HiFi2"), ("chunked_sdpa", "HiFi4")):
+        assert configs[op] and {(c.math_fidelity, c.math_approx_mode) for c in configs[op]} == {
+            (fidelity, False)
+        }
+
+
+def test_idle_decode_rows_leave_state_and_cache_bit_identical(dense_dir: Path) -> None:
+    """Review finding 6: an idle decode row's activations are undefined on a device (paged SDPA
+    decode skips the row and never writes its output). Poison them: token id 0 (what idle rows
+    carry) embeds to NaN. Slot 2 is paused while slot 1 decodes; its conv and recurrent state
+    and the padding KV block must come out bit-identical, and slot 1 must decode as unpoisoned."""
+    clean, poisoned = h.tt_backend(dense_dir), h.tt_backend(dense_dir)
+    states = [_two_prefilled(be) for be in (clean, poisoned)]
+    assert states[0] == states[1]
+    embed = poisoned.model.embed.buffer.data
+    embed[0] = float("nan")  # the fake's device memory: only idle rows read row 0
+    pools = poisoned.pools
+    assert pools is not None
+    poisoned.flush_state()  # slot 2's prefill state may still be in the working buffers
+
+    def snapshot() -> list[np.ndarray]:
+        ops = poisoned.ops
+        state = [ops.read(t)[2] for t in pools.conv + pools.rec]  # slot 2's rows
+        return state + [ops.read(t)[0] for t in pools.k + pools.v]  # the padding block
+
+    before = snapshot()
+    got, want = [], []
+    slot1 = {1: states[0][1]}
+    for be, out in ((clean, want), (poisoned, got)):
+        st = dict(slot1)
+        for _ in range(3):
+            ids = be.execute(_decode(st)).token_ids
+            assert ids[0] is not None and ids[0] != 0
+            st = {1: (ids[0], st[1][1] + 1)}
+            out.append(ids[0])
+    assert got == want
+    for a, b in zip(before, snapshot(), strict=True):
+        assert not np.isnan(b).any()
+        np.testing.assert_array_equal(a, b)
+
+
+def test_precision_profiles_convert_and_configure_every_matmul(
+    dense_dir: Path,
+    prompts: tuple[list[int], list[int]],
+    torch_tokens: list[tuple[list[int], int]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``bfp4-mlp``: bfp8 attention/GDN/LM head, bfp4 MLP, fp32 recurrent state; every matmul
+    gets a compute kernel config whose fidelity matches its weight dtype (LoFi for bfp4, HiFi2
+    for bfp8, HiFi4 for bf16 and the one-hot/rotation matmuls), and the LM head runs as column
+    chunks. The fake computes in fp32, so the tokens stay the torch backend's."""
+    from tt_serve.model.tt import model as tt_model
+    from tt_serve.model.tt.precision import PROFILES, Precision
+
+    assert PROFILES == ("bfloat16", "mixed", "bfp4-mlp")
+    assert {Precision.named(n).recurrent_state for n in PROFILES} == {"float32"}
+    assert Precision.named("bfloat16").lm_head == "bfloat16"
+    assert Precision.named("mixed").attention == Precision.named("mixed").mlp == "bfloat8_b"
+    monkeypatch.setattr(tt_model, "LM_HEAD_CHUNK", 1000)
+    spec = ModelSpec.from_hf_dir(dense_dir)
+    fake = h.fake()
+    be = h.tt_backend(dense_dir, fake, precision=Precision.named("bfp4-mlp"))
+    head = be.model.lm_head
+    assert len(head) == -(-spec.vocab_size // 1000) and {t.dtype.value for t in head} == {
+        "bfloat8_b"
+    }
+    assert sum(t.shape[1] for t in head) == spec.vocab_size
+    assert all(t.shape[1] % 32 == 0 for t in head[:-1])
+    layer = be.model.layers[0]
+    assert isinstance(layer.mlp, tuple) and layer.mlp[0].dtype.value == "bfloat4_b"
+    assert h.generate(h.engine(be, spec), list(prompts), 12) == torch_tokens
+    fidelities = {c.math_fidelity for c in fake.compute_configs["matmul"] if c is not None}
+    assert None not in fake.compute_configs["matmul"]
+    assert fidelities == {"LoFi", "HiFi2", "HiFi4"}
+    assert be.pools is not None and {t.dtype.value for t in be.pools.rec} == {"float32"}
+
+
+def test_rope_tables_are_resident_and_gathered_by_position(dense_dir: Path) -> None:
+    """Review 2.10: cos/sin are uploaded once at allocate ([max positions, hd], the trace page
+    tables' reach) and each program gathers its rows by position with ``embedding`` inside the
+    trace; a step uploads uint32 positions, not tilized tables."""
+    fake = h.fake()
+    be = h.tt_backend(dense_dir, fake)
+    state = _two_prefilled(be)
+    assert be.decode_bufs is not None and be.pools is not None
+    width = be.width * be.pools.block_size
+    assert be.model.cos_table.shape == (width, be.spec.head_dim)
+    assert be.model.sin_table.shape == (width, be.spec.head_dim)
+    for bufs in (be.decode_bufs, *be.prefill_bufs.values()):
+        assert "cos" not in bufs.tensors and "sin" not in bufs.tensors
+        assert bufs.positions.dtype.value == "uint32"
+    trace = fake._traces[be.programs._traces[("decode", 3)]]
+    ops = [sig[0] for sig in trace.signature]
+    assert ops.count("embedding") == 3  # token ids, cos rows, sin rows: inside the trace
+    assert be.execute(_decode(state)).token_ids[0] is not None
+
+
+def test_gdn_decode_writes_state_pools_in_place(dense_dir: Path) -> None:
+    """Review 2.11: the per-row select writes the conv and recurrent pools in place
+    (``where(..., output_tensor=pool)``); the decode trace copies only its two outputs (logits,
+    ids), never a whole state pool."""
+    fake = h.fake()
+    be = h.tt_backend(dense_dir, fake)
+    _two_prefilled(be)
+    trace = fake._traces[be.programs._traces[("decode", 3)]]
+    ops = [sig[0] for sig in trace.signature]
+    assert ops.count("copy") == 2
+    assert ops.count("where") == 4 * be.spec.num_gdn_layers  # beta, g, rec state, conv state
+
+
+def test_prefill_chunks_of_one_row_load_and_store_its_state_once(dense_dir: Path) -> None:
+    """Review 2.15: consecutive prefill chunks of one row keep its GDN state in the working
+    buffers (no eager load/store around every replay); it is written back before a decode."""
+    fake = h.fake()
+    be = h.tt_backend(dense_dir, fake)
+    be.allocate(num_kv_blocks=16, block_size=h.BLOCK, num_state_slots=3, num_snapshot_slots=2)
+    be.copy_states([StateCopy.reset(1)])
+    p, tab = h.prompt(200, 8), (1, 2, 3, 4)
+    n_gdn = be.spec.num_gdn_layers
+    stores = fake.counts.get("fill_cache", 0)
+    for s, e in ((0, 64), (64, 128), (128, 200)):
+        r = be.execute(StepBatch((StepRow(1, tuple(p[s:e]), s, tab, 1, e == 200),)))
+    assert fake.counts.get("fill_cache", 0) == stores  # still in the working buffers
+    tok = r.token_ids[0]
+    assert tok is not None
+    be.execute(StepBatch((StepRow(1, (tok,), 200, tab, 1, True),)))
+    assert fake.counts["fill_cache"] - stores == 2 * n_gdn  # one store_work: conv + rec

@@ -42,7 +42,7 @@ def _tt(path: Path, ops: Any, **kw: Any) -> TTBackend:
 def test_pcc_per_layer_prefill(hw_dense_dir: Path, tt_ops: Any) -> None:
     """Each layer of the device model against the reference layer on the same input."""
     ref = TorchBackend.from_pretrained(hw_dense_dir)
-    tt = _tt(hw_dense_dir, tt_ops, traced=False)
+    tt = _tt(hw_dense_dir, tt_ops, traced_prefill=False, traced_decode=False)
     for be in (ref, tt):
         be.allocate(num_kv_blocks=8, block_size=h.BLOCK, num_state_slots=2, num_snapshot_slots=1)
     row = StepRow(1, tuple(h.prompt(128, 3)), 0, (1, 2), 1, True)
@@ -84,8 +84,8 @@ def test_pcc_per_layer_prefill(hw_dense_dir: Path, tt_ops: Any) -> None:
                 bufs,
                 tt.pools.k[j],
                 tt.pools.v[j],
-                tt.model.rot,
-                tt.model.sdpa_config,
+                tt.model.rope(bufs, 128),
+                tt.model.sdpa_prefill(h.BLOCK),
             )
         value = pcc(tt_ops.read(got)[0], want.numpy())
         assert value >= PCC_MIN, f"layer {i}: PCC {value:.5f} < {PCC_MIN}"
@@ -107,8 +107,8 @@ def _workload(be: TTBackend) -> list[list[int | None]]:
 
 
 def test_traced_equals_eager(hw_dense_dir: Path, tt_ops: Any) -> None:
-    assert _workload(_tt(hw_dense_dir, tt_ops, traced=True)) == _workload(
-        _tt(hw_dense_dir, tt_ops, traced=False)
+    assert _workload(_tt(hw_dense_dir, tt_ops)) == _workload(
+        _tt(hw_dense_dir, tt_ops, traced_prefill=False, traced_decode=False)
     )
 
 

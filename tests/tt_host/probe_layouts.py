@@ -10,7 +10,7 @@ import ttnn
 from tt_serve.model.interface import StepRow
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.buffers import DECODE_FIELDS, PREFILL_FIELDS
-from tt_serve.model.tt.inputs import decode_values, padded_table, prefill_values
+from tt_serve.model.tt.inputs import decode_values, padded_table, prefill_values, rope_tables
 from tt_serve.model.tt.ops import ROW_MAJOR, TILE, Ops
 from tt_serve.model.tt.precision import Precision
 from tt_serve.model.tt.weights import layout_weights
@@ -20,9 +20,13 @@ checks = []
 
 
 def back(t):
+    if t.dtype in (ttnn.bfloat8_b, ttnn.bfloat4_b):
+        # Host to_layout of a padded block-float tile tensor TT_FATALs ("Tensor layout must
+        # be ROW_MAJOR for unpadding"); to_numpy unpacks it to float32 at the logical shape.
+        return np.asarray(t.to_numpy())
     if t.layout == ttnn.TILE_LAYOUT:
         t = ttnn.to_layout(t, ttnn.ROW_MAJOR_LAYOUT)
-    if t.dtype in (ttnn.bfloat16, ttnn.bfloat8_b):
+    if t.dtype == ttnn.bfloat16:
         t = ttnn.typecast(t, ttnn.float32)
     return np.asarray(t.to_numpy())
 
@@ -72,9 +76,6 @@ pv = prefill_values(
     bucket=64,
     block_size=64,
     width=8,
-    head_dim=32,
-    rotary_dim=16,
-    theta=1e4,
     num_v_heads=4,
     conv_state_len=3,
 )
@@ -82,9 +83,6 @@ dv = decode_values(
     [StepRow(2, (7,), 70, (3, 4), 1, True)],
     num_rows=3,
     width=8,
-    head_dim=32,
-    rotary_dim=16,
-    theta=1e4,
     num_v_heads=4,
 )
 for label, values, fields in (("prefill", pv, PREFILL_FIELDS), ("decode", dv, DECODE_FIELDS)):
@@ -97,7 +95,12 @@ for label, values, fields in (("prefill", pv, PREFILL_FIELDS), ("decode", dv, DE
         ok = list(t.shape) == list(arr.shape) and np.array_equal(got.astype(want.dtype), want)
         check(f"{label}_{name}", ok, f"{t.shape} {t.dtype}")
 
-# Weights in both precisions: transposed [in, out], bf16 exact rounding, bfloat8_b close.
+# The resident RoPE tables: [positions, hd] bf16 ROW_MAJOR (the embedding op's table layout).
+cos, _ = rope_tables(np.arange(512), 32, 16, 1e4)
+t = ops.host(cos, "bfloat16", ROW_MAJOR)
+check("rope_table_bf16_rm", list(t.shape) == [512, 32] and np.array_equal(back(t), bf16(cos)))
+
+# Weights in every precision: transposed [in, out], bf16 exact rounding, bfloat8_b close.
 names = {}
 for i in range(spec.num_layers):
     p = f"layers.{i}."
@@ -135,7 +138,7 @@ for i in range(spec.num_layers):
         )
 names.update({"embed_tokens.weight": (512, 64), "norm.weight": (64,), "lm_head.weight": (512, 64)})
 w = {n: rng.standard_normal(s).astype(np.float32) * 0.1 for n, s in names.items()}
-for prec_name in ("bfloat16", "mixed"):
+for prec_name in ("bfloat16", "mixed", "bfp4-mlp"):
     prec = Precision.named(prec_name)
     for key, hw in layout_weights(spec, w, prec).items():
         t = ops.host(hw.array, hw.dtype, hw.layout)
@@ -145,6 +148,11 @@ for prec_name in ("bfloat16", "mixed"):
             # the block's top power of two, so even truncation errs by < 2^-6 (0.016) of the max.
             err = float(np.abs(got - hw.array).max() / (np.abs(hw.array).max() + 1e-12))
             ok = got.shape == hw.array.shape and err < 0.02
+        elif hw.dtype == "bfloat4_b":
+            # 3-bit mantissas against the block's shared exponent: the step is 2^-2 of the
+            # block's top power of two, so the error stays < 2^-2 of the max.
+            err = float(np.abs(got - hw.array).max() / (np.abs(hw.array).max() + 1e-12))
+            ok = got.shape == hw.array.shape and err < 0.25
         elif hw.dtype == "bfloat16":
             ok = np.array_equal(got, bf16(hw.array))
         else:

@@ -124,7 +124,7 @@ def test_resolved_dtype() -> None:
 
 
 def test_resolved_precision() -> None:
-    assert PRECISIONS == ("auto", "bfloat16", "mixed")
+    assert PRECISIONS == ("auto", "bfloat16", "mixed", "bfp4-mlp")
     assert ServeConfig(backend="ttnn").resolved_precision == "bfloat16"
     assert ServeConfig(backend="ttnn", precision="mixed").resolved_precision == "mixed"
 
@@ -210,7 +210,7 @@ REFUSED = [
     ),
     (
         ServeConfig(backend="ttnn", precision="fp8"),
-        [f"{P}.precision must be one of auto, bfloat16, mixed (got fp8)."],
+        [f"{P}.precision must be one of auto, bfloat16, mixed, bfp4-mlp (got fp8)."],
     ),
     (
         ServeConfig(prefill_chunk=96, block_size=64, prefix_caching=False),

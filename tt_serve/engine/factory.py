@@ -7,6 +7,7 @@ so ``engine/`` stays importable without torch or ttnn.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import TYPE_CHECKING
@@ -47,13 +48,24 @@ def _available_memory() -> int:
         return 4 << 30
 
 
-def num_kv_blocks(cfg: ServeConfig, spec: ModelSpec, max_model_len: int) -> int:
+def num_kv_blocks(
+    cfg: ServeConfig, spec: ModelSpec, max_model_len: int, backend: Backend | None = None
+) -> int:
     """KV blocks including the padding block: ``cfg.kv_blocks``, or sized from memory.
 
-    Enough KV for every running row to reach the full context is the ceiling; the memory budget
-    (a quarter of free host memory, capped, less the snapshot slots) usually wins."""
+    On ttnn the pool is sized from the device's DRAM by the same planner ``tt-serve plan`` runs
+    (weights, GDN states, snapshots and traces first). Elsewhere enough KV for every running row
+    to reach the full context is the ceiling; the host memory budget (a quarter of free host
+    memory, capped, less the snapshot slots) usually wins."""
     if cfg.kv_blocks:
         return cfg.kv_blocks
+    if cfg.backend == "ttnn" and backend is not None:
+        from tt_serve.model.tt.backend import TTBackend
+        from tt_serve.model.tt.planner import plan_pools
+
+        assert isinstance(backend, TTBackend)
+        plan_cfg = dataclasses.replace(cfg, max_model_len=max_model_len)
+        return plan_pools(plan_cfg, spec, backend.device_description().name).num_kv_blocks
     dtype_bytes = 4 if cfg.resolved_dtype == "float32" else 2
     per_block = max(spec.kv_bytes_per_block(cfg.block_size, dtype_bytes), 1)
     per_snap = max(spec.state_bytes_per_slot(), 1)
@@ -79,7 +91,7 @@ def build_engine(
     limit = spec.max_position_embeddings
     max_len = min(cfg.max_model_len or limit, limit)
     backend = load_backend(cfg, spec, max_len)
-    blocks = num_kv_blocks(cfg, spec, max_len)
+    blocks = num_kv_blocks(cfg, spec, max_len, backend)
     eos = set(spec.eos_token_ids)
     if tokenizer is not None:
         eos |= set(tokenizer.eos_token_ids)

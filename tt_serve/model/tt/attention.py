@@ -18,6 +18,14 @@ from tt_serve.model.tt.ops import Ops, Tensor
 
 
 @dataclass(frozen=True)
+class SdpaConfigs:
+    """Program and compute kernel configs of one SDPA call, built once by the model."""
+
+    program: Any
+    compute: Any
+
+
+@dataclass(frozen=True)
 class AttentionWeights:
     q: Tensor  # [H, heads·hd]
     gate: Tensor  # [H, heads·hd]
@@ -30,23 +38,25 @@ class AttentionWeights:
     num_kv_heads: int
     head_dim: int
     eps: float
+    compute: Any = None  # the projections' compute kernel config (fidelity of their dtype)
+    exact: Any = None  # HiFi4, for the RoPE rotation matmul
 
 
 def _qkv(
     ops: Ops, x: Tensor, w: AttentionWeights, n: int, cos: Tensor, sin: Tensor, rot: Tensor
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    hd = w.head_dim
-    q = ops.reshape(ops.linear(x, w.q), [1, n, w.num_heads, hd])
-    q = apply_rope(ops, ops.rms_norm(q, w.q_norm, w.eps), cos, sin, rot)
-    k = ops.reshape(ops.linear(x, w.k), [1, n, w.num_kv_heads, hd])
-    k = apply_rope(ops, ops.rms_norm(k, w.k_norm, w.eps), cos, sin, rot)
-    v = ops.reshape(ops.linear(x, w.v), [1, n, w.num_kv_heads, hd])
-    return q, k, v, ops.linear(x, w.gate)
+    hd, c = w.head_dim, w.compute
+    q = ops.reshape(ops.linear(x, w.q, c), [1, n, w.num_heads, hd])
+    q = apply_rope(ops, ops.rms_norm(q, w.q_norm, w.eps), cos, sin, rot, w.exact)
+    k = ops.reshape(ops.linear(x, w.k, c), [1, n, w.num_kv_heads, hd])
+    k = apply_rope(ops, ops.rms_norm(k, w.k_norm, w.eps), cos, sin, rot, w.exact)
+    v = ops.reshape(ops.linear(x, w.v, c), [1, n, w.num_kv_heads, hd])
+    return q, k, v, ops.linear(x, w.gate, c)
 
 
 def _out(ops: Ops, attn: Tensor, gate: Tensor, w: AttentionWeights, n: int) -> Tensor:
     attn = ops.reshape(attn, [1, n, w.num_heads * w.head_dim])
-    return ops.linear(ops.mul(attn, ops.sigmoid(gate)), w.o)
+    return ops.linear(ops.mul(attn, ops.sigmoid(gate)), w.o, w.compute)
 
 
 def attention_prefill(
@@ -56,12 +66,13 @@ def attention_prefill(
     inp: Any,
     k_cache: Tensor,
     v_cache: Tensor,
-    rot: Tensor,
-    sdpa_config: Any,
+    rope: tuple[Tensor, Tensor, Tensor],
+    sdpa: SdpaConfigs,
 ) -> Tensor:
-    """x [1, T, H] -> [1, T, H]; ``inp`` holds the bucket's persistent inputs."""
+    """x [1, T, H] -> [1, T, H]; ``inp`` holds the bucket's persistent inputs, ``rope`` is
+    (cos, sin [1, T, 1, hd], rotate-half matrix)."""
     t = x.shape[1]
-    q, k, v, gate = _qkv(ops, x, w, t, inp.cos, inp.sin, rot)
+    q, k, v, gate = _qkv(ops, x, w, t, *rope)
     head_major = [0, 2, 1, 3]
     ops.paged_fill_cache(k_cache, ops.permute(k, head_major), inp.fill_table)
     ops.paged_fill_cache(v_cache, ops.permute(v, head_major), inp.fill_table)
@@ -72,7 +83,8 @@ def attention_prefill(
         inp.page_table,
         inp.start,
         scale=w.head_dim**-0.5,
-        program_config=sdpa_config,
+        program_config=sdpa.program,
+        compute_config=sdpa.compute,
     )
     return _out(ops, ops.permute(attn, head_major), gate, w, t)
 
@@ -84,15 +96,23 @@ def attention_decode(
     inp: Any,
     k_cache: Tensor,
     v_cache: Tensor,
-    rot: Tensor,
+    rope: tuple[Tensor, Tensor, Tensor],
+    sdpa: SdpaConfigs,
 ) -> Tensor:
-    """x [1, S, H] (one row per state slot) -> [1, S, H]."""
+    """x [1, S, H] (one row per state slot) -> [1, S, H]; ``rope`` as in prefill."""
     s = x.shape[1]
-    q, k, v, gate = _qkv(ops, x, w, s, inp.cos, inp.sin, rot)
+    q, k, v, gate = _qkv(ops, x, w, s, *rope)
     ops.paged_update_cache(k_cache, ops.height_sharded(k, s), inp.write_pos, inp.page_table)
     ops.paged_update_cache(v_cache, ops.height_sharded(v, s), inp.write_pos, inp.page_table)
     attn = ops.paged_sdpa_decode(
-        q, k_cache, v_cache, inp.page_table, inp.cur_pos, scale=w.head_dim**-0.5
+        q,
+        k_cache,
+        v_cache,
+        inp.page_table,
+        inp.cur_pos,
+        scale=w.head_dim**-0.5,
+        program_config=sdpa.program,
+        compute_config=sdpa.compute,
     )
     # The op pads the head axis to a whole tile; keep the real heads.
     attn = ops.slice(attn, [0, 0, 0, 0], [1, s, w.num_heads, w.head_dim])

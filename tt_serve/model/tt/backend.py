@@ -34,6 +34,7 @@ from tt_serve.model.interface import StateCopy, StepBatch, StepOutput, StepRow
 from tt_serve.model.resident import ResidentSlots
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.buffers import InputBuffers
+from tt_serve.model.tt.devices import DeviceSpec, single_chip_for_grid
 from tt_serve.model.tt.inputs import (
     DecodeValues,
     PrefillValues,
@@ -63,7 +64,8 @@ class TTOptions(TypedDict, total=False):
     """The ttnn backend's options, all optional (defaults in brackets)."""
 
     precision: Precision  # [Precision()] the weight profile (``Precision.named``)
-    traced: bool  # [True] replay captured traces (False: run the same programs eagerly)
+    traced_decode: bool  # [True] replay the captured decode trace (False: eager, for debugging)
+    traced_prefill: bool  # [True] replay captured prefill traces (False: run them eagerly)
     device_resident: bool  # [False] greedy ids stay on the device for fed rows
     max_prefill_chunk: int  # [DEFAULT_PREFILL_CHUNK] the largest prefill bucket
     max_model_len: int | None  # [None: the model's own] sizes the traces' page tables
@@ -89,8 +91,12 @@ class TTBackend:
         source = weights if callable(weights) else (lambda: to_numpy(weights))
         cache_dir = options.get("weight_cache_dir")
         dev_w = load_device_weights(ops, spec, self.precision, source, cache_dir)
-        self.model = TTModel(ops, spec, dev_w)
-        self.programs = Programs(ops, traced=options.get("traced", True))
+        self.model = TTModel(ops, spec, dev_w, self.precision)
+        self.programs = Programs(ops)
+        # Decode is always traced on a device (an eager step dispatches ~1.5-2k ops from the
+        # host); prefill tracing is the ``--traced-prefill`` choice.
+        self.traced_decode = options.get("traced_decode", True)
+        self.traced_prefill = options.get("traced_prefill", True)
         self.pools: DevicePools | None = None
         self.prefill_bufs: dict[int, InputBuffers] = {}
         self.decode_bufs: InputBuffers | None = None
@@ -98,6 +104,9 @@ class TTBackend:
         self.width = 0
         self.resident = ResidentSlots(self.device_resident)
         self.device_fed_decodes = 0  # decode steps whose ids came from the device (resident)
+        # The state slot whose GDN state lives in the prefill working buffers, not yet written
+        # back: consecutive prefill chunks of one row load and store it once, not per replay.
+        self._work_slot: int | None = None
         self._closed = False
 
     @classmethod
@@ -134,7 +143,7 @@ class TTBackend:
             spec=spec,
             device_ids=cfg.device_ids,
             precision=Precision.named(cfg.resolved_precision),
-            traced=cfg.traced_prefill,
+            traced_prefill=cfg.traced_prefill,
             device_resident=cfg.device_resident,
             max_prefill_chunk=cfg.prefill_chunk,
             max_model_len=max_model_len,
@@ -165,6 +174,7 @@ class TTBackend:
         per_seq = -(-min(self.max_model_len or limit, limit) // block_size)
         self.width = min(num_kv_blocks, per_seq)
         self.buckets = make_buckets(block_size, self.max_prefill_chunk)
+        self.model.upload_rope(self.width * block_size, self.precision.activations)
         act, vocab = self.precision.activations, spec.vocab_size
         pools = self.pools
         for bucket in self.buckets:
@@ -172,14 +182,20 @@ class TTBackend:
             bufs = InputBuffers.allocate(ops, idle, act=act, rows=1, vocab=vocab)
             bufs.write(ops, idle)
             self.prefill_bufs[bucket] = bufs
-            self.programs.add(("prefill", bucket), partial(self.model.prefill, bufs, pools))
+            self.programs.add(
+                ("prefill", bucket),
+                partial(self.model.prefill, bufs, pools),
+                traced=self.traced_prefill,
+            )
         idle_dec = self._decode_values([])
         self.decode_bufs = InputBuffers.allocate(
             ops, idle_dec, act=act, rows=pools.num_slots, vocab=vocab
         )
         self.decode_bufs.write(ops, idle_dec)
         dec = self.decode_bufs
-        self.programs.add(self._decode_key(), partial(self.model.decode, dec, pools))
+        self.programs.add(
+            self._decode_key(), partial(self.model.decode, dec, pools), traced=self.traced_decode
+        )
         self.programs.capture_all()
 
     def _prefill_values(self, row: StepRow, bucket: int) -> PrefillValues:
@@ -190,9 +206,6 @@ class TTBackend:
             bucket=bucket,
             block_size=self.pools.block_size,
             width=self.width,
-            head_dim=s.head_dim,
-            rotary_dim=s.rotary_dim,
-            theta=s.rope_theta,
             num_v_heads=s.linear_num_value_heads,
             conv_state_len=s.conv_state_len,
         )
@@ -204,9 +217,6 @@ class TTBackend:
             rows,
             num_rows=self.pools.num_slots,
             width=self.width,
-            head_dim=s.head_dim,
-            rotary_dim=s.rotary_dim,
-            theta=s.rope_theta,
             num_v_heads=s.linear_num_value_heads,
         )
 
@@ -243,6 +253,7 @@ class TTBackend:
         out = StepOutput(token_ids=[None] * len(rows), logprobs=[None] * len(rows))
         pending = PendingStep(out)
         if decode:
+            self.flush_state()
             pending = self._decode(rows, decode, out, from_fed=fed > 0)
         for i, row in enumerate(rows):
             if row.num_tokens > 1:
@@ -253,10 +264,12 @@ class TTBackend:
     def _prefill(self, row: StepRow, i: int, out: StepOutput, pools: DevicePools) -> None:
         bucket = choose_bucket(row.num_tokens, self.buckets)
         bufs = self.prefill_bufs[bucket]
-        pools.load_work(self.ops, row.state_slot)
+        if self._work_slot != row.state_slot:
+            self.flush_state()
+            pools.load_work(self.ops, row.state_slot)
+            self._work_slot = row.state_slot
         bufs.write(self.ops, self._prefill_values(row, bucket))
         self.programs.run(("prefill", bucket))
-        pools.store_work(self.ops, row.state_slot)
         if row.sample:
             self._collect(bufs, [(i, 0, row)], out)
 
@@ -316,9 +329,23 @@ class TTBackend:
                 assert logits is not None
                 out.logprobs[i] = top_logprobs(logits[b], int(ids[b]), row.top_logprobs)
 
+    def flush_state(self) -> None:
+        """Write the GDN state a prefill left in the working buffers back to its slot (done
+        before any decode step or state copy; the pools are current afterwards)."""
+        if self._work_slot is not None:
+            self._pools().store_work(self.ops, self._work_slot)
+            self._work_slot = None
+
     def copy_states(self, ops: list[StateCopy] | tuple[StateCopy, ...]) -> None:
+        self.flush_state()
         self._pools().copy_states(self.ops, ops)
         self.resident.forget(ops)
+
+    def device_description(self) -> DeviceSpec:
+        """The one-chip description matching the opened device's worker grid (the planner sizes
+        the pools with it)."""
+        grid = self.ops.device.compute_with_storage_grid_size()
+        return single_chip_for_grid(int(grid.x), int(grid.y))
 
     def close(self) -> None:
         if self._closed:

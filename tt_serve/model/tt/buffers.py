@@ -20,23 +20,21 @@ from tt_serve.model.tt.ops import ROW_MAJOR, TILE, Ops, Tensor
 # field -> (dtype, layout); "act" is the activation dtype of the precision config.
 PREFILL_FIELDS: dict[str, tuple[str, str]] = {
     "ids": ("uint32", ROW_MAJOR),
+    "positions": ("uint32", ROW_MAJOR),
     "start": ("int32", ROW_MAJOR),
     "start_u32": ("uint32", ROW_MAJOR),
     "page_table": ("int32", ROW_MAJOR),
     "fill_table": ("int32", ROW_MAJOR),
-    "cos": ("act", TILE),
-    "sin": ("act", TILE),
     "gate_mask": ("float32", TILE),
     "conv_select": ("act", TILE),
     "last_select": ("act", TILE),
 }
 DECODE_FIELDS: dict[str, tuple[str, str]] = {
     "ids": ("uint32", ROW_MAJOR),
+    "positions": ("uint32", ROW_MAJOR),
     "cur_pos": ("int32", ROW_MAJOR),
     "write_pos": ("int32", ROW_MAJOR),
     "page_table": ("int32", ROW_MAJOR),
-    "cos": ("act", TILE),
-    "sin": ("act", TILE),
     "gate_mask": ("float32", TILE),
     "conv_mask": ("act", TILE),
 }

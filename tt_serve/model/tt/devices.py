@@ -361,3 +361,16 @@ def device_spec(name: str) -> DeviceSpec:
         known = ", ".join(sorted(DEVICES))
         raise ValueError(f"unknown device {name!r}; known devices: {known}")
     return spec
+
+
+def single_chip_for_grid(grid_x: int, grid_y: int) -> DeviceSpec:
+    """The one-chip description whose worker grid an opened device reports (what the server
+    plans its pools with). Boards that share a grid are told apart by nothing the grid says, so
+    the one with the least DRAM wins: an 11x10 Blackhole chip is planned as a P100 (7 DRAM banks)
+    even on a P150 (8), which leaves an eighth of the DRAM unplanned rather than risk running out.
+    Raises ValueError for a grid no description has."""
+    matches = [d for d in DEVICES.values() if (d.chip.grid_x, d.chip.grid_y) == (grid_x, grid_y)]
+    if not matches:
+        known = sorted({f"{d.chip.grid_x}x{d.chip.grid_y}" for d in DEVICES.values()})
+        raise ValueError(f"no device description has a {grid_x}x{grid_y} worker grid ({known})")
+    return min(matches, key=lambda d: (d.num_chips, d.chip.dram_bytes))

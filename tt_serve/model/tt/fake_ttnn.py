@@ -31,6 +31,11 @@ compared token for token with the torch reference; device numerics are tested on
   device would read it then, whatever later replays write into the source buffer.
 
 Replay re-runs the recorded ops on the recorded buffers, in place, like a device trace.
+
+``FakeTTNN(shape_only=True)`` (the planner's device model, ``planner.py``): tensors hold torch
+``meta`` data (shape, dtype, layout and placement, no storage); ops run every rule above and
+produce outputs of the right shape without computing; host reads return zeros; replays check
+their rules and recompute nothing. Real-size models (Qwen3.5-9B) run in seconds.
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ class ContractViolation(AssertionError):
 class DataType(Enum):
     BFLOAT16 = "bfloat16"
     BFLOAT8_B = "bfloat8_b"
+    BFLOAT4_B = "bfloat4_b"
     FLOAT32 = "float32"
     UINT32 = "uint32"
     INT32 = "int32"
@@ -130,6 +136,9 @@ class Tensor:
             raise ContractViolation("host_io", "to_numpy() of a device tensor: from_device first")
         _landed(self, "to_numpy()")
         d = self.buffer.data
+        if d.is_meta:  # shape-only mode: a host read gives zeros of the right shape
+            kind = np.uint32 if self.dtype is DataType.UINT32 else None
+            return np.zeros(d.shape, kind or (np.int64 if self.dtype in INT_TYPES else np.float32))
         return d.numpy().astype(np.uint32 if self.dtype is DataType.UINT32 else d.numpy().dtype)
 
 
@@ -175,12 +184,19 @@ class FakeTTNN:
         chip: ChipSpec = P150,
         require_sdpa_program_config: bool = False,
         legacy_fill_cache_work_blocks: bool = False,
+        shape_only: bool = False,
     ) -> None:
         self._num_devices = num_devices
+        # shape_only: tensors hold torch ``meta`` data (shape, no storage); ops check every rule
+        # and produce outputs of the right shape and dtype without computing; host reads give
+        # zeros. Used by the planner (``planner.py``) to run real-size models.
+        self.shape_only = shape_only
+        self._tdev = torch.device("meta" if shape_only else "cpu")
         self.chip = chip
         self.require_sdpa_program_config = require_sdpa_program_config
         self.legacy_fill_cache_work_blocks = legacy_fill_cache_work_blocks
         self.dram = memory.DramBudget(chip)
+        self.dram_peak_per_bank = 0  # high-water mark of ``dram.used_per_bank``
         self.trace_region = memory.TraceRegion(chip, 0)
         self.sdpa_decode_plans: list[limits.SdpaDecodePlan] = []
         self.argmax_paths: list[str] = []
@@ -217,14 +233,17 @@ class FakeTTNN:
         return self._capturing is not None
 
     def _new(self, data: torch.Tensor, dtype: DataType, layout: Layout, device: bool) -> Tensor:
-        if dtype is DataType.BFLOAT8_B and layout is not Layout.TILE:
+        if dtype in (DataType.BFLOAT8_B, DataType.BFLOAT4_B) and layout is not Layout.TILE:
             raise ContractViolation("dtype", "Layout must be Layout::TILE for bfloat8_b")
         data = data.to(torch.int64 if dtype in INT_TYPES else torch.float32)
+        if self.shape_only and not data.is_meta:
+            data = torch.empty(data.shape, dtype=data.dtype, device="meta")
         buf = Buffer(data, next(self._serial), device)
         if device:
             info = limits.TensorInfo(tuple(data.shape), dtype.value, layout.value)
             with self._rules():
                 self.dram.allocate(buf.serial, info)
+            self.dram_peak_per_bank = max(self.dram_peak_per_bank, self.dram.used_per_bank)
             self._buffers.add(buf)
         return Tensor(self, buf, dtype, layout)
 
@@ -325,6 +344,12 @@ class FakeTTNN:
             target.buffer.data = res.detach().clone()
             return [target.buffer]
 
+        if self.shape_only:  # the target keeps its shape; nothing to compute
+            buf = target.buffer
+
+            def fn() -> torch.Tensor:
+                return buf.data
+
         self._op(name, [*inputs, target], fn, write, cores)
         return target
 
@@ -416,6 +441,8 @@ class FakeTTNN:
             raise ContractViolation(
                 "alloc", f"{len(late)} device buffer(s) allocated after capture are alive at replay"
             )
+        if self.shape_only:  # outputs keep their shapes; nothing to recompute
+            return
         for replay, _ in trace.steps:
             replay()
 
@@ -430,6 +457,10 @@ class FakeTTNN:
     ) -> Tensor:
         arr = np.asarray(array)
         dtype = data_type or DataType.FLOAT32
+        if self.shape_only:
+            return self._new(
+                torch.empty(arr.shape, device="meta"), dtype, layout or Layout.ROW_MAJOR, False
+            )
         return self._new(
             torch.from_numpy(arr.astype(np.int64 if dtype in INT_TYPES else np.float32)),
             dtype,
@@ -473,7 +504,10 @@ class FakeTTNN:
             self._no_host_io("zeros(device=...) upload")
         dt = dtype or DataType.BFLOAT16
         return self._new(
-            torch.zeros(list(shape)), dt, layout or Layout.ROW_MAJOR, device is not None
+            torch.zeros(list(shape), device=self._tdev),
+            dt,
+            layout or Layout.ROW_MAJOR,
+            device is not None,
         )
 
     def deallocate(self, tensor: Tensor, force: bool = False) -> None:
@@ -564,7 +598,7 @@ class FakeTTNN:
         )
 
     def to_layout(self, x: Tensor, layout: Layout) -> Tensor:
-        if x.dtype is DataType.BFLOAT8_B and layout is not Layout.TILE:
+        if x.dtype in (DataType.BFLOAT8_B, DataType.BFLOAT4_B) and layout is not Layout.TILE:
             raise ContractViolation("dtype", "Layout must be Layout::TILE for bfloat8_b")
         if not x.buffer.on_device:
             _landed(x, "to_layout()")
@@ -613,10 +647,11 @@ class FakeTTNN:
             layout or Layout.ROW_MAJOR,
         )
 
-    def linear(self, a: Tensor, b: Tensor) -> Tensor:
-        return self.matmul(a, b)
+    def linear(self, a: Tensor, b: Tensor, *, compute_kernel_config: Any = None) -> Tensor:
+        return self.matmul(a, b, compute_kernel_config=compute_kernel_config)
 
-    def matmul(self, a: Tensor, b: Tensor) -> Tensor:
+    def matmul(self, a: Tensor, b: Tensor, *, compute_kernel_config: Any = None) -> Tensor:
+        self._compute_kernel_config("matmul", compute_kernel_config)
         if a.layout is not Layout.TILE or b.layout is not Layout.TILE:
             raise ContractViolation("tile", "matmul operands must be TILE")
         if a.shape[-1] != b.shape[-2]:
@@ -798,7 +833,9 @@ class FakeTTNN:
         chunk_start_idx_tensor: Tensor | None = None,
         scale: float | None = None,
         program_config: Any = None,
+        compute_kernel_config: Any = None,
     ) -> Tensor:
+        self._compute_kernel_config("chunked_sdpa", compute_kernel_config)
         if chunk_start_idx_tensor is None:
             if self.capturing:
                 raise ContractViolation("runtime_args", "chunk start as a Python int under trace")
@@ -818,6 +855,8 @@ class FakeTTNN:
         sc = scale if scale is not None else hd**-0.5
 
         def fn() -> torch.Tensor:
+            if q.buffer.data.is_meta:
+                return torch.empty(q.shape, device="meta")
             start = (
                 int(chunk_start_idx_tensor.buffer.data.reshape(-1)[0])
                 if chunk_start_idx_tensor is not None
@@ -849,7 +888,9 @@ class FakeTTNN:
         cur_pos_tensor: Tensor | None = None,
         scale: float | None = None,
         program_config: limits.SdpaConfig | None = None,
+        compute_kernel_config: Any = None,
     ) -> Tensor:
+        self._compute_kernel_config("sdpa_decode", compute_kernel_config)
         if cur_pos_tensor is None or cur_pos_tensor.dtype is not DataType.INT32:
             raise ContractViolation(
                 "runtime_args", "decode positions must be an INT32 cur_pos_tensor"
@@ -872,7 +913,9 @@ class FakeTTNN:
         sc = scale if scale is not None else hd**-0.5
 
         def fn() -> torch.Tensor:
-            out = torch.zeros(1, b, -(-nh // 32) * 32, hd)
+            out = torch.zeros(1, b, -(-nh // 32) * 32, hd, device=q.buffer.data.device)
+            if out.is_meta:
+                return out
             for i, p in enumerate(cur_pos_tensor.buffer.data.tolist()):
                 if p < 0:
                     continue
@@ -925,6 +968,11 @@ class FakeTTNN:
             raise ContractViolation("tile", "channel_chunk_size must divide the channels")
 
         def fn() -> tuple[torch.Tensor, ...]:
+            if x.buffer.data.is_meta:
+                t = x.shape[1]
+                return tuple(
+                    torch.empty(1, t, w, device="meta") for w in (q_width, k_width, v_width)
+                )
             if int(actual_start.buffer.data.reshape(-1)[0]) % 32:
                 raise ContractViolation("tile", "actual_start must be 32-aligned")
             full = torch.cat([history.buffer.data[0], x.buffer.data[0]], 0).T  # [C, 3+T]
@@ -1074,6 +1122,91 @@ class FakeTTNN:
             Layout.TILE,
             q.shape[0] * v.shape[2],
         )
+
+    # ---- ops added for the real-size fixes ----
+    bfloat4_b = DataType.BFLOAT4_B
+    MathFidelity = SimpleNamespace(LoFi="LoFi", HiFi2="HiFi2", HiFi3="HiFi3", HiFi4="HiFi4")
+
+    def WormholeComputeKernelConfig(
+        self,
+        *,
+        math_fidelity: str = "Invalid",
+        math_approx_mode: bool = True,
+        fp32_dest_acc_en: bool = False,
+        packer_l1_acc: bool = False,
+        dst_full_sync_en: bool = False,
+    ) -> Any:
+        """ttnn.WormholeComputeKernelConfig (also the Blackhole one in 0.81.1)."""
+        if math_fidelity not in ("LoFi", "HiFi2", "HiFi3", "HiFi4"):
+            raise ContractViolation("dtype", f"math_fidelity {math_fidelity!r}")
+        return SimpleNamespace(
+            kind="compute_kernel_config",
+            math_fidelity=math_fidelity,
+            math_approx_mode=math_approx_mode,
+            fp32_dest_acc_en=fp32_dest_acc_en,
+            packer_l1_acc=packer_l1_acc,
+        )
+
+    def _compute_kernel_config(self, op: str, config: Any) -> None:
+        """Record the compute kernel config an op got (None: the op's default) in
+        ``compute_configs[op]``; anything else than a WormholeComputeKernelConfig is refused."""
+        if config is not None and getattr(config, "kind", None) != "compute_kernel_config":
+            raise ContractViolation("dtype", f"{op}: compute_kernel_config {config!r}")
+        if "compute_configs" not in self.__dict__:
+            self.compute_configs: dict[str, list[Any]] = {}
+        self.compute_configs.setdefault(op, []).append(config)
+
+    def where(
+        self,
+        predicate: Tensor,
+        true_value: Any,
+        false_value: Any,
+        *,
+        output_tensor: Tensor | None = None,
+    ) -> Tensor:
+        """ttnn.where: ``predicate ? true_value : false_value`` elementwise, a select (NaN in the
+        operand not taken does not leak, unlike a multiply by a 0/1 mask). Values are tensors
+        or Python numbers. TILE only; shapes broadcast as ternary_op_utils.cpp
+        ``get_broadcast_type`` allows: equal, outer dims only (same H and W), row (H = 1),
+        column (W = 1) or scalar ((1, 1) last two dims) with equal outer dims.
+        ``output_tensor``: written in place (same shape and dtype as the result), which may be
+        one of the inputs (elementwise, tile by tile)."""
+        tensors = [t for t in (predicate, true_value, false_value) if isinstance(t, Tensor)]
+        if any(t.layout is not Layout.TILE for t in tensors):
+            raise ContractViolation("tile", "where operands must be TILE")
+        shapes = [t.shape for t in tensors]
+        if len({len(sh) for sh in shapes}) != 1:
+            raise ContractViolation("where.broadcast", f"where of ranks {shapes}")
+        out = tuple(max(d) for d in zip(*shapes, strict=True))
+        hw = {sh[-2:] for sh in shapes}
+        outer_same = len({sh[:-2] for sh in shapes}) == 1
+        ok = all(all(d in (1, o) for d, o in zip(sh, out, strict=True)) for sh in shapes) and (
+            len(hw) == 1
+            or (outer_same and all(sh[-2:] in ((1, 1), out[-2:]) for sh in shapes))
+            or (outer_same and len({sh[-1] for sh in shapes}) == 1)
+            or (outer_same and len({sh[-2] for sh in shapes}) == 1)
+        )
+        if not ok:
+            raise ContractViolation("where.broadcast", f"where of shapes {shapes}")
+        values = [v for v in (true_value, false_value) if isinstance(v, Tensor)]
+        dtype = values[0].dtype if values else predicate.dtype
+
+        def fn() -> torch.Tensor:
+            def val(v: Any) -> Any:
+                return v.buffer.data if isinstance(v, (Tensor, Ref)) else float(v)
+
+            pred = predicate.buffer.data
+            if pred.is_meta:
+                return torch.empty(out, device="meta")
+            return torch.where(pred != 0, val(true_value), val(false_value))
+
+        if output_tensor is not None:
+            if output_tensor.shape != out or output_tensor.dtype != dtype:
+                raise ContractViolation(
+                    "dtype", f"where output_tensor {output_tensor.shape}/{output_tensor.dtype}"
+                )
+            return self._inplace("where", tensors, output_tensor, fn)
+        return self._single("where", tensors, fn, dtype)
 
 
 def _tiles(shape: Sequence[int]) -> int:

@@ -12,8 +12,11 @@ upload them from the host on every call, illegal under trace).
 
 Decode (one row per state slot, slot s in row s; in place on the pools): the 4-tap
 conv as elementwise ops on [history; x], ``fused_recurrent_gated_delta_rule`` on the whole
-recurrent pool, then both pools are overwritten in place with ``ttnn.copy``; idle rows keep their
-state (masked gates, blended conv history).
+recurrent pool, then both pools are overwritten in place by the ``where`` that selects per row
+(no whole-pool ``copy``); idle rows keep their state bit for bit: the new conv history and
+recurrent state are *selected* per row,
+never blended by a 0/1 multiply, because an idle row's activations are undefined (paged SDPA
+decode skips the row and leaves its output unwritten) and 0 x NaN = NaN.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ class GdnWeights:
     head_k_dim: int
     head_v_dim: int
     eps: float
+    compute: Any = None  # the projections' compute kernel config (fidelity of their dtype)
+    exact: Any = None  # HiFi4, for the one-hot conv-state selection matmul
 
     @property
     def widths(self) -> tuple[int, int, int]:
@@ -51,10 +56,11 @@ class GdnWeights:
 
 
 def _gates(ops: Ops, x: Tensor, w: GdnWeights, mask: Tensor) -> tuple[Tensor, Tensor]:
-    """beta = sigmoid(b), g = -exp(A_log)·softplus(a + dt_bias), both fp32 and masked."""
-    beta = ops.mul(ops.sigmoid(ops.typecast(ops.linear(x, w.b), "float32")), mask)
-    a = ops.add(ops.typecast(ops.linear(x, w.a), "float32"), w.dt_bias)
-    g = ops.mul(ops.mul(ops.softplus(a), w.neg_a), mask)
+    """beta = sigmoid(b), g = -exp(A_log)·softplus(a + dt_bias), both fp32; 0 where ``mask`` is
+    0 (an identity update; selected, so undefined inputs of those rows cannot leak)."""
+    beta = ops.where(mask, ops.sigmoid(ops.typecast(ops.linear(x, w.b, w.compute), "float32")), 0.0)
+    a = ops.add(ops.typecast(ops.linear(x, w.a, w.compute), "float32"), w.dt_bias)
+    g = ops.where(mask, ops.mul(ops.softplus(a), w.neg_a), 0.0)
     return beta, g
 
 
@@ -63,7 +69,7 @@ def _output(ops: Ops, core: Tensor, z: Tensor, w: GdnWeights, n: int) -> Tensor:
     hv, dv = w.num_v_heads, w.head_v_dim
     normed = ops.rms_norm(ops.typecast(core, "bfloat16"), w.norm, w.eps)
     gated = ops.mul(normed, ops.silu(ops.reshape(z, [1, n, hv, dv])))
-    return ops.linear(ops.reshape(gated, [1, n, hv * dv]), w.out)
+    return ops.linear(ops.reshape(gated, [1, n, hv * dv]), w.out, w.compute)
 
 
 def gdn_prefill(
@@ -81,14 +87,15 @@ def gdn_prefill(
     t = x.shape[1]
     if w.head_k_dim != w.head_v_dim:
         raise ValueError("the flat chunked GDN op needs head_k_dim == head_v_dim")
-    qkv = ops.linear(x, w.qkv)  # [1, T, C]
-    z = ops.linear(x, w.z)
+    qkv = ops.linear(x, w.qkv, w.compute)  # [1, T, C]
+    z = ops.linear(x, w.z, w.compute)
     beta, g = _gates(ops, x, w, inp.gate_mask)
     q, k, v = ops.qkv_causal_conv1d_silu(
         qkv, conv_work, w.taps, w.widths, start=inp.start_u32, program_config=conv_config
     )
     history = ops.concat([ops.to_tile(conv_work), qkv], 1)  # [1, K-1+T, C]
-    new_conv = ops.matmul(inp.conv_select, history)  # [1, K-1, C] at the last valid token
+    # [1, K-1, C] at the last valid token
+    new_conv = ops.matmul(inp.conv_select, history, w.exact)
     core, final = ops.chunk_gated_delta_rule(
         q,
         k,
@@ -121,8 +128,8 @@ def gdn_decode(
     s = x.shape[1]
     kd, _, vd = w.widths
     c = 2 * kd + vd
-    qkv = ops.linear(x, w.qkv)
-    z = ops.linear(x, w.z)
+    qkv = ops.linear(x, w.qkv, w.compute)
+    z = ops.linear(x, w.z, w.compute)
     beta, g = _gates(ops, x, w, inp.gate_mask)
     full = ops.concat([conv_pool, ops.reshape(qkv, [s, 1, 1, c])], 2)  # [S, 1, K, C]
     kernel = len(w.taps)
@@ -132,8 +139,6 @@ def gdn_decode(
         conv = term if conv is None else ops.add(conv, term)
     mixed = ops.reshape(ops.silu(conv), [s, 1, c])
     shifted = ops.slice(full, [0, 0, 1, 0], [s, 1, kernel, c])
-    keep = ops.sub(1.0, inp.conv_mask)
-    new_conv = ops.add(ops.mul(shifted, inp.conv_mask), ops.mul(conv_pool, keep))
     hk, hv, dk, dv = w.num_k_heads, w.num_v_heads, w.head_k_dim, w.head_v_dim
     q = l2norm(ops, ops.reshape(ops.slice(mixed, [0, 0, 0], [s, 1, kd]), [s, 1, hk, dk]))
     k = l2norm(ops, ops.reshape(ops.slice(mixed, [0, 0, kd], [s, 1, 2 * kd]), [s, 1, hk, dk]))
@@ -156,6 +161,7 @@ def gdn_decode(
         finals.append(fin)
     core = cores[0] if len(cores) == 1 else ops.concat(cores, 0)
     final = finals[0] if len(finals) == 1 else ops.concat(finals, 0)
-    ops.copy(final, rec_pool)
-    ops.copy(new_conv, conv_pool)
+    keep_new = ops.reshape(inp.gate_mask, [s, hv, 1, 1])  # per (row, value head): scalar bcast
+    ops.where(keep_new, final, rec_pool, out=rec_pool)
+    ops.where(inp.conv_mask, shifted, conv_pool, out=conv_pool)  # [S,1,1,1] selects per row
     return _output(ops, ops.reshape(core, [1, s, hv, dv]), z, w, s)

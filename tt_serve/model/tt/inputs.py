@@ -1,8 +1,9 @@
 """Host-side values for the persistent trace inputs (numpy only: no torch, no ttnn).
 
 A traced program has fixed shapes, so every per-step value reaches the device as a tensor of a
-fixed shape refreshed in place: token ids, the chunk start, page tables padded with the padding
-block, RoPE tables, validity masks and one-hot selectors. Everything that decides *values* lives
+fixed shape refreshed in place: token ids, positions (the program gathers its RoPE rows from
+tables resident on the device), the chunk start, page tables padded with the padding block,
+validity masks and one-hot selectors. Everything that decides *values* lives
 here, where it is unit-testable without a device (the tt-metal Qwen3.5 port does the same in its
 ``masked_bucket_trace.py``).
 
@@ -12,7 +13,8 @@ the recurrent state untouched), the conv state is taken at the last *valid* toke
 selector, their K/V land in the padding block, and the sampled logits come from the last valid
 token, again by a one-hot selector. Decode runs every GDN state slot as one batch row (engine
 slot s in row s, so the batch is exactly the engine's max_batch rows); slots without work this
-step are idle: masked gates, ``cur_pos = -1`` and an all-padding page table.
+step are idle: masks that keep their GDN state, ``cur_pos = -1`` (paged SDPA decode skips the
+row), ``write_pos = -1`` (paged_update_cache skips the row) and an all-padding page table.
 """
 
 from __future__ import annotations
@@ -94,12 +96,11 @@ class PrefillValues:
     """One prefill row in a bucket of ``bucket`` tokens; every array has a fixed shape."""
 
     ids: np.ndarray  # [1, T] uint32
+    positions: np.ndarray  # [1, T] uint32: RoPE table rows (padding tokens clamped)
     start: np.ndarray  # [1] int32 (chunked SDPA chunk_start_idx_tensor)
     start_u32: np.ndarray  # [1] uint32 (causal conv actual_start)
     page_table: np.ndarray  # [1, W] int32: the whole row (attention reads [0, start + T))
     fill_table: np.ndarray  # [1, T / block] int32: the pages this chunk writes
-    cos: np.ndarray  # [1, T, 1, hd]
-    sin: np.ndarray
     gate_mask: np.ndarray  # [1, T, Hv] 1 on valid tokens
     conv_select: np.ndarray  # [1, K-1, K-1+T] one-hot rows of [history; x] kept as conv state
     last_select: np.ndarray  # [1, 1, T] one-hot of the last valid token
@@ -111,9 +112,6 @@ def prefill_values(
     bucket: int,
     block_size: int,
     width: int,
-    head_dim: int,
-    rotary_dim: int,
-    theta: float,
     num_v_heads: int,
     conv_state_len: int,
 ) -> PrefillValues:
@@ -127,7 +125,8 @@ def prefill_values(
     valid_pages = -(-n // block_size)
     fill = np.full((1, pages), PAD_BLOCK, dtype=np.int32)
     fill[0, :valid_pages] = table[first : first + valid_pages]
-    cos, sin = rope_tables(np.arange(start, start + bucket), head_dim, rotary_dim, theta)
+    # The tables hold width x block_size rows; padding tokens past them read the last row.
+    positions = np.minimum(np.arange(start, start + bucket), width * block_size - 1)
     mask = np.zeros((1, bucket, num_v_heads), dtype=np.float32)
     mask[0, :n] = 1.0
     k1 = conv_state_len
@@ -138,12 +137,11 @@ def prefill_values(
     last[0, 0, n - 1] = 1.0
     return PrefillValues(
         ids=ids,
+        positions=positions.astype(np.uint32)[None],
         start=np.array([start], dtype=np.int32),
         start_u32=np.array([start], dtype=np.uint32),
         page_table=table[None],
         fill_table=fill,
-        cos=cos[None, :, None, :],
-        sin=sin[None, :, None, :],
         gate_mask=mask,
         conv_select=select,
         last_select=last,
@@ -155,11 +153,10 @@ class DecodeValues:
     """Every state slot as one decode batch (slot s in row s)."""
 
     ids: np.ndarray  # [1, S] uint32
+    positions: np.ndarray  # [1, S] uint32: RoPE table rows (0 for idle rows)
     cur_pos: np.ndarray  # [S] int32, -1 = idle (paged SDPA decode skips the row)
-    write_pos: np.ndarray  # [S] int32 (idle rows write position 0 of the padding block)
+    write_pos: np.ndarray  # [S] int32, -1 = idle (paged_update_cache writes nothing)
     page_table: np.ndarray  # [S, W] int32
-    cos: np.ndarray  # [1, S, 1, hd]
-    sin: np.ndarray
     gate_mask: np.ndarray  # [1, S, Hv]
     conv_mask: np.ndarray  # [S, 1, 1, 1]
     active: tuple[int, ...]  # slots that run
@@ -170,9 +167,6 @@ def decode_values(
     *,
     num_rows: int,
     width: int,
-    head_dim: int,
-    rotary_dim: int,
-    theta: float,
     num_v_heads: int,
 ) -> DecodeValues:
     """Values for a decode batch of ``num_rows`` rows (state slots 0..num_rows-1). A fed row's
@@ -180,9 +174,9 @@ def decode_values(
     n = num_rows
     ids = np.zeros((1, n), dtype=np.uint32)
     cur = np.full(n, -1, dtype=np.int32)
-    write = np.zeros(n, dtype=np.int32)
+    write = np.full(n, -1, dtype=np.int32)
     table = np.full((n, width), PAD_BLOCK, dtype=np.int32)
-    positions = np.zeros(n, dtype=np.int64)
+    positions = np.zeros((1, n), dtype=np.uint32)
     mask = np.zeros((1, n, num_v_heads), dtype=np.float32)
     conv = np.zeros((n, 1, 1, 1), dtype=np.float32)
     for row in rows:
@@ -193,18 +187,16 @@ def decode_values(
             raise ValueError(f"two decode rows share state slot {r}")
         ids[0, r] = 0 if row.fed else row.token_ids[0]
         cur[r] = write[r] = row.start_pos
-        positions[r] = row.start_pos
+        positions[0, r] = row.start_pos
         table[r] = padded_table(row.block_table, width)
         mask[0, r] = 1.0
         conv[r] = 1.0
-    cos, sin = rope_tables(positions, head_dim, rotary_dim, theta)
     return DecodeValues(
         ids=ids,
+        positions=positions,
         cur_pos=cur,
         write_pos=write,
         page_table=table,
-        cos=cos[None, :, None, :],
-        sin=sin[None, :, None, :],
         gate_mask=mask,
         conv_mask=conv,
         active=tuple(r.state_slot for r in rows),

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from tt_serve.model.tt.ops import Ops, Tensor
 
 
-def apply_rope(ops: Ops, x: Tensor, cos: Tensor, sin: Tensor, rot: Tensor) -> Tensor:
+def apply_rope(
+    ops: Ops, x: Tensor, cos: Tensor, sin: Tensor, rot: Tensor, exact: Any = None
+) -> Tensor:
     """Partial rotate-half RoPE on x [1, N, heads, hd] with cos/sin [1, N, 1, hd].
 
     ``rot`` is the [hd, hd] rotate-half matrix, zero past the rotary channels, where cos is 1 and
-    sin 0: one full-width formula, no slicing of head channels."""
-    return ops.add(ops.mul(x, cos), ops.mul(ops.matmul(x, rot), sin))
+    sin 0: one full-width formula, no slicing of head channels. ``exact``: a HiFi4 compute
+    config (the default HiFi2 drops x's lowest mantissa bit in ``x @ rot``)."""
+    return ops.add(ops.mul(x, cos), ops.mul(ops.matmul(x, rot, exact), sin))
 
 
 def l2norm(ops: Ops, x: Tensor, eps: float = 1e-6) -> Tensor:
@@ -18,5 +23,8 @@ def l2norm(ops: Ops, x: Tensor, eps: float = 1e-6) -> Tensor:
     return ops.mul(x, ops.rsqrt(ops.add(ops.sum(ops.mul(x, x), -1), eps)))
 
 
-def swiglu(ops: Ops, x: Tensor, gate: Tensor, up: Tensor, down: Tensor) -> Tensor:
-    return ops.linear(ops.mul(ops.silu(ops.linear(x, gate)), ops.linear(x, up)), down)
+def swiglu(
+    ops: Ops, x: Tensor, gate: Tensor, up: Tensor, down: Tensor, compute: Any = None
+) -> Tensor:
+    hidden = ops.mul(ops.silu(ops.linear(x, gate, compute)), ops.linear(x, up, compute))
+    return ops.linear(hidden, down, compute)

@@ -12,17 +12,34 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from tt_serve.model.spec import FULL_ATTENTION, ModelSpec
-from tt_serve.model.tt.attention import AttentionWeights, attention_decode, attention_prefill
+from tt_serve.model.tt.attention import (
+    AttentionWeights,
+    SdpaConfigs,
+    attention_decode,
+    attention_prefill,
+)
 from tt_serve.model.tt.buffers import InputBuffers
 from tt_serve.model.tt.gdn import KERNEL_CHUNK, GdnWeights, gdn_decode, gdn_prefill
-from tt_serve.model.tt.inputs import gdn_const_tiles, rotation_matrix
+from tt_serve.model.tt.inputs import gdn_const_tiles, rope_tables, rotation_matrix
 from tt_serve.model.tt.layers import swiglu
 from tt_serve.model.tt.moe import MoeWeights, moe_forward
-from tt_serve.model.tt.ops import Ops, Tensor
+from tt_serve.model.tt.ops import ROW_MAJOR, Ops, Tensor
 from tt_serve.model.tt.pools import DevicePools
+from tt_serve.model.tt.precision import FIDELITY, Precision
 
-SDPA_QK_CHUNK = 32  # chunk starts are multiples of the block size, hence of 32
+# Chunked (prefill) SDPA: q/k chunk 64 as qwen36 and tt_transformers below 2048 tokens; a chunk
+# start (a multiple of the block size) must be a multiple of both, so 32 when the block is not.
+SDPA_PREFILL_CHUNK = 64
+# Paged decode SDPA: one core per (user, kv head) and k chunk 128, qwen36's workaround for the
+# cross-core tree-reduction bug (tt-metal PR #49703); exact exp, HiFi2 without approximations
+# (tt_transformers' "hifi2na" decode recipe).
+SDPA_DECODE_K_CHUNK = 128
+# The LM head is split into column chunks of at most this many vocab entries (tile-aligned), so
+# a 248k vocab is several mid-size matmuls rather than one [H x 248320] program.
+LM_HEAD_CHUNK = 32768
 
 
 @dataclass(frozen=True)
@@ -32,19 +49,33 @@ class Layer:
     mixer: GdnWeights | AttentionWeights
     mlp: tuple[Tensor, Tensor, Tensor] | MoeWeights
     pool_index: int
+    mlp_compute: Any = None
 
 
 class TTModel:
     """Device weights plus the two traceable programs; all sequence state lives in pools."""
 
-    def __init__(self, ops: Ops, spec: ModelSpec, w: dict[str, Tensor]) -> None:
-        self.ops, self.spec = ops, spec
-        self.embed, self.norm, self.lm_head = w["embed"], w["norm"], w["lm_head"]
+    def __init__(
+        self, ops: Ops, spec: ModelSpec, w: dict[str, Tensor], precision: Precision
+    ) -> None:
+        self.ops, self.spec, self.precision = ops, spec, precision
+        # One compute kernel config per weight dtype (math fidelity to match), one exact (HiFi4)
+        # for bf16 weights and the one-hot / rotation matmuls.
+        self.kernels = {d: ops.compute_config(f, fp32_acc=acc) for d, (f, acc) in FIDELITY.items()}
+        self.exact = self.kernels["bfloat16"]
+        self.embed, self.norm = w["embed"], w["norm"]
+        self.lm_head = self._split_head(w["lm_head"], spec.vocab_size)
         self.layers = [self._layer(spec, w, i) for i in range(spec.num_layers)]
         self.rot = ops.upload(rotation_matrix(spec.head_dim, spec.rotary_dim), "bfloat16")
+        self.cos_table: Tensor = None
+        self.sin_table: Tensor = None
         eye, tril, ones, masks = (ops.upload(a, "float32") for a in gdn_const_tiles(KERNEL_CHUNK))
         self.gdn_consts = (eye, tril, ones, masks)
-        self.sdpa_config: Any = ops.sdpa_program_config(SDPA_QK_CHUNK, SDPA_QK_CHUNK)
+        self.sdpa_decode = SdpaConfigs(
+            ops.sdpa_program_config(0, SDPA_DECODE_K_CHUNK, max_cores_per_head_batch=1),
+            ops.compute_config("HiFi2"),
+        )
+        self._sdpa_prefill: dict[int, SdpaConfigs] = {}
         self.conv_config: Any = ops.conv_program_config(_channel_chunk(spec.conv_dim))
         # fused_recurrent_gated_delta_rule puts one core per (row, value head) and refuses more
         # than the grid (its program factory's TT_FATAL): decode runs it in row groups.
@@ -52,9 +83,23 @@ class TTModel:
             1, ops.num_worker_cores() // max(spec.linear_num_value_heads, 1)
         )
 
-    @staticmethod
-    def _layer(spec: ModelSpec, w: dict[str, Tensor], i: int) -> Layer:
-        p = f"{i}."
+    def _split_head(self, head: Tensor, vocab: int) -> list[Tensor]:
+        """[H, vocab] -> column chunks of at most LM_HEAD_CHUNK (tile-aligned); the whole
+        tensor is freed once split."""
+        if vocab <= LM_HEAD_CHUNK:
+            return [head]
+        n = -(-vocab // LM_HEAD_CHUNK)
+        width = -(-vocab // (n * 32)) * 32
+        rows = head.shape[0]
+        chunks = [
+            self.ops.slice(head, [0, a], [rows, min(vocab, a + width)])
+            for a in range(0, vocab, width)
+        ]
+        self.ops.deallocate(head)
+        return chunks
+
+    def _layer(self, spec: ModelSpec, w: dict[str, Tensor], i: int) -> Layer:
+        p, prec, k = f"{i}.", self.precision, self.kernels
         mixer: GdnWeights | AttentionWeights
         if spec.layer_types[i] == FULL_ATTENTION:
             mixer = AttentionWeights(
@@ -69,6 +114,8 @@ class TTModel:
                 num_kv_heads=spec.num_kv_heads,
                 head_dim=spec.head_dim,
                 eps=spec.rms_norm_eps,
+                compute=k[prec.attention],
+                exact=self.exact,
             )
             rank = spec.attention_layers.index(i)
         else:
@@ -87,6 +134,8 @@ class TTModel:
                 head_k_dim=spec.linear_key_head_dim,
                 head_v_dim=spec.linear_value_head_dim,
                 eps=spec.rms_norm_eps,
+                compute=k[prec.gdn],
+                exact=self.exact,
             )
             rank = spec.gdn_layers.index(i)
         mlp: tuple[Tensor, Tensor, Tensor] | MoeWeights
@@ -101,28 +150,60 @@ class TTModel:
                 shared_gate=w[p + "shared_gate"],
                 top_k=spec.num_experts_per_tok,
                 norm_topk_prob=spec.norm_topk_prob,
+                compute=k[prec.experts],
+                shared_compute=k[prec.mlp],
+                exact=self.exact,
             )
         else:
             mlp = (w[p + "mlp.gate"], w[p + "mlp.up"], w[p + "mlp.down"])
-        return Layer(w[p + "input_norm"], w[p + "post_norm"], mixer, mlp, rank)
+        return Layer(w[p + "input_norm"], w[p + "post_norm"], mixer, mlp, rank, k[prec.mlp])
+
+    def upload_rope(self, num_positions: int, dtype: str) -> None:
+        """cos/sin [positions, hd] resident on the device, uploaded once (ROW_MAJOR: the
+        embedding op's table layout); programs gather their rows by position."""
+        s = self.spec
+        cos, sin = rope_tables(np.arange(num_positions), s.head_dim, s.rotary_dim, s.rope_theta)
+        self.cos_table = self.ops.upload(cos, dtype, ROW_MAJOR)
+        self.sin_table = self.ops.upload(sin, dtype, ROW_MAJOR)
+
+    def rope(self, inp: InputBuffers, n: int) -> tuple[Tensor, Tensor, Tensor]:
+        """(cos, sin [1, n, 1, hd], rotation) at ``inp.positions``, gathered on the device."""
+        ops, hd = self.ops, self.spec.head_dim
+        cos = ops.reshape(ops.embedding(inp.positions, self.cos_table), [1, n, 1, hd])
+        sin = ops.reshape(ops.embedding(inp.positions, self.sin_table), [1, n, 1, hd])
+        return cos, sin, self.rot
+
+    def sdpa_prefill(self, block_size: int) -> SdpaConfigs:
+        """The chunked SDPA configs for chunk starts that are multiples of ``block_size``
+        (exact exp, HiFi4 with fp32 accumulation as tt_transformers' prefill)."""
+        if block_size not in self._sdpa_prefill:
+            chunk = SDPA_PREFILL_CHUNK if block_size % SDPA_PREFILL_CHUNK == 0 else 32
+            self._sdpa_prefill[block_size] = SdpaConfigs(
+                self.ops.sdpa_program_config(chunk, chunk),
+                self.ops.compute_config("HiFi4", fp32_acc=True),
+            )
+        return self._sdpa_prefill[block_size]
 
     def _mlp(self, x: Tensor, layer: Layer) -> Tensor:
         if isinstance(layer.mlp, MoeWeights):
             return moe_forward(self.ops, x, layer.mlp)
-        return swiglu(self.ops, x, *layer.mlp)
+        return swiglu(self.ops, x, *layer.mlp, layer.mlp_compute)
 
     def _head(self, h: Tensor, inp: InputBuffers) -> None:
         ops = self.ops
-        logits = ops.typecast(
-            ops.linear(ops.rms_norm(h, self.norm, self.spec.rms_norm_eps), self.lm_head), "float32"
-        )
+        normed = ops.rms_norm(h, self.norm, self.spec.rms_norm_eps)
+        head = self.kernels[self.precision.lm_head]
+        parts = [ops.linear(normed, chunk, head) for chunk in self.lm_head]
+        logits = ops.typecast(parts[0] if len(parts) == 1 else ops.concat(parts, -1), "float32")
         ops.copy(logits, inp.out_logits)
         ops.copy(ops.argmax(logits), inp.out_ids)
 
     def prefill(self, inp: InputBuffers, pools: DevicePools) -> None:
         """One bucket of one row through all layers; state in ``pools.*_work``."""
         ops, eps = self.ops, self.spec.rms_norm_eps
+        sdpa = self.sdpa_prefill(pools.block_size)
         x = ops.embedding(inp.ids, self.embed)  # [1, T, H]
+        rope = self.rope(inp, x.shape[1])
         for layer in self.layers:
             h = ops.rms_norm(x, layer.input_norm, eps)
             j = layer.pool_index
@@ -138,18 +219,17 @@ class TTModel:
                     self.conv_config,
                 )
             else:
-                h = attention_prefill(
-                    ops, h, layer.mixer, inp, pools.k[j], pools.v[j], self.rot, self.sdpa_config
-                )
+                h = attention_prefill(ops, h, layer.mixer, inp, pools.k[j], pools.v[j], rope, sdpa)
             x = ops.add(x, h)
             x = ops.add(x, self._mlp(ops.rms_norm(x, layer.post_norm, eps), layer))
-        self._head(ops.matmul(inp.last_select, x), inp)  # the last valid token only
+        self._head(ops.matmul(inp.last_select, x, self.exact), inp)  # the last valid token only
 
     def decode(self, inp: InputBuffers, pools: DevicePools) -> None:
         """One token for every pool row, i.e. state slot (idle slots are masked); pools updated in
         place."""
         ops, eps = self.ops, self.spec.rms_norm_eps
         x = ops.embedding(inp.ids, self.embed)  # [1, S, H]
+        rope = self.rope(inp, x.shape[1])
         for layer in self.layers:
             h = ops.rms_norm(x, layer.input_norm, eps)
             j = layer.pool_index
@@ -158,7 +238,9 @@ class TTModel:
                     ops, h, layer.mixer, inp, pools.conv[j], pools.rec[j], self.gdn_rows_per_call
                 )
             else:
-                h = attention_decode(ops, h, layer.mixer, inp, pools.k[j], pools.v[j], self.rot)
+                h = attention_decode(
+                    ops, h, layer.mixer, inp, pools.k[j], pools.v[j], rope, self.sdpa_decode
+                )
             x = ops.add(x, h)
             x = ops.add(x, self._mlp(ops.rms_norm(x, layer.post_norm, eps), layer))
         self._head(x, inp)

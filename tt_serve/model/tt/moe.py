@@ -10,6 +10,7 @@ large MoE checkpoints want a sparse dispatch here.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from tt_serve.model.tt.layers import swiglu
 from tt_serve.model.tt.ops import Ops, Tensor
@@ -23,12 +24,15 @@ class MoeWeights:
     shared_gate: Tensor  # [H, 1]
     top_k: int
     norm_topk_prob: bool
+    compute: Any = None  # expert matmuls (fidelity of the experts' dtype)
+    shared_compute: Any = None  # shared expert (the MLP dtype)
+    exact: Any = None  # router and shared gate (bf16 weights)
 
 
 def moe_forward(ops: Ops, x: Tensor, w: MoeWeights) -> Tensor:
     """x [1, N, H] -> [1, N, H]."""
     n = x.shape[1]
-    probs = ops.softmax(ops.typecast(ops.linear(x, w.router), "float32"))  # [1, N, E]
+    probs = ops.softmax(ops.typecast(ops.linear(x, w.router, w.exact), "float32"))  # [1, N, E]
     top_v, _ = ops.topk(probs, w.top_k)
     kth = ops.slice(top_v, [0, 0, w.top_k - 1], [1, n, w.top_k])
     routed = ops.mul(probs, ops.ge(probs, kth))
@@ -38,9 +42,9 @@ def moe_forward(ops: Ops, x: Tensor, w: MoeWeights) -> Tensor:
     out = None
     for e, (gate, up, down) in enumerate(w.experts):
         weight = ops.slice(routed, [0, 0, e], [1, n, e + 1])
-        y = ops.mul(swiglu(ops, x, gate, up, down), weight)
+        y = ops.mul(swiglu(ops, x, gate, up, down, w.compute), weight)
         out = y if out is None else ops.add(out, y)
-    shared = swiglu(ops, x, *w.shared)
-    shared = ops.mul(shared, ops.sigmoid(ops.linear(x, w.shared_gate)))
+    shared = swiglu(ops, x, *w.shared, w.shared_compute)
+    shared = ops.mul(shared, ops.sigmoid(ops.linear(x, w.shared_gate, w.exact)))
     assert out is not None
     return ops.add(out, shared)

@@ -80,6 +80,7 @@ class Ops:
         table = {
             "bfloat16": t.bfloat16,
             "bfloat8_b": t.bfloat8_b,
+            "bfloat4_b": t.bfloat4_b,
             "float32": t.float32,
             "uint32": t.uint32,
             "int32": t.int32,
@@ -139,7 +140,7 @@ class Ops:
     def _readable(self, t: Tensor) -> Tensor:
         # numpy has no bfloat16: float tensors are typecast on the device (enqueued before the
         # read, so it is ordered with it).
-        if t.dtype in (self.ttnn.bfloat16, self.ttnn.bfloat8_b):
+        if t.dtype in (self.ttnn.bfloat16, self.ttnn.bfloat8_b, self.ttnn.bfloat4_b):
             return self.ttnn.typecast(t, self.ttnn.float32)
         return t
 
@@ -218,12 +219,13 @@ class Ops:
     def embedding(self, ids: Tensor, weight: Tensor) -> Tensor:
         return self.ttnn.embedding(ids, weight, layout=self.ttnn.TILE_LAYOUT)
 
-    def linear(self, x: Tensor, w: Tensor) -> Tensor:
-        """x [..., in] @ w [in, out] (weights are stored transposed, as ttnn expects)."""
-        return self.ttnn.linear(x, w)
+    def linear(self, x: Tensor, w: Tensor, compute_config: Any = None) -> Tensor:
+        """x [..., in] @ w [in, out] (weights are stored transposed, as ttnn expects);
+        ``compute_config`` from :meth:`compute_config` (None: the op's default, HiFi2)."""
+        return self.ttnn.linear(x, w, compute_kernel_config=compute_config)
 
-    def matmul(self, a: Tensor, b: Tensor) -> Tensor:
-        return self.ttnn.matmul(a, b)
+    def matmul(self, a: Tensor, b: Tensor, compute_config: Any = None) -> Tensor:
+        return self.ttnn.matmul(a, b, compute_kernel_config=compute_config)
 
     def rms_norm(self, x: Tensor, weight: Tensor, eps: float) -> Tensor:
         return self.ttnn.rms_norm(x, epsilon=eps, weight=weight)
@@ -258,6 +260,19 @@ class Ops:
     def softmax(self, x: Tensor) -> Tensor:
         return self.ttnn.softmax(x, -1, numeric_stable=True)
 
+    def where(
+        self,
+        predicate: Tensor,
+        true_value: Tensor | float,
+        false_value: Tensor | float,
+        *,
+        out: Tensor | None = None,
+    ) -> Tensor:
+        """``predicate ? true_value : false_value``: a select, so NaN or Inf in the operand not
+        taken does not leak (a multiply by a 0/1 mask would: 0 x NaN = NaN). ``out``: written
+        in place (elementwise, so it may be one of the inputs)."""
+        return self.ttnn.where(predicate, true_value, false_value, output_tensor=out)
+
     def ge(self, a: Tensor, b: Tensor) -> Tensor:
         return self.ttnn.ge(a, b)
 
@@ -280,11 +295,33 @@ class Ops:
             cache, x, update_idxs_tensor=positions, page_table=page_table
         )
 
-    def sdpa_program_config(self, q_chunk: int, k_chunk: int) -> Any:
+    def sdpa_program_config(
+        self, q_chunk: int, k_chunk: int, *, max_cores_per_head_batch: int = 16
+    ) -> Any:
+        """SDPA program config on the device grid, exact exp (``exp_approx_mode`` would default
+        to true). ``max_cores_per_head_batch=1``: no cross-core tree reduction in paged decode."""
         return self.ttnn.SDPAProgramConfig(
             compute_with_storage_grid_size=self.device.compute_with_storage_grid_size(),
             q_chunk_size=q_chunk,
             k_chunk_size=k_chunk,
+            exp_approx_mode=False,
+            max_cores_per_head_batch=max_cores_per_head_batch,
+        )
+
+    def compute_config(self, fidelity: str, *, fp32_acc: bool = False) -> Any:
+        """A compute kernel config: math fidelity ``LoFi``/``HiFi2``/``HiFi4``, approximate SFPU
+        math off, fp32 accumulation in the dest registers when ``fp32_acc``."""
+        t = self.ttnn
+        fidelities = {
+            "LoFi": t.MathFidelity.LoFi,
+            "HiFi2": t.MathFidelity.HiFi2,
+            "HiFi4": t.MathFidelity.HiFi4,
+        }
+        return t.WormholeComputeKernelConfig(
+            math_fidelity=fidelities[fidelity],
+            math_approx_mode=False,
+            fp32_dest_acc_en=fp32_acc,
+            packer_l1_acc=False,
         )
 
     def chunked_sdpa(
@@ -297,6 +334,7 @@ class Ops:
         *,
         scale: float,
         program_config: Any,
+        compute_config: Any = None,
     ) -> Tensor:
         return self.ttnn.transformer.chunked_scaled_dot_product_attention(
             q,
@@ -306,6 +344,7 @@ class Ops:
             chunk_start_idx_tensor=chunk_start,
             scale=scale,
             program_config=program_config,
+            compute_kernel_config=compute_config,
         )
 
     def paged_sdpa_decode(
@@ -317,9 +356,19 @@ class Ops:
         cur_pos: Tensor,
         *,
         scale: float,
+        program_config: Any = None,
+        compute_config: Any = None,
     ) -> Tensor:
+        """``None`` configs: the op's defaults (whole grid, tree reduction, approximate exp)."""
         return self.ttnn.transformer.paged_scaled_dot_product_attention_decode(
-            q, k_cache, v_cache, page_table, cur_pos_tensor=cur_pos, scale=scale
+            q,
+            k_cache,
+            v_cache,
+            page_table,
+            cur_pos_tensor=cur_pos,
+            scale=scale,
+            program_config=program_config,
+            compute_kernel_config=compute_config,
         )
 
     # ---- Gated DeltaNet ----------------------------------------------------------------------
@@ -403,5 +452,5 @@ class Ops:
 
 def _numpy_source_dtype(dtype: str) -> type:
     # Float data is handed over as float32 and rounded by ttnn (round-to-nearest-even to bf16,
-    # block-float for bfloat8_b); integer tensors keep their exact width.
+    # block-float for bfloat8_b and bfloat4_b); integer tensors keep their exact width.
     return {"uint32": np.uint32, "int32": np.int32}.get(dtype, np.float32)

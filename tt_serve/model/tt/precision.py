@@ -1,24 +1,36 @@
 """Precision of the ttnn backend: one small frozen config, no branches in the layers.
 
-Weights of each group are converted once to ``bfloat16`` or ``bfloat8_b`` (block float, TILE
-only). Norm weights, GDN gate constants and the recurrent state stay in higher precision: the
-Qwen3.5 port in tt-metal reports the DeltaNet state blowing up when it is kept in low precision.
+Weights of each group are converted once to ``bfloat16``, ``bfloat8_b`` or ``bfloat4_b`` (block
+floats, TILE only) and every matmul on them runs with an explicit compute kernel config whose
+math fidelity matches the weight dtype (:data:`FIDELITY`, the tt_transformers recipe: bf16 ->
+HiFi4, bfp8 -> HiFi2, bfp4 -> LoFi). Norm weights, GDN gate constants and the recurrent state
+stay in higher precision: the Qwen3.5 port in tt-metal reports the DeltaNet state blowing up when
+it is kept in low precision.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-WEIGHT_DTYPES = ("bfloat16", "bfloat8_b")
+WEIGHT_DTYPES = ("bfloat16", "bfloat8_b", "bfloat4_b")
+# weight dtype -> (math fidelity, fp32 accumulation in dest)
+FIDELITY: dict[str, tuple[str, bool]] = {
+    "bfloat16": ("HiFi4", True),
+    "bfloat8_b": ("HiFi2", True),
+    "bfloat4_b": ("LoFi", False),
+}
+PROFILES = ("bfloat16", "mixed", "bfp4-mlp")
 
 
 @dataclass(frozen=True)
 class Precision:
-    attention: str = "bfloat16"
-    gdn: str = "bfloat16"
+    """Defaults: the ``mixed`` profile."""
+
+    attention: str = "bfloat8_b"
+    gdn: str = "bfloat8_b"
     mlp: str = "bfloat8_b"
     experts: str = "bfloat8_b"
-    lm_head: str = "bfloat16"
+    lm_head: str = "bfloat8_b"
     activations: str = "bfloat16"
     kv_cache: str = "bfloat16"
     conv_state: str = "bfloat16"
@@ -34,13 +46,17 @@ class Precision:
 
     @staticmethod
     def named(name: str) -> Precision:
-        """``bfloat16``: every weight bf16. ``mixed``: MLP and expert weights bfloat8_b, the
-        rest bf16 (``ServeConfig.resolved_precision`` names the profile)."""
+        """``bfloat16``: every weight bf16. ``mixed``: attention, GDN, MLP, expert and LM-head
+        weights bfloat8_b. ``bfp4-mlp``: as ``mixed`` with MLP and expert weights bfloat4_b
+        (``ServeConfig.resolved_precision`` names the profile)."""
         if name == "bfloat16":
-            return Precision(mlp="bfloat16", experts="bfloat16")
+            bf16 = "bfloat16"
+            return Precision(attention=bf16, gdn=bf16, mlp=bf16, experts=bf16, lm_head=bf16)
         if name == "mixed":
             return Precision()
-        raise ValueError(f"unknown ttnn precision {name!r}; choose bfloat16 or mixed")
+        if name == "bfp4-mlp":
+            return Precision(mlp="bfloat4_b", experts="bfloat4_b")
+        raise ValueError(f"unknown ttnn precision {name!r}; choose one of {', '.join(PROFILES)}")
 
     def key(self) -> str:
         return ",".join(f"{k}={v}" for k, v in sorted(asdict(self).items()))

@@ -4,8 +4,9 @@
 tt-metal's rules, kept here: run the exact program once before capturing (every kernel must be
 in the program cache), capture only device ops (the program never touches the host), replay
 with the persistent buffers refreshed in place, and capture everything up front, after the pools
-exist, so nothing is allocated behind a live trace. ``traced=False`` runs the same programs
-eagerly: the debugging path, and the reference the traced path is compared with.
+exist, so nothing is allocated behind a live trace. A program added with ``traced=False`` runs
+eagerly: the debugging path, the reference the traced path is compared with, and untraced
+prefill (tt-metal traces decode always, prefill only when asked).
 """
 
 from __future__ import annotations
@@ -17,23 +18,27 @@ from tt_serve.model.tt.ops import Ops
 
 
 class Programs:
-    def __init__(self, ops: Ops, *, traced: bool) -> None:
+    def __init__(self, ops: Ops) -> None:
         self.ops = ops
-        self.traced = traced
         self._programs: dict[Hashable, Callable[[], None]] = {}
+        self._traced: set[Hashable] = set()
         self._traces: dict[Hashable, Any] = {}
 
-    def add(self, key: Hashable, program: Callable[[], None]) -> None:
+    def add(self, key: Hashable, program: Callable[[], None], *, traced: bool) -> None:
         if key in self._programs:
             raise ValueError(f"program {key!r} registered twice")
         self._programs[key] = program
+        if traced:
+            self._traced.add(key)
+
+    def traced(self, key: Hashable) -> bool:
+        """Whether ``key`` replays a captured trace (else it runs eagerly)."""
+        return key in self._traced
 
     def capture_all(self) -> None:
-        """Compile-run then capture every registered program (no-op when eager)."""
-        if not self.traced:
-            return
+        """Compile-run then capture every program registered as traced."""
         for key, program in self._programs.items():
-            if key in self._traces:
+            if key in self._traces or key not in self._traced:
                 continue
             program()  # fills the program cache; inputs are idle, so no state changes
             trace_id = self.ops.begin_trace()
@@ -51,7 +56,7 @@ class Programs:
         return len(self._traces)
 
     def run(self, key: Hashable, *, blocking: bool = False) -> None:
-        if self.traced:
+        if key in self._traced:
             self.ops.execute_trace(self._traces[key], blocking=blocking)
         else:
             self._programs[key]()

@@ -41,9 +41,43 @@ class HostWeight:
     layout: str
 
 
+def shape_only_array(shape: tuple[int, ...]) -> np.ndarray:
+    """A read-only float32 array of ``shape`` that owns no memory (every stride 0): a weight
+    known by its shape only (``shape_only_weights``)."""
+    return np.broadcast_to(np.zeros((), np.float32), shape)
+
+
+def is_shape_only(a: np.ndarray) -> bool:
+    return a.size > 1 and not any(a.strides)
+
+
+def _contiguous(a: np.ndarray) -> np.ndarray:
+    return a if is_shape_only(a) else np.ascontiguousarray(a)
+
+
+def shape_only_weights(spec: ModelSpec) -> dict[str, np.ndarray]:
+    """Every canonical tensor the backend loads (``model/weights.py``), as shape-only arrays:
+    the planner converts them by the normal weight path (device tensors of the profile's dtypes,
+    DRAM charged as for real weights) from a folder holding only ``config.json``."""
+    from tt_serve.model.weights import expected_shapes
+
+    fused = {
+        f"layers.{i}.mlp.experts.gate_up_proj"
+        for i in range(spec.num_layers)
+        if spec.is_moe_layer(i)
+    }
+    shapes = expected_shapes(spec, fused)
+    shapes.setdefault("lm_head.weight", shapes["embed_tokens.weight"])
+    for i in spec.gdn_layers:
+        conv = f"layers.{i}.linear_attn.conv1d.weight"
+        channels, _, kernel = shapes[conv]
+        shapes[conv] = (channels, kernel)  # canonical [C, K]
+    return {n: shape_only_array(s) for n, s in shapes.items()}
+
+
 def linear_t(w: np.ndarray) -> np.ndarray:
     """torch [out, in] -> ttnn [in, out]."""
-    return np.ascontiguousarray(w.T)
+    return _contiguous(w.T)
 
 
 def norm_weight(w: np.ndarray, *, plus_one: bool) -> np.ndarray:
@@ -61,7 +95,7 @@ def split_q_gate(q_proj: np.ndarray, heads: int, head_dim: int) -> tuple[np.ndar
 
 def conv_taps(conv: np.ndarray) -> list[np.ndarray]:
     """conv [C, K] -> K taps [1, 1, 1, C]; tap 0 multiplies the oldest input."""
-    return [np.ascontiguousarray(conv[:, j]).reshape(1, 1, 1, -1) for j in range(conv.shape[1])]
+    return [_contiguous(conv[:, j]).reshape(1, 1, 1, -1) for j in range(conv.shape[1])]
 
 
 def layout_weights(
@@ -177,10 +211,17 @@ def load_device_weights(
             return {
                 n: ops.load_tensor(folder / f"{i}.tensorbin") for i, n in enumerate(meta["names"])
             }
-    host = {
-        n: ops.host(hw.array, hw.dtype, hw.layout)
-        for n, hw in layout_weights(spec, source(), precision).items()
-    }
+    laid = layout_weights(spec, source(), precision)
+    if any(is_shape_only(hw.array) for hw in laid.values()):
+        # Shape-only weights (planning): allocate device tensors of the same shape, dtype and
+        # layout, with no host data; the cache is not written.
+        return {
+            n: ops.upload(hw.array, hw.dtype, hw.layout)
+            if not is_shape_only(hw.array)
+            else ops.zeros(hw.array.shape, hw.dtype, hw.layout)
+            for n, hw in laid.items()
+        }
+    host = {n: ops.host(hw.array, hw.dtype, hw.layout) for n, hw in laid.items()}
     if folder is not None and manifest is not None:
         folder.mkdir(parents=True, exist_ok=True)
         names = sorted(host)

@@ -1,0 +1,117 @@
+"""``tt-serve plan``: the 9B config-only folder on p150 fits; bf16 9B on n150 is refused."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.tt_contract.qwen9b import write_qwen35_9b_config
+from tt_serve.model.spec import ModelSpec
+from tt_serve.model.tt import planner
+from tt_serve.model.tt.precision import Precision
+
+
+@pytest.fixture(scope="module")
+def q9(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_qwen35_9b_config(tmp_path_factory.mktemp("q9plan"))
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "tt_serve.cli", "plan", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+
+
+def test_plan_9b_p150_sizes_kv_from_dram(q9: Path) -> None:
+    spec = ModelSpec.from_hf_dir(q9)
+    req = planner.PlanRequest(device="p150", precision="mixed", max_batch_size=16)
+    p = planner.plan(spec, req)
+    assert p.ok, f"[{p.limit_rule}] {p.limit_message}"
+    weights = sum(p.weights.values())
+    # Parameters per group (qwen-configs.md), bytes per the profile: bfloat16 2 B,
+    # bfloat8_b 1088 B per 1024-element tile, bfloat4_b 576 B.
+    per = {"bfloat16": 2.0, "bfloat8_b": 1088 / 1024, "bfloat4_b": 576 / 1024}
+    prec = Precision.named("mixed")
+    params = {
+        "attention": (8 * (4096 * (8192 + 2 * 1024) + 4096 * 4096), prec.attention),
+        "gdn": (24 * (4096 * (8192 + 4096 + 64) + 4096 * 4096), prec.gdn),
+        "mlp": (32 * 3 * 4096 * 12288, prec.mlp),
+        "lm_head": (248320 * 4096, prec.lm_head),
+        "embed": (248320 * 4096, "bfloat16"),
+    }
+    # GDN conv taps: 4 x [1, 1, 1, 8192] bf16 TILE per layer, each padded to 32 rows
+    taps = 24 * 4 * 32 * 8192 * 2
+    for group, (n, dtype) in params.items():
+        want = n * per[dtype] + (taps if group == "gdn" else 0)
+        assert abs(p.weights[group] - want) / want < 0.01, group
+    expected = sum(n * per[dtype] for n, dtype in params.values()) + taps
+    assert abs(weights - expected) / expected < 0.01
+    assert p.kv_blocks > 1000 and p.pools is not None and p.pools.num_kv_blocks == p.kv_blocks
+    total = weights + p.kv_bytes + p.state_bytes + p.snapshot_bytes + p.trace_reserved
+    assert total <= p.dram_total
+    assert p.dram_left >= 0 and p.trace_needed <= p.trace_configured
+    assert p.max_context == 262144  # the KV pool holds a full-length sequence
+
+
+def test_plan_refuses_bf16_9b_on_n150(q9: Path) -> None:
+    proc = _cli("--model", str(q9), "--device", "n150", "--precision", "bfloat16")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "DOES NOT FIT: [dram.capacity]" in proc.stdout
+    assert "exceed" in proc.stdout and "--precision mixed" in proc.stdout  # what to change
+
+
+def test_plan_json_and_ops(q9: Path, tmp_path: Path) -> None:
+    ops = tmp_path / "ops.jsonl"
+    args = ("--model", str(q9), "--device", "p150", "--max-batch-size", "1", "--kv-blocks", "64")
+    proc = _cli(*args, "--json", "--ops", str(ops))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    plan = json.loads(proc.stdout)
+    assert plan["ok"] and plan["kv_blocks"] == 64 and plan["pools"]["num_state_slots"] == 1
+    lines = [json.loads(line) for line in ops.read_text().splitlines()]
+    assert {x["phase"] for x in lines} >= {"startup", "capture", "prefill", "decode", "copy"}
+    rec = [x for x in lines if x["op"].endswith("fused_recurrent_gated_delta_rule")]
+    assert rec and rec[0]["tensors"]["initial_state"]["dtype"] == "float32"
+    assert all(set(x) == {"op", "tensors", "kwargs", "phase"} for x in lines)
+
+
+def test_plan_multichip_is_per_chip(q9: Path) -> None:
+    spec = ModelSpec.from_hf_dir(q9)
+    p = planner.plan(spec, planner.PlanRequest(device="p300", max_batch_size=1, kv_blocks=64))
+    assert p.ok and p.chips == 2 and any("one chip" in n for n in p.notes)
+
+
+def test_plan_pools_from_serve_config(q9: Path) -> None:
+    from tt_serve.config import ServeConfig
+
+    spec = ModelSpec.from_hf_dir(q9)
+    cfg = ServeConfig(model=str(q9), backend="ttnn", max_batch_size=1, kv_blocks=64)
+    pools = planner.plan_pools(cfg, spec, "p150")
+    assert pools.num_kv_blocks == 64 and pools.num_state_slots == 1
+    assert pools.num_snapshot_slots == cfg.snapshot_slots
+    bad = ServeConfig(model=str(q9), backend="ttnn", precision="bfloat16")
+    with pytest.raises(planner.PlanError, match=r"dram\.capacity"):
+        planner.plan_pools(bad, spec, "n150")
+
+
+def test_serve_sizes_the_kv_pool_from_device_dram(dense_dir: Path) -> None:
+    """``serve`` with kv_blocks 0 on ttnn asks the planner for the chip it opened (by its worker
+    grid), not host RAM: the pool equals what ``tt-serve plan`` computes for that chip."""
+    from tests.tt_contract import harness as h
+    from tt_serve.config import ServeConfig
+    from tt_serve.engine.factory import num_kv_blocks
+    from tt_serve.model.tt.fake_ttnn import P150, WORMHOLE
+
+    spec = ModelSpec.from_hf_dir(dense_dir)
+    for chip, name in ((P150, "p100"), (WORMHOLE, "n150")):  # P100 shares the P150 grid
+        be = h.tt_backend(dense_dir, h.fake(chip=chip))
+        assert be.device_description().name == name
+        cfg = ServeConfig(model=str(dense_dir), backend="ttnn", block_size=64, max_batch_size=4)
+        blocks = num_kv_blocks(cfg, spec, 1024, be)
+        want = planner.plan_pools(dataclasses.replace(cfg, max_model_len=1024), spec, name)
+        assert blocks == want.num_kv_blocks
+        assert blocks > 1000  # gigabytes of device DRAM, not a host-RAM quarter of a tiny model
+        be.close()

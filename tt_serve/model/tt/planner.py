@@ -1,0 +1,557 @@
+"""Deployment planning for the ttnn backend: the backend's whole startup and a short workload on
+the shape-only device model (``FakeTTNN(shape_only=True)``), no device and no weights needed.
+
+The plan runs what ``serve`` would run: the weights converted by the normal weight path (device
+tensors of the profile's dtypes, from shape-only arrays), every pool and persistent buffer
+allocated, every trace captured, then prefill chunks, decode steps and one snapshot
+save/restore/reset. Every rule of ``limits.py`` and ``memory.py`` applies at real size: a
+``DeviceLimitError`` (``dram.capacity``, ``trace.region``, an op's core-grid rule, ...) is the
+verdict, reported with its rule and what to change.
+
+With ``kv_blocks`` 0 the KV pool is sized from the chip's DRAM: a probe run with a minimal pool
+measures the peak DRAM of everything else (weights, states, snapshots, buffers, activations,
+trace region), then the pool takes what is left less ``SAFETY_FRACTION`` of the chip's DRAM, and
+a second run checks the result. :func:`plan_pools` is that sizing, for the server.
+
+Multi-chip devices are planned per chip: the backend runs on one chip today.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import IO, TYPE_CHECKING, Any
+
+from tt_serve.model.interface import StateCopy, StepBatch, StepRow
+from tt_serve.model.spec import FULL_ATTENTION, ModelSpec
+from tt_serve.model.tt.backend import DEFAULT_TRACE_REGION, TTBackend
+from tt_serve.model.tt.devices import DeviceSpec, device_spec
+from tt_serve.model.tt.fake_ttnn import ContractViolation, FakeTTNN, Tensor
+from tt_serve.model.tt.limits import TensorInfo
+from tt_serve.model.tt.memory import DramBudget
+from tt_serve.model.tt.ops import Ops
+from tt_serve.model.tt.precision import Precision
+from tt_serve.model.tt.weights import layout_weights, shape_only_weights
+
+if TYPE_CHECKING:
+    from tt_serve.config import ServeConfig
+
+SAFETY_FRACTION = 0.02
+"""DRAM kept free when the KV pool is sized from memory (allocator fragmentation, buffers the
+device model does not see): 2% of the chip's DRAM, about 0.6 GB on a P150 and 0.24 GB on an N150."""
+DECODE_STEPS = 8
+
+HINTS = {
+    "dram.capacity": (
+        "use --precision mixed or bfp4-mlp (block-float weights), fewer --kv-blocks, fewer "
+        "--snapshot-slots, a smaller --max-batch-size or --trace-region-size, or a device with "
+        "more DRAM per chip"
+    ),
+    "trace.region": "raise --trace-region-size (bytes) or lower --prefill-chunk (fewer buckets)",
+    "fused_recurrent_gated_delta_rule": (
+        "lower --max-batch-size (one core per batch row x value head) until the backend splits "
+        "the decode batch"
+    ),
+    "fill_cache": "lower --max-batch-size or wait for the backend's split state copies",
+    "paged_sdpa_decode": "lower --max-batch-size (one core per user)",
+}
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What to plan: the ServeConfig fields the ttnn backend reads, and the device."""
+
+    device: str = "p150"
+    precision: str = "bfloat16"
+    max_batch_size: int = 16
+    prefill_chunk: int = 256
+    block_size: int = 64
+    snapshot_slots: int = 32
+    kv_blocks: int = 0
+    max_model_len: int = 0
+    trace_region_size: int = DEFAULT_TRACE_REGION
+    traced_prefill: bool = False
+
+    @staticmethod
+    def from_config(
+        cfg: ServeConfig, device: str, trace_region_size: int | None = None
+    ) -> PlanRequest:
+        """From a ``ServeConfig``."""
+        return PlanRequest(
+            device=device,
+            precision=cfg.resolved_precision,
+            max_batch_size=cfg.max_batch_size,
+            prefill_chunk=cfg.prefill_chunk,
+            block_size=cfg.block_size,
+            snapshot_slots=cfg.num_snapshot_slots,
+            kv_blocks=cfg.kv_blocks,
+            max_model_len=cfg.max_model_len,
+            trace_region_size=trace_region_size or DEFAULT_TRACE_REGION,
+            traced_prefill=cfg.traced_prefill,
+        )
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """The pool sizes ``TTBackend.allocate`` takes."""
+
+    num_kv_blocks: int
+    block_size: int
+    num_state_slots: int
+    num_snapshot_slots: int
+    trace_region_size: int
+
+
+@dataclass
+class Plan:
+    ok: bool
+    device: str
+    chips: int
+    chip: str
+    precision: str
+    pools: PoolPlan | None = None
+    weights: dict[str, int] = field(default_factory=dict)  # group -> bytes
+    weight_dtypes: dict[str, int] = field(default_factory=dict)  # dtype -> bytes
+    kv_blocks: int = 0
+    kv_tokens: int = 0
+    kv_bytes: int = 0
+    state_bytes: int = 0
+    snapshot_bytes: int = 0
+    trace_needed: int = 0
+    trace_configured: int = 0
+    traces: int = 0
+    dram_total: int = 0  # allocatable DRAM of the chip before the trace region
+    dram_used: int = 0  # held after the workload
+    dram_peak: int = 0  # high-water mark (activations included)
+    dram_left: int = 0  # total - trace region - peak
+    trace_reserved: int = 0  # the trace region is reserved in every DRAM bank
+    max_context: int = 0
+    max_batch: int | None = None
+    limit_rule: str | None = None
+    limit_message: str | None = None
+    hint: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class PlanError(Exception):
+    """A limit tripped: ``rule`` is the DeviceLimitError / contract rule."""
+
+    def __init__(self, rule: str, message: str) -> None:
+        super().__init__(f"[{rule}] {message}")
+        self.rule, self.message = rule, message
+
+
+# ---- the op log -----------------------------------------------------------------------------
+def _tensor_json(t: Tensor) -> dict[str, Any]:
+    buf = t.buffer
+    memory = "host" if not buf.on_device else ("l1_sharded" if buf.sharded else "dram")
+    return {
+        "shape": list(t.shape),
+        "dtype": t.dtype.value,
+        "layout": t.layout.value,
+        "memory": memory,
+    }
+
+
+def _value_json(v: Any) -> Any:
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, (list, tuple)) and all(not isinstance(x, Tensor) for x in v):
+        return [_value_json(x) for x in v]
+    if hasattr(v, "value") and isinstance(v.value, (str, int)):
+        return v.value
+    if isinstance(v, SimpleNamespace):
+        return {k: _value_json(x) for k, x in vars(v).items()}
+    if hasattr(v, "__dataclass_fields__"):
+        return {k: _value_json(x) for k, x in asdict(v).items()}
+    return type(v).__name__
+
+
+class OpLog:
+    """Every ttnn call, one JSON object per call, tagged with the current phase."""
+
+    def __init__(self, out: IO[str] | None) -> None:
+        self.out, self.phase, self.count = out, "startup", 0
+
+    def record(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.count += 1
+        if self.out is None:
+            return
+        tensors: dict[str, Any] = {}
+        rest: dict[str, Any] = {}
+        items = [(str(i), a) for i, a in enumerate(args)] + list(kwargs.items())
+        for key, a in items:
+            if isinstance(a, Tensor):
+                tensors[key] = _tensor_json(a)
+            elif isinstance(a, (list, tuple)) and any(isinstance(x, Tensor) for x in a):
+                for j, x in enumerate(a):
+                    if isinstance(x, Tensor):
+                        tensors[f"{key}[{j}]"] = _tensor_json(x)
+            elif key in kwargs:
+                rest[key] = _value_json(a)
+        line = {"op": name, "tensors": tensors, "kwargs": rest, "phase": self.phase}
+        self.out.write(json.dumps(line) + "\n")
+
+
+class _Recorder:
+    """A ttnn module proxy: calls go to the fake and are logged as ``ttnn.<path>``."""
+
+    def __init__(self, target: Any, log: OpLog, path: str = "ttnn") -> None:
+        self._target, self._log, self._path = target, log, path
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._target, name)
+        path = f"{self._path}.{name}"
+        if isinstance(value, SimpleNamespace) and all(
+            callable(v) or isinstance(v, SimpleNamespace) for v in vars(value).values()
+        ):
+            return _Recorder(value, self._log, path)
+        if callable(value) and not isinstance(value, type):
+            log = self._log
+
+            def call(*args: Any, **kwargs: Any) -> Any:
+                log.record(path, args, kwargs)
+                return value(*args, **kwargs)
+
+            return call
+        return value
+
+
+# ---- running the plan ----------------------------------------------------------------------
+def _bytes(dram: DramBudget, shape: tuple[int, ...], dtype: str, layout: str) -> int:
+    return dram.per_bank(TensorInfo(shape, dtype, layout)) * dram.banks
+
+
+def _weight_group(name: str, spec: ModelSpec) -> str:
+    if name in ("embed", "lm_head"):
+        return name
+    head, _, rest = name.partition(".")
+    if "norm" in rest or not head.isdigit():
+        return "norms"
+    if rest.startswith(("mlp.", "shared", "router")):
+        return "mlp"
+    if rest.startswith("e") and rest[1:2].isdigit():
+        return "experts"
+    return "attention" if spec.layer_types[int(head)] == FULL_ATTENTION else "gdn"
+
+
+def _weight_bytes(
+    spec: ModelSpec, precision: Precision, dram: DramBudget
+) -> tuple[dict[str, int], dict[str, int]]:
+    groups: dict[str, int] = {}
+    dtypes: dict[str, int] = {}
+    for name, hw in layout_weights(spec, shape_only_weights(spec), precision).items():
+        b = _bytes(dram, tuple(hw.array.shape), hw.dtype, hw.layout)
+        g = _weight_group(name, spec)
+        groups[g] = groups.get(g, 0) + b
+        dtypes[hw.dtype] = dtypes.get(hw.dtype, 0) + b
+    return groups, dtypes
+
+
+@dataclass
+class _Run:
+    fake: FakeTTNN
+    backend: TTBackend | None = None
+
+
+def _workload(be: TTBackend, log: OpLog, chunk: int, rows: int, kv_blocks: int) -> None:
+    """Two prefill chunks of one sequence, DECODE_STEPS decode steps of every slot, and one
+    snapshot save / restore / reset."""
+    assert be.pools is not None
+    bs = be.pools.block_size
+    blocks = max(1, be.width)
+    table = tuple(1 + (i % max(1, kv_blocks - 1)) for i in range(blocks))
+    log.phase = "copy"
+    be.copy_states([StateCopy.reset(s) for s in range(rows)])
+    log.phase = "prefill"
+    n_chunks = 2 if 2 * chunk <= blocks * bs else 1
+    for c in range(n_chunks):
+        last = c == n_chunks - 1
+        row = StepRow(1, tuple(range(3, 3 + chunk)), c * chunk, table, 0, last)
+        be.execute(StepBatch((row,)))
+    log.phase = "decode"
+    pos = n_chunks * chunk
+    for step in range(DECODE_STEPS):
+        p = min(pos + step, blocks * bs - 1)
+        batch = tuple(StepRow(s + 1, (5,), p, table, s, True) for s in range(rows))
+        be.execute(StepBatch(batch))
+    log.phase = "copy"
+    if be.pools.num_snapshots:
+        be.copy_states([StateCopy.save(0, 0), StateCopy.restore(0, 0), StateCopy.reset(0)])
+    else:
+        be.copy_states([StateCopy.reset(0)])
+
+
+def _run(
+    spec: ModelSpec,
+    req: PlanRequest,
+    chip_dev: DeviceSpec,
+    kv_blocks: int,
+    log: OpLog,
+    workload: bool = True,
+) -> _Run:
+    fake = FakeTTNN(chip=chip_dev.chip, shape_only=True)
+    run = _Run(fake)
+    ops = Ops(_Recorder(fake, log))
+    ops.open_device(0, trace_region_size=req.trace_region_size, l1_small_size=0)
+    log.phase = "startup"
+    try:
+        be = TTBackend(
+            spec,
+            lambda: shape_only_weights(spec),
+            ops=ops,
+            precision=Precision.named(req.precision),
+            traced_decode=True,
+            traced_prefill=req.traced_prefill,
+            max_prefill_chunk=req.prefill_chunk,
+            max_model_len=req.max_model_len or None,
+        )
+        run.backend = be
+        capture_all = be.programs.capture_all
+
+        def capture() -> None:
+            log.phase = "capture"
+            capture_all()
+
+        be.programs.capture_all = capture  # type: ignore[method-assign]
+        be.allocate(
+            num_kv_blocks=kv_blocks,
+            block_size=req.block_size,
+            num_state_slots=req.max_batch_size,
+            num_snapshot_slots=req.snapshot_slots,
+        )
+        if workload:
+            _workload(be, log, req.prefill_chunk, req.max_batch_size, kv_blocks)
+    except ContractViolation as exc:
+        raise PlanError(exc.rule, str(exc).split("] ", 1)[-1]) from None
+    return run
+
+
+def _hint(rule: str) -> str:
+    for key, hint in HINTS.items():
+        if rule.startswith(key):
+            return hint
+    return "see the rule in tt_serve/model/tt/limits.py; change the shapes that trip it"
+
+
+def _kv_bytes(dram: DramBudget, spec: ModelSpec, precision: Precision, bs: int, n: int) -> int:
+    shape = (n, spec.num_kv_heads, bs, spec.head_dim)
+    return (
+        2 * spec.num_attention_layers * dram.per_bank(TensorInfo(shape, precision.kv_cache, "tile"))
+    )
+
+
+def _size_kv(spec: ModelSpec, req: PlanRequest, probe: FakeTTNN, probe_blocks: int) -> int:
+    """The most KV blocks whose per-bank bytes fit in what the probe run left free."""
+    dram, precision = probe.dram, Precision.named(req.precision)
+    cap = dram.bank_bytes
+    margin = int(SAFETY_FRACTION * probe.chip.dram_bytes) // dram.banks
+    free = cap - probe.dram_peak_per_bank - margin
+    free += _kv_bytes(dram, spec, precision, req.block_size, probe_blocks)
+    lo, hi = 0, 1
+    while _kv_bytes(dram, spec, precision, req.block_size, hi) <= free:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _kv_bytes(dram, spec, precision, req.block_size, mid) <= free:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def plan_pools(
+    cfg: ServeConfig, spec: ModelSpec, device: str, trace_region_size: int | None = None
+) -> PoolPlan:
+    """The pools the server should allocate for ``cfg`` on ``device`` (KV sized from DRAM when
+    ``cfg.kv_blocks`` is 0). Raises PlanError naming the limit when nothing fits."""
+    p = plan(spec, PlanRequest.from_config(cfg, device, trace_region_size))
+    if not p.ok or p.pools is None:
+        raise PlanError(p.limit_rule or "plan", f"{p.limit_message} ({p.hint})")
+    return p.pools
+
+
+def plan(spec: ModelSpec, req: PlanRequest, ops_out: IO[str] | None = None) -> Plan:
+    """Run the startup and a short workload on the shape-only model of ``req.device``."""
+    dev = device_spec(req.device)
+    precision = Precision.named(req.precision)
+    result = Plan(
+        ok=False,
+        device=dev.name,
+        chips=dev.num_chips,
+        chip=dev.chip.arch,
+        precision=req.precision,
+        trace_configured=req.trace_region_size,
+    )
+    if dev.num_chips > 1:
+        result.notes.append(
+            f"{dev.name} has {dev.num_chips} chips; the backend runs on one chip today, so this "
+            "is the plan of one chip (tensor parallel is a later issue)"
+        )
+    dram = DramBudget(dev.chip, trace_region_size=req.trace_region_size)
+    result.weights, result.weight_dtypes = _weight_bytes(spec, precision, dram)
+    result.dram_total = DramBudget(dev.chip).bank_bytes * dram.banks
+    per_seq = -(-(req.max_model_len or spec.max_position_embeddings) // req.block_size)
+    try:
+        kv_blocks = req.kv_blocks
+        if kv_blocks == 0:
+            probe_blocks = 2 + -(-2 * req.prefill_chunk // req.block_size)
+            probe = _run(spec, req, dev, probe_blocks, OpLog(None))
+            kv_blocks = _size_kv(spec, req, probe.fake, probe_blocks)
+            del probe
+            if kv_blocks < 2:
+                raise PlanError(
+                    "dram.capacity",
+                    "no DRAM is left for a KV pool after weights, states, snapshots, "
+                    "activations and the trace region",
+                )
+            result.notes.append(
+                f"KV pool sized from DRAM: {kv_blocks} blocks, keeping "
+                f"{SAFETY_FRACTION:.0%} of the chip's DRAM free"
+            )
+        log = OpLog(ops_out)
+        run = _run(spec, req, dev, kv_blocks, log)
+    except PlanError as exc:
+        result.limit_rule, result.limit_message = exc.rule, exc.message
+        result.hint = _hint(exc.rule)
+        weights, room = sum(result.weights.values()), dram.bank_bytes * dram.banks
+        if exc.rule == "dram.capacity" and weights > room:
+            smaller = "use --precision mixed or bfp4-mlp (block-float weights), "
+            result.hint = (
+                f"the weights alone ({weights / 1e9:.2f} GB as {req.precision}) exceed the "
+                f"{room / 1e9:.2f} GB this chip has after a {req.trace_region_size >> 20} MiB "
+                "trace region (reserved in every DRAM bank): "
+                + (smaller if req.precision == "bfloat16" else "")
+                + "a device with more DRAM per chip (p150: 32 GB), or tensor parallel over "
+                "several chips (a later issue)"
+            )
+        return result
+    fake, be = run.fake, run.backend
+    assert be is not None and be.pools is not None
+    pools, banks = be.pools, fake.dram.banks
+    result.ok = True
+    result.pools = PoolPlan(
+        kv_blocks, req.block_size, req.max_batch_size, req.snapshot_slots, req.trace_region_size
+    )
+    result.kv_blocks = kv_blocks
+    result.kv_tokens = (kv_blocks - 1) * req.block_size
+    result.kv_bytes = _kv_bytes(fake.dram, spec, precision, req.block_size, kv_blocks) * banks
+
+    def pool_bytes(ts: list[Any]) -> int:
+        return sum(fake.dram.per_bank(t.info()) for t in ts) * banks
+
+    result.state_bytes = pool_bytes(pools.conv + pools.rec + pools.conv_work + pools.rec_work)
+    result.snapshot_bytes = pool_bytes(pools.snap_conv + pools.snap_rec)
+    result.trace_needed = sum(fake.trace_region.live.values())
+    result.traces = len(fake.trace_region.live)
+    result.dram_used = fake.dram.used_per_bank * banks
+    result.dram_peak = fake.dram_peak_per_bank * banks
+    result.dram_left = fake.dram.bank_bytes * banks - result.dram_peak
+    result.trace_reserved = req.trace_region_size * banks
+    result.max_context = min(result.kv_tokens, per_seq * req.block_size)
+    enough = -(-(result.trace_needed * 3 // 2) // (16 << 20)) * (16 << 20)
+    if enough < req.trace_region_size:
+        freed = (req.trace_region_size - enough) * banks
+        result.notes.append(
+            f"the traces need {result.trace_needed >> 20} MiB (an estimate, memory.trace_bytes): "
+            f"--trace-region-size {enough} (1.5x, whole 16 MiB) would free {freed / 1e9:.2f} GB "
+            "of DRAM for the KV pool"
+        )
+    return result
+
+
+def max_batch_that_fits(spec: ModelSpec, req: PlanRequest, top: int = 32) -> int:
+    """The largest max_batch (1..top) whose plan succeeds, by bisection (0: none)."""
+    from dataclasses import replace
+
+    def ok(b: int) -> bool:
+        return plan(spec, replace(req, max_batch_size=b)).ok
+
+    if not ok(1):
+        return 0
+    lo, hi = 1, top + 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+# ---- text output ---------------------------------------------------------------------------
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.2f} GB"
+
+
+def format_plan(p: Plan, req: PlanRequest) -> Iterator[str]:
+    yield (
+        f"plan: {p.device} ({p.chips} chip{'s' if p.chips > 1 else ''}, {p.chip}), precision "
+        f"{p.precision}, max_batch {req.max_batch_size}, prefill_chunk {req.prefill_chunk}, "
+        f"block {req.block_size}, snapshots {req.snapshot_slots}"
+    )
+    for note in p.notes:
+        yield f"  note: {note}"
+    total_w = sum(p.weights.values())
+    groups = ", ".join(f"{g} {_gb(b)}" for g, b in sorted(p.weights.items()))
+    dtypes = ", ".join(f"{d} {_gb(b)}" for d, b in sorted(p.weight_dtypes.items()))
+    yield f"  weights      {_gb(total_w)}  ({groups})"
+    yield f"               by dtype: {dtypes}"
+    if not p.ok:
+        yield f"  DOES NOT FIT: [{p.limit_rule}] {p.limit_message}"
+        yield f"  change: {p.hint}"
+        return
+    yield (
+        f"  KV pool      {_gb(p.kv_bytes)}  ({p.kv_blocks} blocks x {req.block_size} = "
+        f"{p.kv_tokens} tokens)"
+    )
+    yield f"  GDN states   {_gb(p.state_bytes)}  ({req.max_batch_size} slots + working state)"
+    yield f"  snapshots    {_gb(p.snapshot_bytes)}  ({req.snapshot_slots} slots)"
+    yield (
+        f"  traces       {_gb(p.trace_needed)} needed by {p.traces} traces, "
+        f"{_gb(p.trace_configured)} configured"
+    )
+    yield (
+        f"  DRAM         {_gb(p.dram_total)} per chip: trace region {_gb(p.trace_reserved)} "
+        f"(every bank), peak use {_gb(p.dram_peak)}, left {_gb(p.dram_left)}"
+    )
+    yield f"  context      up to {p.max_context} tokens for one sequence"
+    if p.max_batch is not None:
+        yield f"  max_batch    up to {p.max_batch} fits"
+    yield "  fits"
+
+
+def load_spec(model_dir: str | Path) -> ModelSpec:
+    """A folder with only config.json is enough."""
+    return ModelSpec.from_hf_dir(model_dir)
+
+
+def main(
+    spec: ModelSpec,
+    req: PlanRequest,
+    *,
+    as_json: bool,
+    ops_file: str | None,
+    search_batch: bool,
+    echo: Callable[[str], None],
+) -> int:
+    out = open(ops_file, "w") if ops_file else None  # noqa: SIM115
+    try:
+        p = plan(spec, req, out)
+    finally:
+        if out is not None:
+            out.close()
+    if p.ok and search_batch:
+        p.max_batch = max_batch_that_fits(spec, req)
+    if as_json:
+        echo(json.dumps(p.to_json(), indent=2))
+    else:
+        for line in format_plan(p, req):
+            echo(line)
+    return 0 if p.ok else 3
