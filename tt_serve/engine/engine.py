@@ -228,9 +228,7 @@ class Engine:
 
     def close(self) -> None:
         """Release the backend's device resources (traces, device handles). Idempotent."""
-        close = getattr(self.backend, "close", None)
-        if close is not None:
-            close()
+        self.backend.close()
 
     # -- the step ----------------------------------------------------------------------------
 

@@ -23,8 +23,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
+from tt_serve.config import ServeConfig
 from tt_serve.model.interface import StateCopy, StepBatch, StepRow
 from tt_serve.model.spec import FULL_ATTENTION, ModelSpec
 from tt_serve.model.tt.backend import DEFAULT_TRACE_REGION, TTBackend
@@ -35,9 +36,6 @@ from tt_serve.model.tt.memory import DramBudget
 from tt_serve.model.tt.ops import Ops
 from tt_serve.model.tt.precision import Precision
 from tt_serve.model.tt.weights import layout_weights, shape_only_weights
-
-if TYPE_CHECKING:
-    from tt_serve.config import ServeConfig
 
 SAFETY_FRACTION = 0.02
 """DRAM kept free when the KV pool is sized from memory (allocator fragmentation, buffers the
@@ -60,20 +58,23 @@ HINTS = {
 }
 
 
+_D = ServeConfig()  # the defaults are ServeConfig's, stated there once
+
+
 @dataclass(frozen=True)
 class PlanRequest:
     """What to plan: the ServeConfig fields the ttnn backend reads, and the device."""
 
     device: str = "p150"
-    precision: str = "bfloat16"
-    max_batch_size: int = 16
-    prefill_chunk: int = 256
-    block_size: int = 64
-    snapshot_slots: int = 32
-    kv_blocks: int = 0
-    max_model_len: int = 0
+    precision: str = _D.resolved_precision
+    max_batch_size: int = _D.max_batch_size
+    prefill_chunk: int = _D.prefill_chunk
+    block_size: int = _D.block_size
+    snapshot_slots: int = _D.snapshot_slots
+    kv_blocks: int = _D.kv_blocks
+    max_model_len: int = _D.max_model_len
     trace_region_size: int = DEFAULT_TRACE_REGION
-    traced_prefill: bool = False
+    traced_prefill: bool = _D.traced_prefill
 
     @staticmethod
     def from_config(
