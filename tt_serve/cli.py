@@ -107,9 +107,9 @@ def _check_config(argv: Sequence[str]) -> int:
 
 
 def _plan(argv: Sequence[str]) -> int:
-    from tt_serve.config import ServeConfig
+    from tt_serve.config import PRECISIONS, ServeConfig
+    from tt_serve.model.spec import ModelSpec
     from tt_serve.model.tt.backend import DEFAULT_TRACE_REGION
-    from tt_serve.model.tt.precision import PROFILES
 
     d = ServeConfig()
     p = argparse.ArgumentParser(
@@ -127,7 +127,7 @@ def _plan(argv: Sequence[str]) -> int:
     p.add_argument("--prefill-chunk", type=int, default=d.prefill_chunk)
     p.add_argument("--block-size", type=int, default=d.block_size)
     p.add_argument("--snapshot-slots", type=int, default=d.snapshot_slots)
-    p.add_argument("--precision", choices=("auto", *PROFILES), default=d.precision)
+    p.add_argument("--precision", choices=PRECISIONS, default=d.precision)
     p.add_argument("--kv-blocks", type=int, default=d.kv_blocks, help="0: size from DRAM")
     p.add_argument("--max-model-len", type=int, default=d.max_model_len)
     p.add_argument("--trace-region-size", type=int, default=DEFAULT_TRACE_REGION)
@@ -142,7 +142,7 @@ def _plan(argv: Sequence[str]) -> int:
     from tt_serve.model.tt import planner
 
     try:
-        spec = planner.load_spec(a.model)
+        spec = ModelSpec.from_hf_dir(a.model)
         req = planner.PlanRequest(
             device=a.device,
             precision="bfloat16" if a.precision == "auto" else a.precision,

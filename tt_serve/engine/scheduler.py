@@ -57,14 +57,13 @@ class SchedulerConfig:
 class ScheduledStep:
     """What one engine step runs: the batch and its requests (row-aligned), the state copies to
     apply before execute (``pre_copies``) and, once ``update`` has run, the snapshot saves to
-    apply after it (``post_copies``). ``commit`` closes the step: it publishes or aborts the
+    apply after it (``update`` returns them). ``commit`` closes the step: it publishes or aborts the
     saves and releases the snapshots pinned for ``restored`` requests."""
 
     batch: StepBatch
     requests: list[Request]
     pre_copies: list[StateCopy] = field(default_factory=list)
     restored: list[str] = field(default_factory=list)
-    post_copies: list[StateCopy] = field(default_factory=list)
     saves: list[SnapshotSave] = field(default_factory=list)
 
 
@@ -300,6 +299,7 @@ class Scheduler:
         Returns the snapshot saves (state slot -> reserved snapshot slot) to copy now, before
         anything else runs on those slots; ``commit`` then publishes or aborts them."""
         now = time.monotonic()
+        copies: list[StateCopy] = []
         for row, req, tok, lp in zip(step.batch.rows, step.requests, tokens, logprobs, strict=True):
             if req.finished:
                 continue
@@ -312,7 +312,7 @@ class Scheduler:
             )
             if save is not None:
                 step.saves.append(save)
-                step.post_copies.append(StateCopy.save(req.state_slot, save.snapshot_slot))
+                copies.append(StateCopy.save(req.state_slot, save.snapshot_slot))
             if tok is None:
                 continue
             req.output_token_ids.append(tok)
@@ -323,7 +323,7 @@ class Scheduler:
             reason = _stop_reason(req, tok, eos_token_ids)
             if reason is not None:
                 self.finish(req, reason)
-        return step.post_copies
+        return copies
 
     def commit(self, step: ScheduledStep, *, error: str | None = None, saved: bool = True) -> None:
         """Close a step. ``error``: execute failed, so its running requests fail (nothing of it

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from types import SimpleNamespace
 from typing import IO, Any
 
@@ -526,11 +525,6 @@ def format_plan(p: Plan, req: PlanRequest) -> Iterator[str]:
     if p.max_batch is not None:
         yield f"  max_batch    up to {p.max_batch} fits"
     yield "  fits"
-
-
-def load_spec(model_dir: str | Path) -> ModelSpec:
-    """A folder with only config.json is enough."""
-    return ModelSpec.from_hf_dir(model_dir)
 
 
 def main(
