@@ -76,6 +76,10 @@ in
     maxWaiting = opt types.int d.maxWaiting "Maximum queued requests before 503.";
     maxNumBatchedTokens = opt types.int d.maxNumBatchedTokens "Token budget per engine step.";
     maxModelLen = opt types.int d.maxModelLen "Context limit in tokens; 0 = the model's own.";
+    traceRegionSize = opt types.int d.traceRegionSize ''
+      ttnn trace region in bytes (reserved in every DRAM bank); 0 sizes it from the traces
+      the backend captures (1.5x the estimate, whole 16 MiB). See `tt-serve plan`.
+    '';
     apiKeyFile = opt (types.nullOr types.str) d.apiKeyFile ''
       File holding the API key clients must send as a Bearer token. Passed to the service
       as a systemd credential (LoadCredential), so it may be readable by root only; give a

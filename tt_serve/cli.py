@@ -7,6 +7,11 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tt_serve.model.spec import ModelSpec
 
 
 def _int_list(text: str) -> list[int]:
@@ -106,10 +111,20 @@ def _check_config(argv: Sequence[str]) -> int:
     return check_config_main(a.file)
 
 
+def _plan_spec(model: str) -> ModelSpec:
+    """A checkpoint folder's spec, or a published size's when ``model`` names one and is no
+    folder (plan before downloading anything)."""
+    from tt_serve.model.published import SIZES, published_config
+    from tt_serve.model.spec import ModelSpec
+
+    if not Path(model).is_dir() and model.strip().lower() in SIZES:
+        return ModelSpec.from_config(published_config(model), model_id=model.strip().lower())
+    return ModelSpec.from_hf_dir(model)
+
+
 def _plan(argv: Sequence[str]) -> int:
     from tt_serve.config import PRECISIONS, ServeConfig
-    from tt_serve.model.spec import ModelSpec
-    from tt_serve.model.tt.backend import DEFAULT_TRACE_REGION
+    from tt_serve.model.published import SIZES
 
     d = ServeConfig()
     p = argparse.ArgumentParser(
@@ -120,7 +135,11 @@ def _plan(argv: Sequence[str]) -> int:
             "and print the memory plan, or the limit that stops it (exit status 3)."
         ),
     )
-    p.add_argument("--model", required=True, help="checkpoint folder (config.json is enough)")
+    p.add_argument(
+        "--model",
+        required=True,
+        help="checkpoint folder (config.json is enough) or a published size: " + ", ".join(SIZES),
+    )
     p.add_argument("--backend", choices=("ttnn",), default="ttnn")
     p.add_argument("--device", default="p150", help="n150, n300, p150, p300, t3k, ...")
     p.add_argument("--max-batch-size", type=int, default=d.max_batch_size)
@@ -130,7 +149,12 @@ def _plan(argv: Sequence[str]) -> int:
     p.add_argument("--precision", choices=PRECISIONS, default=d.precision)
     p.add_argument("--kv-blocks", type=int, default=d.kv_blocks, help="0: size from DRAM")
     p.add_argument("--max-model-len", type=int, default=d.max_model_len)
-    p.add_argument("--trace-region-size", type=int, default=DEFAULT_TRACE_REGION)
+    p.add_argument(
+        "--trace-region-size",
+        type=int,
+        default=d.trace_region_size,
+        help="bytes; 0 sizes it from the captured traces",
+    )
     p.add_argument(
         "--traced-prefill", action=argparse.BooleanOptionalAction, default=d.traced_prefill
     )
@@ -142,7 +166,7 @@ def _plan(argv: Sequence[str]) -> int:
     from tt_serve.model.tt import planner
 
     try:
-        spec = ModelSpec.from_hf_dir(a.model)
+        spec = _plan_spec(a.model)
         req = planner.PlanRequest(
             device=a.device,
             precision="bfloat16" if a.precision == "auto" else a.precision,

@@ -97,6 +97,11 @@ class ServeConfig:
     max_waiting: int = _opt(256, "waiting requests before new ones get 503")
     max_num_batched_tokens: int = _opt(2048, "tokens per engine step (at least one chunk)")
     max_model_len: int = _opt(0, "context limit in tokens; 0 = the model's own")
+    trace_region_size: int = _opt(
+        0,
+        "ttnn trace region in bytes (reserved in every DRAM bank); 0 sizes it from the traces "
+        "the backend captures (1.5x the estimate, whole 16 MiB)",
+    )
     api_key_file: str | None = _opt(None, "require Authorization: Bearer <key> on /v1/*")
     log_level: str = _opt("info", "log level", choices=LOG_LEVELS)
 
@@ -300,6 +305,11 @@ def validate(cfg: ServeConfig) -> list[str]:
             f"{p}.maxModelLen must not be negative (0 = the model's own; got {cfg.max_model_len}).",
         ),
         (
+            cfg.trace_region_size >= 0,
+            f"{p}.traceRegionSize must not be negative (0 = sized from the captured traces; "
+            f"got {cfg.trace_region_size}).",
+        ),
+        (
             cfg.log_level in LOG_LEVELS,
             f"{p}.logLevel must be one of {', '.join(LOG_LEVELS)} (got {cfg.log_level}).",
         ),
@@ -335,6 +345,7 @@ _JSON_FIELDS: dict[str, tuple[str, tuple[type, ...]]] = {
     "maxWaiting": ("max_waiting", (int,)),
     "maxNumBatchedTokens": ("max_num_batched_tokens", (int,)),
     "maxModelLen": ("max_model_len", (int,)),
+    "traceRegionSize": ("trace_region_size", (int,)),
     "precision": ("precision", (str,)),
     "apiKeyFile": ("api_key_file", (str, type(None))),
     "logLevel": ("log_level", (str,)),

@@ -45,6 +45,7 @@ rec {
       "--max-waiting" (toString cfg.maxWaiting)
       "--max-num-batched-tokens" (toString cfg.maxNumBatchedTokens)
       "--max-model-len" (toString cfg.maxModelLen)
+      "--trace-region-size" (toString cfg.traceRegionSize)
       "--log-level" cfg.logLevel
     ]
     ++ optional (cfg.model != null) [ "--model" cfg.model ]

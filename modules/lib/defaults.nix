@@ -24,6 +24,7 @@
   maxWaiting = 256;
   maxNumBatchedTokens = 2048;
   maxModelLen = 0; # 0: the model's own context length
+  traceRegionSize = 0; # 0: sized from the traces the ttnn backend captures
   apiKeyFile = null;
   logLevel = "info";
 }

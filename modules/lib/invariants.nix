@@ -79,6 +79,8 @@ in
     "${p}.kvBlocks must be 0 (size from memory) or at least 2 (block 0 is reserved for padding; got ${s cfg.kvBlocks}).")
   (rule (cfg.maxModelLen >= 0)
     "${p}.maxModelLen must not be negative (0 = the model's own; got ${s cfg.maxModelLen}).")
+  (rule (cfg.traceRegionSize >= 0)
+    "${p}.traceRegionSize must not be negative (0 = sized from the captured traces; got ${s cfg.traceRegionSize}).")
   (rule (elem cfg.logLevel logLevels)
     "${p}.logLevel must be one of ${builtins.concatStringsSep ", " logLevels} (got ${cfg.logLevel}).")
 ]

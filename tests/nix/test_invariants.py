@@ -80,6 +80,8 @@ TRUTH_TABLE: list[tuple[str, dict[str, Any], bool]] = [
     ("kv-blocks-negative", {"kvBlocks": -1}, False),
     ("max-model-len-negative", {"maxModelLen": -1}, False),
     ("max-model-len-32k", {"maxModelLen": 32768}, True),
+    ("trace-region-negative", {**TTNN, "traceRegionSize": -1}, False),
+    ("trace-region-768m", {**TTNN, "traceRegionSize": 805306368}, True),
     ("port-0", {"port": 0}, False),
     ("block-0", {"blockSize": 0}, False),
     ("chunk-0", {"prefillChunk": 0}, False),
@@ -110,6 +112,7 @@ TRUTH_TABLE: list[tuple[str, dict[str, Any], bool]] = [
             "kvBlocks": 1,
             "maxBatchSize": 64,
             "maxModelLen": -5,
+            "traceRegionSize": -1,
             "prefixCaching": {"enable": False},
         },
         False,
@@ -169,7 +172,8 @@ def test_rule_order_on_one_ttnn_config(verdicts: list[list[str]]) -> None:
     messages = verdicts[[name for name, *_ in TRUTH_TABLE].index("many-wrong-ttnn")]
     heads = [m.split(" ")[0].removeprefix(P + ".") for m in messages]
     assert heads == [
-        "dtype", "precision", "prefillChunk", "maxBatchSize", "kvBlocks", "maxModelLen"
+        "dtype", "precision", "prefillChunk", "maxBatchSize", "kvBlocks", "maxModelLen",
+        "traceRegionSize",
     ]  # fmt: skip
 
 
@@ -195,6 +199,9 @@ NEW_RULE_MESSAGES = {
     ],
     "max-model-len-negative": [
         f"{P}.maxModelLen must not be negative (0 = the model's own; got -1)."
+    ],
+    "trace-region-negative": [
+        f"{P}.traceRegionSize must not be negative (0 = sized from the captured traces; got -1)."
     ],
 }
 

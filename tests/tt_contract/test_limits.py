@@ -337,6 +337,36 @@ def _chunked(ops: Ops, start: int, chunk: int, *, dtype: str = "bfloat16") -> ob
     return ops.chunked_sdpa(q, cache, cache, table, start_t, scale=1.0, program_config=config)
 
 
+def test_nlp_create_qkv_heads_splits_the_fused_projection_head_major() -> None:
+    """The prefill attention split (9B: 16 q + 2 x 4 kv heads of 256): [q | k | v] columns of
+    [1, 1, T, 6144] -> q [1, 16, T, 256], k, v [1, 4, T, 256], values moved, not recomputed;
+    the op's shape, layout and width rules trip as its C++ checks do."""
+    ops = _ops(P150)
+    t, width = 64, (Q_HEADS + 2 * KV_HEADS) * HEAD_DIM
+    data = np.arange(t * width, dtype=np.float32).reshape(1, 1, t, width) % 251
+    q, k, v = ops.create_qkv_heads(ops.upload(data, "float32"), Q_HEADS, KV_HEADS)
+    assert q.shape == (1, Q_HEADS, t, HEAD_DIM) and k.shape == v.shape == (1, KV_HEADS, t, HEAD_DIM)
+    heads = data.reshape(t, Q_HEADS + 2 * KV_HEADS, HEAD_DIM).transpose(1, 0, 2)
+    np.testing.assert_array_equal(ops.read(q)[0], heads[:Q_HEADS])
+    np.testing.assert_array_equal(ops.read(k)[0], heads[Q_HEADS : Q_HEADS + KV_HEADS])
+    np.testing.assert_array_equal(ops.read(v)[0], heads[Q_HEADS + KV_HEADS :])
+    split = ops.create_qkv_heads
+    _trips(
+        "nlp_create_qkv_heads.shape", lambda: split(ops.zeros([1, t, 1, width], "bfloat16"), 16, 4)
+    )
+    _trips(
+        "nlp_create_qkv_heads.shape",
+        lambda: split(ops.zeros([1, 1, t, width + 32], "bfloat16"), 16, 4),
+    )
+    # the height check reads the padded shape: a 48-row input is 64 tile rows and passes
+    assert split(ops.zeros([1, 1, 48, width], "bfloat16"), 16, 4)[0].shape == (1, 16, 48, 256)
+    rm = ops.zeros([1, 1, t, width], "bfloat16", ROW_MAJOR)
+    _trips("nlp_create_qkv_heads.layout", lambda: split(rm, 16, 4))
+    _trips(
+        "nlp_create_qkv_heads.dtype", lambda: split(ops.zeros([1, 1, t, width], "bfloat4_b"), 16, 4)
+    )
+
+
 @CHIPS
 def test_chunked_sdpa_rules(chip: ChipSpec) -> None:
     _chunked(_ops(chip), 128, 64)
@@ -418,10 +448,8 @@ def qwen35_9b_weights(linear: str = "bfloat16") -> Iterator[tuple[str, TensorInf
             yield f"mlp.{n}", T(shape, linear)
         if (i + 1) % 4 == 0:
             for n, shape in (
-                ("q", (HIDDEN, Q_HEADS * HEAD_DIM)),
+                ("qkv", (HIDDEN, (Q_HEADS + 2 * KV_HEADS) * HEAD_DIM)),
                 ("gate", (HIDDEN, Q_HEADS * HEAD_DIM)),
-                ("k", (HIDDEN, KV_HEADS * HEAD_DIM)),
-                ("v", (HIDDEN, KV_HEADS * HEAD_DIM)),
                 ("o", (Q_HEADS * HEAD_DIM, HIDDEN)),
             ):
                 yield f"attn.{n}", T(shape, linear)
@@ -454,7 +482,7 @@ def test_9b_bf16_weights_do_not_fit_a_wormhole_chip_but_fit_a_p150() -> None:
     """~18 GB of bf16 weights: 12 banks x 1 GiB on Wormhole, 8 x (4 GiB - 16 MiB) on P150, each
     less the trace region (256 MiB, the backend's default) that tt-metal reserves in EVERY bank."""
     names = [n for n, _ in qwen35_9b_weights()]
-    assert names.count("attn.q") == N_ATTN and names.count("gdn.qkv") == N_GDN
+    assert names.count("attn.qkv") == N_ATTN and names.count("gdn.qkv") == N_GDN
     params = sum(int(np.prod(t.shape)) for _, t in qwen35_9b_weights())
     assert 8.9e9 < params < 9.1e9
     trace = 256 << 20

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tt_contract.qwen9b import write_qwen35_9b_config
+from tt_serve.model.published import write_published_config
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt import planner
 from tt_serve.model.tt.precision import Precision
@@ -18,7 +18,7 @@ from tt_serve.model.tt.precision import Precision
 
 @pytest.fixture(scope="module")
 def q9(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_qwen35_9b_config(tmp_path_factory.mktemp("q9plan"))
+    return write_published_config("qwen3.5-9b", tmp_path_factory.mktemp("q9plan"))
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -111,7 +111,73 @@ def test_serve_sizes_the_kv_pool_from_device_dram(dense_dir: Path) -> None:
         assert be.device_description().name == name
         cfg = ServeConfig(model=str(dense_dir), backend="ttnn", block_size=64, max_batch_size=4)
         blocks = num_kv_blocks(cfg, spec, 1024, be)
-        want = planner.plan_pools(dataclasses.replace(cfg, max_model_len=1024), spec, name)
+        plan_cfg = dataclasses.replace(cfg, max_model_len=1024)
+        want = planner.plan_pools(plan_cfg, spec, name, be.ops.trace_region_size)
         assert blocks == want.num_kv_blocks
         assert blocks > 1000  # gigabytes of device DRAM, not a host-RAM quarter of a tiny model
         be.close()
+
+
+def test_trace_region_is_sized_from_the_captured_traces(q9: Path) -> None:
+    """trace_region_size 0 (the default): a first startup with no region (tt-metal keeps trace
+    buffers in DRAM then) measures the traces; the region is 1.5x that in whole 16 MiB."""
+    spec = ModelSpec.from_hf_dir(q9)
+    req = planner.PlanRequest(device="p150", precision="mixed", kv_blocks=512)
+    assert req.trace_region_size == 0
+    p = planner.plan(spec, req)
+    assert p.ok and p.trace_auto, p.limit_message
+    assert p.trace_configured % (16 << 20) == 0
+    assert p.trace_needed * 1.5 <= p.trace_configured < p.trace_needed * 1.5 + (16 << 20)
+    assert p.pools is not None and p.pools.trace_region_size == p.trace_configured
+    fixed = planner.plan(spec, dataclasses.replace(req, trace_region_size=p.trace_configured))
+    assert fixed.ok and not fixed.trace_auto and fixed.trace_needed == p.trace_needed
+
+
+def test_old_256_mib_trace_region_refuses_qwen36_prefill_buckets(q9: Path) -> None:
+    """Review finding 7: the old fixed 256 MiB region cannot hold the decode trace plus traced
+    prefill buckets 64..4096 at max_batch 32 (by memory.trace_bytes, an estimate until measured
+    on a card): the capture of the last bucket fails at end_trace_capture. Sized from the
+    traces, the same configuration starts."""
+    spec = ModelSpec.from_hf_dir(q9)
+    req = planner.PlanRequest(
+        device="p150",
+        precision="bfp4-mlp",
+        max_batch_size=32,
+        prefill_chunk=4096,
+        traced_prefill=True,
+        kv_blocks=1024,
+        trace_region_size=256 << 20,
+    )
+    old = planner.plan(spec, req)
+    assert not old.ok and old.limit_rule == "trace.region", old.limit_message
+    assert "--trace-region-size" in (old.hint or "")
+    new = planner.plan(spec, dataclasses.replace(req, trace_region_size=0))
+    assert new.ok and new.traces == 8 and new.trace_configured > 256 << 20
+
+
+def test_prefill_attention_is_head_major_at_9b_dims(q9: Path) -> None:
+    """Review finding 10: prefill q/k/v are normed, rotated and written head-major
+    ([1, heads, T, 256]); no prefill tensor keeps 4 KV heads (or cos/sin's 1) on the tile-row
+    axis, which pads them to 32 rows per token. Decode keeps rows outermost."""
+    import io
+
+    spec = ModelSpec.from_hf_dir(q9)
+    log = io.StringIO()
+    req = planner.PlanRequest(
+        device="p150", max_batch_size=2, kv_blocks=64, trace_region_size=1 << 30
+    )
+    assert planner.plan(spec, req, log).ok
+    calls = [json.loads(line) for line in log.getvalue().splitlines()]
+    prefill = [c for c in calls if c["phase"] == "prefill"]
+    chunk = req.prefill_chunk
+    fills = [c for c in prefill if c["op"] == "ttnn.experimental.paged_fill_cache"]
+    assert fills and {tuple(c["tensors"]["1"]["shape"]) for c in fills} == {(1, 4, chunk, 256)}
+    shapes = {tuple(t["shape"]) for c in prefill for t in c["tensors"].values()}
+    assert (1, 4, chunk, 256) in shapes and (1, 16, chunk, 256) in shapes  # k, q head-major
+    assert (1, 1, chunk, 256) in shapes  # cos/sin broadcast over heads
+    assert not {(1, chunk, 4, 256), (1, chunk, 1, 256)} & shapes
+    norms = [c for c in prefill if c["op"] == "ttnn.rms_norm"]
+    assert {tuple(c["tensors"]["0"]["shape"]) for c in norms} >= {(1, 4, chunk, 256)}
+    # decode runs as a replay: its ops are logged where the decode trace is captured
+    updates = [c for c in calls if c["op"] == "ttnn.experimental.paged_update_cache"]
+    assert updates and {tuple(c["tensors"]["1"]["shape"]) for c in updates} == {(1, 2, 4, 256)}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.tt_contract.qwen9b import write_qwen35_9b_config
+from tt_serve.model.published import write_published_config
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt import planner
 from tt_serve.model.tt.fake_ttnn import FakeTTNN
@@ -18,7 +18,9 @@ from tt_serve.model.tt.weights import is_shape_only, shape_only_weights
 
 @pytest.fixture(scope="module")
 def spec9b(tmp_path_factory: pytest.TempPathFactory) -> ModelSpec:
-    return ModelSpec.from_hf_dir(write_qwen35_9b_config(tmp_path_factory.mktemp("q9")))
+    return ModelSpec.from_hf_dir(
+        write_published_config("qwen3.5-9b", tmp_path_factory.mktemp("q9"))
+    )
 
 
 def test_shape_only_tensors_hold_no_data() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -326,8 +327,9 @@ def test_from_config_maps_the_serve_config(
     dense_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from tt_serve.config import ServeConfig
-    from tt_serve.model.tt import weights
+    from tt_serve.model.tt import planner, weights
     from tt_serve.model.tt.backend import TTBackend
+    from tt_serve.model.tt.devices import single_chip_for_arch
     from tt_serve.model.tt.ops import Ops
     from tt_serve.model.tt.precision import Precision
 
@@ -339,6 +341,12 @@ def test_from_config_maps_the_serve_config(
         model=str(dense_dir), backend="ttnn", precision="mixed", prefill_chunk=128, block_size=64
     )
     be = TTBackend.from_config(cfg, spec, max_model_len=512)
+    # trace_region_size 0: the device opened with a region sized for this configuration's traces
+    # on the shape-only model of a chip of its arch, before it opened.
+    chip = single_chip_for_arch(fake.chip.arch)
+    plan_cfg = dataclasses.replace(cfg, max_model_len=512)
+    want = planner.trace_region_for(spec, planner.PlanRequest.from_config(plan_cfg, chip.name))
+    assert be.ops.trace_region_size == want == fake.trace_region.size > 0
     assert be.spec is spec and be.precision == Precision.named("mixed")
     assert be.max_prefill_chunk == 128 and be.max_model_len == 512
     assert not be.device_resident
@@ -348,8 +356,13 @@ def test_from_config_maps_the_serve_config(
     # Decode is traced whatever --traced-prefill says; prefill (off by default) runs eagerly.
     assert be.programs.traced(("decode", 2)) and be.programs.num_traces == 1
     assert not any(be.programs.traced(("prefill", b)) for b in be.buckets)
+    assert 0 < sum(fake.trace_region.live.values()) <= want
     be.close()
     be.close()  # idempotent
+    fixed = dataclasses.replace(cfg, trace_region_size=96 << 20)
+    be = TTBackend.from_config(fixed, spec, max_model_len=512, ops=Ops(h.fake()))
+    assert be.ops.trace_region_size == 96 << 20
+    be.close()
     two = ServeConfig(model=str(dense_dir), backend="ttnn", device_ids=(0, 1))
     with pytest.raises(ValueError, match="one device"):
         TTBackend.from_config(two, spec, max_model_len=512)

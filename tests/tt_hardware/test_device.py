@@ -84,7 +84,7 @@ def test_pcc_per_layer_prefill(hw_dense_dir: Path, tt_ops: Any) -> None:
                 bufs,
                 tt.pools.k[j],
                 tt.pools.v[j],
-                tt.model.rope(bufs, 128),
+                tt.model.rope(bufs, 128, head_major=True),
                 tt.model.sdpa_prefill(h.BLOCK),
             )
         value = pcc(tt_ops.read(got)[0], want.numpy())

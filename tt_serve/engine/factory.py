@@ -65,7 +65,8 @@ def num_kv_blocks(
 
         assert isinstance(backend, TTBackend)
         plan_cfg = dataclasses.replace(cfg, max_model_len=max_model_len)
-        return plan_pools(plan_cfg, spec, backend.device_description().name).num_kv_blocks
+        device = backend.device_description().name
+        return plan_pools(plan_cfg, spec, device, backend.ops.trace_region_size).num_kv_blocks
     dtype_bytes = 4 if cfg.resolved_dtype == "float32" else 2
     per_block = max(spec.kv_bytes_per_block(cfg.block_size, dtype_bytes), 1)
     per_snap = max(spec.state_bytes_per_slot(), 1)

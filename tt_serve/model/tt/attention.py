@@ -10,11 +10,14 @@ projection is pre-split into query and gate halves.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
 from tt_serve.model.tt.layers import apply_rope
 from tt_serve.model.tt.ops import Ops, Tensor
+
+HEAD_MAJOR = [0, 2, 1, 3]  # [1, heads, N, hd] -> [1, N, heads, hd]
 
 
 @dataclass(frozen=True)
@@ -27,10 +30,8 @@ class SdpaConfigs:
 
 @dataclass(frozen=True)
 class AttentionWeights:
-    q: Tensor  # [H, heads·hd]
+    qkv: Tensor  # [H, (heads + 2 kv_heads)·hd]: [q | k | v] columns
     gate: Tensor  # [H, heads·hd]
-    k: Tensor
-    v: Tensor
     o: Tensor  # [heads·hd, H]
     q_norm: Tensor  # 1 + w
     k_norm: Tensor
@@ -42,16 +43,38 @@ class AttentionWeights:
     exact: Any = None  # HiFi4, for the RoPE rotation matmul
 
 
-def _qkv(
-    ops: Ops, x: Tensor, w: AttentionWeights, n: int, cos: Tensor, sin: Tensor, rot: Tensor
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    hd, c = w.head_dim, w.compute
-    q = ops.reshape(ops.linear(x, w.q, c), [1, n, w.num_heads, hd])
+def _decode_qkv(
+    ops: Ops, x: Tensor, w: AttentionWeights, rope: tuple[Tensor, Tensor, Tensor]
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Decode rows [1, S, H] -> q [1, S, nh, hd], k, v [1, S, nkv, hd], normed and rotated."""
+    s, hd, nh, nkv = x.shape[1], w.head_dim, w.num_heads, w.num_kv_heads
+    fused = ops.linear(x, w.qkv, w.compute)  # [1, S, (nh + 2 nkv) hd]
+    cuts = (0, nh * hd, (nh + nkv) * hd, (nh + 2 * nkv) * hd)
+    q, k, v = (
+        ops.reshape(ops.slice(fused, [0, 0, a], [1, s, e]), [1, s, (e - a) // hd, hd])
+        for a, e in itertools.pairwise(cuts)
+    )
+    return _norm_rope(ops, q, k, w, rope) + (v,)
+
+
+def _prefill_qkv(
+    ops: Ops, x: Tensor, w: AttentionWeights, rope: tuple[Tensor, Tensor, Tensor]
+) -> tuple[Tensor, Tensor, Tensor]:
+    """A chunk [1, T, H] -> head-major q [1, nh, T, hd], k, v [1, nkv, T, hd], normed and
+    rotated: ``nlp_create_qkv_heads`` splits the fused projection straight into heads."""
+    t = x.shape[1]
+    fused = ops.reshape(ops.linear(x, w.qkv, w.compute), [1, 1, t, w.qkv.shape[1]])
+    q, k, v = ops.create_qkv_heads(fused, w.num_heads, w.num_kv_heads)
+    return _norm_rope(ops, q, k, w, rope) + (v,)
+
+
+def _norm_rope(
+    ops: Ops, q: Tensor, k: Tensor, w: AttentionWeights, rope: tuple[Tensor, Tensor, Tensor]
+) -> tuple[Tensor, Tensor]:
+    cos, sin, rot = rope
     q = apply_rope(ops, ops.rms_norm(q, w.q_norm, w.eps), cos, sin, rot, w.exact)
-    k = ops.reshape(ops.linear(x, w.k, c), [1, n, w.num_kv_heads, hd])
     k = apply_rope(ops, ops.rms_norm(k, w.k_norm, w.eps), cos, sin, rot, w.exact)
-    v = ops.reshape(ops.linear(x, w.v, c), [1, n, w.num_kv_heads, hd])
-    return q, k, v, ops.linear(x, w.gate, c)
+    return q, k
 
 
 def _out(ops: Ops, attn: Tensor, gate: Tensor, w: AttentionWeights, n: int) -> Tensor:
@@ -70,14 +93,20 @@ def attention_prefill(
     sdpa: SdpaConfigs,
 ) -> Tensor:
     """x [1, T, H] -> [1, T, H]; ``inp`` holds the bucket's persistent inputs, ``rope`` is
-    (cos, sin [1, T, 1, hd], rotate-half matrix)."""
+    (cos, sin [1, 1, T, hd], rotate-half matrix).
+
+    Head-major from the projection on ([1, heads, T, hd], the layout ``paged_fill_cache`` and
+    chunked SDPA take, made by ``nlp_create_qkv_heads`` as tt_transformers does): with heads on
+    the tile-row axis a [1, T, 4, 256] K pads every token's 4 heads to 32 tile rows, so its norm
+    and RoPE would touch 8x the data (2x for 16 q heads) and cos/sin [1, T, 1, hd] 32x;
+    head-major pads only T, a multiple of 32 in every bucket."""
     t = x.shape[1]
-    q, k, v, gate = _qkv(ops, x, w, t, *rope)
-    head_major = [0, 2, 1, 3]
-    ops.paged_fill_cache(k_cache, ops.permute(k, head_major), inp.fill_table)
-    ops.paged_fill_cache(v_cache, ops.permute(v, head_major), inp.fill_table)
+    q, k, v = _prefill_qkv(ops, x, w, rope)
+    gate = ops.linear(x, w.gate, w.compute)
+    ops.paged_fill_cache(k_cache, k, inp.fill_table)
+    ops.paged_fill_cache(v_cache, v, inp.fill_table)
     attn = ops.chunked_sdpa(
-        ops.permute(q, head_major),
+        q,
         k_cache,
         v_cache,
         inp.page_table,
@@ -86,7 +115,7 @@ def attention_prefill(
         program_config=sdpa.program,
         compute_config=sdpa.compute,
     )
-    return _out(ops, ops.permute(attn, head_major), gate, w, t)
+    return _out(ops, ops.permute(attn, HEAD_MAJOR), gate, w, t)
 
 
 def attention_decode(
@@ -99,9 +128,12 @@ def attention_decode(
     rope: tuple[Tensor, Tensor, Tensor],
     sdpa: SdpaConfigs,
 ) -> Tensor:
-    """x [1, S, H] (one row per state slot) -> [1, S, H]; ``rope`` as in prefill."""
+    """x [1, S, H] (one row per state slot) -> [1, S, H]; ``rope`` is (cos, sin [1, S, 1, hd],
+    rotation): decode keeps rows outermost ([1, S, heads, hd], one user per core in
+    ``paged_update_cache``'s height shards and SDPA decode's Q)."""
     s = x.shape[1]
-    q, k, v, gate = _qkv(ops, x, w, s, *rope)
+    q, k, v = _decode_qkv(ops, x, w, rope)
+    gate = ops.linear(x, w.gate, w.compute)
     ops.paged_update_cache(k_cache, ops.height_sharded(k, s), inp.write_pos, inp.page_table)
     ops.paged_update_cache(v_cache, ops.height_sharded(v, s), inp.write_pos, inp.page_table)
     attn = ops.paged_sdpa_decode(

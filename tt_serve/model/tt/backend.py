@@ -21,6 +21,7 @@ all-fed or all-host.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -34,7 +35,7 @@ from tt_serve.model.interface import StateCopy, StepBatch, StepOutput, StepRow
 from tt_serve.model.resident import ResidentSlots
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.buffers import InputBuffers
-from tt_serve.model.tt.devices import DeviceSpec, single_chip_for_grid
+from tt_serve.model.tt.devices import DeviceSpec, single_chip_for_arch, single_chip_for_grid
 from tt_serve.model.tt.inputs import (
     DecodeValues,
     PrefillValues,
@@ -55,7 +56,6 @@ if TYPE_CHECKING:
 
     from tt_serve.config import ServeConfig
 
-DEFAULT_TRACE_REGION = 256 << 20
 DEFAULT_L1_SMALL = 32768
 DEFAULT_PREFILL_CHUNK = 2048
 
@@ -114,19 +114,21 @@ class TTBackend:
         cls,
         path: str | Path,
         *,
+        trace_region_size: int,
         spec: ModelSpec | None = None,
         device_ids: tuple[int, ...] = (0,),
-        trace_region_size: int = DEFAULT_TRACE_REGION,
+        ops: Ops | None = None,
         **options: Unpack[TTOptions],
     ) -> TTBackend:
-        """Open the device, convert (or load cached) weights for a checkpoint folder; ``spec``
-        is read from its config.json unless the caller already has it."""
+        """Open the device with a ``trace_region_size``-byte trace region, convert (or load
+        cached) weights for a checkpoint folder; ``spec`` is read from its config.json unless
+        the caller already has it, ``ops`` is the real ttnn unless given."""
         from tt_serve.model.weights import load_weights
 
         if len(device_ids) != 1:
             raise ValueError(f"the ttnn backend runs on one device; got device ids {device_ids}")
         model_spec = spec or ModelSpec.from_hf_dir(path)
-        ops = Ops.load()
+        ops = ops or Ops.load()
         ops.open_device(
             device_ids[0], trace_region_size=trace_region_size, l1_small_size=DEFAULT_L1_SMALL
         )
@@ -134,12 +136,26 @@ class TTBackend:
         return cls(model_spec, lambda: to_numpy(load_weights(path, model_spec)), ops=ops, **options)
 
     @classmethod
-    def from_config(cls, cfg: ServeConfig, spec: ModelSpec, *, max_model_len: int) -> TTBackend:
-        """The backend ``cfg`` describes (the one mapping of config to ttnn options)."""
+    def from_config(
+        cls, cfg: ServeConfig, spec: ModelSpec, *, max_model_len: int, ops: Ops | None = None
+    ) -> TTBackend:
+        """The backend ``cfg`` describes (the one mapping of config to ttnn options). A
+        ``trace_region_size`` of 0 is sized, before the device opens, from the traces this
+        configuration captures on the shape-only model of a chip of the device's arch."""
         if cfg.model is None:
             raise ValueError("TTBackend.from_config needs cfg.model (a checkpoint folder)")
+        ops = ops or Ops.load()
+        region = cfg.trace_region_size
+        if region == 0:
+            from tt_serve.model.tt.planner import PlanRequest, trace_region_for
+
+            chip = single_chip_for_arch(ops.arch_name())
+            plan_cfg = dataclasses.replace(cfg, max_model_len=max_model_len)
+            region = trace_region_for(spec, PlanRequest.from_config(plan_cfg, chip.name))
         return cls.from_pretrained(
             cfg.model,
+            trace_region_size=region,
+            ops=ops,
             spec=spec,
             device_ids=cfg.device_ids,
             precision=Precision.named(cfg.resolved_precision),

@@ -374,3 +374,15 @@ def single_chip_for_grid(grid_x: int, grid_y: int) -> DeviceSpec:
         known = sorted({f"{d.chip.grid_x}x{d.chip.grid_y}" for d in DEVICES.values()})
         raise ValueError(f"no device description has a {grid_x}x{grid_y} worker grid ({known})")
     return min(matches, key=lambda d: (d.num_chips, d.chip.dram_bytes))
+
+
+def single_chip_for_arch(arch: str) -> DeviceSpec:
+    """The one-chip description to size a trace region with before a device of ``arch``
+    (``ttnn.get_arch_name()``: "wormhole_b0", "blackhole") is opened: the one with the most
+    worker cores, since a trace's size grows with the cores its programs run on (``memory.
+    trace_bytes``). Raises ValueError for an arch no description has."""
+    matches = [d for d in DEVICES.values() if d.num_chips == 1 and d.chip.arch == arch]
+    if not matches:
+        known = sorted({d.chip.arch for d in DEVICES.values()})
+        raise ValueError(f"no single-chip device description has arch {arch!r} ({known})")
+    return max(matches, key=lambda d: (d.chip.num_cores, -d.chip.dram_bytes))

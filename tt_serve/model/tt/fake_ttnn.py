@@ -217,6 +217,7 @@ class FakeTTNN:
         self.experimental = SimpleNamespace(
             paged_fill_cache=self._paged_fill_cache,
             paged_update_cache=self._paged_update_cache,
+            nlp_create_qkv_heads=self._create_qkv_heads,
             kda=SimpleNamespace(qkv_causal_conv1d_silu=self._qkv_conv),
         )
         self.transformer = SimpleNamespace(
@@ -356,6 +357,9 @@ class FakeTTNN:
     # ---- device and traces -------------------------------------------------------------------
     def GetNumAvailableDevices(self) -> int:
         return self._num_devices
+
+    def get_arch_name(self) -> str:
+        return self.chip.arch
 
     def open_device(
         self, *, device_id: int, trace_region_size: int, l1_small_size: int
@@ -578,6 +582,8 @@ class FakeTTNN:
         )
 
     def permute(self, x: Tensor, dims: Sequence[int]) -> Tensor:
+        with self._rules():
+            limits.permute(x.info(), dims)
         return self._single(
             "permute", [x], lambda: x.buffer.data.permute(*dims).contiguous(), x.dtype, x.layout
         )
@@ -585,6 +591,49 @@ class FakeTTNN:
     def slice(self, x: Tensor, start: Sequence[int], end: Sequence[int]) -> Tensor:
         idx = tuple(slice(a, b) for a, b in zip(start, end, strict=True))
         return self._single("slice", [x], lambda: x.buffer.data[idx].clone(), x.dtype, x.layout)
+
+    def _create_qkv_heads(
+        self,
+        input: Tensor,
+        input_kv: Tensor | None = None,
+        *,
+        num_heads: int,
+        num_kv_heads: int | None = None,
+        transpose_k_heads: bool = True,
+        kv_tied: bool = False,
+        memory_config: Any = None,
+        output_tensors: Any = None,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        if input_kv is not None or kv_tied or output_tensors is not None:
+            raise ContractViolation(
+                "not_modelled", "nlp_create_qkv_heads: only the fused, untied form is modelled"
+            )
+        nkv = num_heads if num_kv_heads is None else num_kv_heads
+        with self._rules():
+            qs, _, _ = limits.nlp_create_qkv_heads(input.info(), num_heads, nkv, transpose_k_heads)
+        hd = qs[-1]
+
+        def split() -> tuple[torch.Tensor, ...]:
+            d = input.buffer.data
+            b, _, n, _ = d.shape
+            cuts = (0, num_heads * hd, (num_heads + nkv) * hd, (num_heads + 2 * nkv) * hd)
+            heads = (num_heads, nkv, nkv)
+            parts = [
+                d[..., a:e].reshape(b, n, h, hd).permute(0, 2, 1, 3)
+                for (a, e), h in zip(itertools.pairwise(cuts), heads, strict=True)
+            ]
+            if transpose_k_heads:
+                parts[1] = parts[1].transpose(-1, -2)
+            return tuple(t.contiguous() for t in parts)
+
+        holder: list[Tensor] = []
+
+        def write(res: tuple[torch.Tensor, ...]) -> list[Buffer]:
+            holder.extend(self._out(r, input.dtype, Layout.TILE) for r in res)
+            return [t.buffer for t in holder]
+
+        self._op("nlp_create_qkv_heads", [input], split, write)
+        return holder[0], holder[1], holder[2]
 
     def concat(self, xs: Sequence[Tensor], dim: int = 0) -> Tensor:
         if len({(t.dtype, t.layout) for t in xs}) != 1:
@@ -650,13 +699,22 @@ class FakeTTNN:
     def linear(self, a: Tensor, b: Tensor, *, compute_kernel_config: Any = None) -> Tensor:
         return self.matmul(a, b, compute_kernel_config=compute_kernel_config)
 
-    def matmul(self, a: Tensor, b: Tensor, *, compute_kernel_config: Any = None) -> Tensor:
+    def matmul(
+        self,
+        a: Tensor,
+        b: Tensor,
+        *,
+        compute_kernel_config: Any = None,
+        dtype: DataType | None = None,
+    ) -> Tensor:
+        """Batch dims as ``limits.matmul`` allows (B broadcast when its batch is 1, else equal);
+        the output dtype is ``dtype`` or, as in ttnn, A's."""
         self._compute_kernel_config("matmul", compute_kernel_config)
-        if a.layout is not Layout.TILE or b.layout is not Layout.TILE:
-            raise ContractViolation("tile", "matmul operands must be TILE")
-        if a.shape[-1] != b.shape[-2]:
-            raise ContractViolation("dtype", f"matmul {a.shape} @ {b.shape}")
-        return self._single("matmul", [a, b], lambda: a.buffer.data @ b.buffer.data, a.dtype)
+        with self._rules():
+            limits.matmul(a.info(), b.info())
+        return self._single(
+            "matmul", [a, b], lambda: a.buffer.data @ b.buffer.data, dtype or a.dtype
+        )
 
     def rms_norm(self, x: Tensor, *, epsilon: float, weight: Tensor) -> Tensor:
         def fn() -> torch.Tensor:

@@ -10,7 +10,8 @@ from tt_serve.model.tt.ops import Ops, Tensor
 def apply_rope(
     ops: Ops, x: Tensor, cos: Tensor, sin: Tensor, rot: Tensor, exact: Any = None
 ) -> Tensor:
-    """Partial rotate-half RoPE on x [1, N, heads, hd] with cos/sin [1, N, 1, hd].
+    """Partial rotate-half RoPE on x [1, N, heads, hd] with cos/sin [1, N, 1, hd], or head-major
+    x [1, heads, N, hd] with cos/sin [1, 1, N, hd] (cos/sin broadcast over the heads axis).
 
     ``rot`` is the [hd, hd] rotate-half matrix, zero past the rotary channels, where cos is 1 and
     sin 0: one full-width formula, no slicing of head channels. ``exact``: a HiFi4 compute

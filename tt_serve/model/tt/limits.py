@@ -134,6 +134,121 @@ def op_cores(chip: ChipSpec, output_tiles: int) -> int:
     return max(1, min(chip.num_cores, output_tiles))
 
 
+# ---- matmul and data movement -----------------------------------------------------------------
+MATMUL_DTYPES = ("bfloat16", "bfloat8_b", "bfloat4_b", "float32")
+
+
+def matmul(a: TensorInfo, b: TensorInfo) -> tuple[int, ...]:
+    """matmul/device/matmul_device_operation.cpp validate_on_program_cache_miss (every message
+    present in 0.81.1), with ``program_config`` None (the backend never passes one): both
+    operands TILE ("Inputs to matmul must be tilized") and float (the 0.81.1 docstring: BFLOAT8_B,
+    BFLOAT4_B, BFLOAT16, FLOAT32); B rank >= 2; "The width of the first tensor must be equal to
+    the height of the second tensor". Batch dims (all but the last two):
+
+    * B's batch is 1 (get_broadcast_batch: ``bcast_batch = batch_size(b) == 1`` without a program
+      config): B is reused for every batch of A, "BCMK*11KN=BCMN"; the output takes A's batch
+      dims. The fake refuses rank(A) < rank(B) here rather than guess the output's rank.
+    * otherwise "Batched (non-bcast) matmul requires inputs of the same rank" and "bmm (non-bcast
+      matmul) expects input tensors of shapes BCMK*BCKN=BCMN or batch dimension {} mismatch": every
+      batch dim equal. The one exception (A's batch 1 reused across B's batches) holds only for
+      the 1D-multicast program config with mcast_in0=false, which ttnn picks by itself when no
+      config is given; the fake does not model that choice and refuses it.
+
+    Returns the output shape."""
+    rule = "matmul"
+    _fail(rule + ".layout", a.tile and b.tile, "Inputs to matmul must be tilized (TILE)")
+    _fail(
+        rule + ".dtype",
+        _is(a, MATMUL_DTYPES) and _is(b, MATMUL_DTYPES),
+        f"operands {a.dtype}/{b.dtype}: matmul takes bf16, bfp8, bfp4 or fp32",
+    )
+    _fail(rule + ".shape", len(b.shape) >= 2, f"Matmul expects input B rank >= 2, got {b.shape}")
+    _fail(
+        rule + ".shape",
+        len(a.shape) >= 1 and a.shape[-1] == b.shape[-2],
+        f"The width of the first tensor must be equal to the height of the second tensor: "
+        f"{a.shape} @ {b.shape}",
+    )
+    batch_a, batch_b = a.shape[:-2], b.shape[:-2]
+    if math.prod(batch_b) == 1:
+        _fail(
+            rule + ".batch",
+            len(a.shape) >= len(b.shape),
+            f"batch-broadcast matmul {a.shape} @ {b.shape}: the output takes A's batch dims, so "
+            "give A at least B's rank",
+        )
+        return (*a.shape[:-1], b.shape[-1])
+    _fail(
+        rule + ".batch",
+        len(a.shape) == len(b.shape),
+        f"Batched (non-bcast) matmul requires inputs of the same rank: {a.shape} @ {b.shape}",
+    )
+    _fail(
+        rule + ".batch",
+        batch_a == batch_b,
+        f"bmm (non-bcast matmul) expects input tensors of shapes BCMK*BCKN=BCMN: batch dims "
+        f"{batch_a} vs {batch_b}; broadcast A's batch only with a pinned 1D-multicast program "
+        "config (not modelled), or give B batch 1",
+    )
+    return (*a.shape[:-1], b.shape[-1])
+
+
+def permute(x: TensorInfo, dims: Sequence[int]) -> tuple[int, ...]:
+    """data_movement/permute/device/permute_device_operation.cpp: "Permute dimensions must match
+    input tensor rank" (0.81.1: present); ``dims`` a permutation of 0..rank-1 (negative dims
+    normalised). TILE inputs take the tiled program factories (MultiCoreTileInvariant,
+    MultiCoreTileRowInvariant, MultiCoreTiledGeneric, all in 0.81.1), so any permutation of a
+    TILE tensor is legal. Returns the output shape."""
+    rank = len(x.shape)
+    _fail(
+        "permute.rank",
+        len(dims) == rank,
+        f"Permute dimensions must match input tensor rank: {list(dims)} for {x.shape}",
+    )
+    norm = [d % rank for d in dims] if rank else []
+    _fail("permute.dims", sorted(norm) == list(range(rank)), f"{list(dims)} is no permutation")
+    return tuple(x.shape[d] for d in norm)
+
+
+def nlp_create_qkv_heads(
+    x: TensorInfo, num_heads: int, num_kv_heads: int, transpose_k_heads: bool
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """A fused [B, 1, S, (nh + 2 nkv) hd] projection -> q [B, nh, S, hd], k, v [B, nkv, S, hd]
+    (k [B, nkv, hd, S] when transposed). experimental/transformer/nlp_create_qkv_heads/
+    nlp_create_qkv_heads.cpp: "Unsupported input shape" unless the padded width divides by
+    nh + 2 nkv (that quotient is head_dim); device/nlp_create_qkv_heads_device_operation.cpp
+    validate_on_program_cache_miss (interleaved input): dtype FLOAT32, BFLOAT16 or BFLOAT8_B,
+    TILE, "Unsupported input height {} is not tile aligned" (padded shape[2] % 32), "Unsupported
+    input sequence length {} is not equal to 1" (shape[1] == 1). Q, K, V sit in that order
+    along the width (tt_transformers fuses wqkv as cat([wq, wk, wv]))."""
+    _fail(
+        "nlp_create_qkv_heads.dtype",
+        x.dtype in ("float32", "bfloat16", "bfloat8_b"),
+        f"Unsupported data format {x.dtype}",
+    )
+    _fail("nlp_create_qkv_heads.layout", x.tile, "Input tensor layout must be TILE")
+    _fail(
+        "nlp_create_qkv_heads.shape",
+        len(x.shape) == 4 and x.shape[1] == 1,
+        f"Unsupported input sequence length {x.shape} is not equal to 1 (shape[1])",
+    )
+    b, _, s, width = x.shape
+    _fail(  # the padded height: always whole tiles once TILE (kept as the C++ states it)
+        "nlp_create_qkv_heads.shape",
+        x.padded_shape[2] % TILE == 0,
+        f"Unsupported input height {x.padded_shape[2]} is not tile aligned",
+    )
+    groups, padded_width = num_heads + 2 * num_kv_heads, x.padded_shape[-1]
+    _fail(
+        "nlp_create_qkv_heads.shape",
+        width == padded_width and width % groups == 0,
+        f"Unsupported input shape: width {width} is not a multiple of {groups} heads",
+    )
+    hd = width // groups
+    q, v = (b, num_heads, s, hd), (b, num_kv_heads, s, hd)
+    return q, ((b, num_kv_heads, hd, s) if transpose_k_heads else v), v
+
+
 # ---- Gated DeltaNet ----------------------------------------------------------------------------
 def fused_recurrent_gated_delta_rule(
     chip: ChipSpec, q: TensorInfo, v: TensorInfo, initial_state: TensorInfo | None

@@ -25,7 +25,7 @@ from tt_serve.model.tt.buffers import InputBuffers
 from tt_serve.model.tt.gdn import KERNEL_CHUNK, GdnWeights, gdn_decode, gdn_prefill
 from tt_serve.model.tt.inputs import gdn_const_tiles, rope_tables, rotation_matrix
 from tt_serve.model.tt.layers import swiglu
-from tt_serve.model.tt.moe import MoeWeights, moe_forward
+from tt_serve.model.tt.moe import ExpertGroup, MoeWeights, expert_groups, moe_forward
 from tt_serve.model.tt.ops import ROW_MAJOR, Ops, Tensor
 from tt_serve.model.tt.pools import DevicePools
 from tt_serve.model.tt.precision import FIDELITY, Precision
@@ -103,10 +103,8 @@ class TTModel:
         mixer: GdnWeights | AttentionWeights
         if spec.layer_types[i] == FULL_ATTENTION:
             mixer = AttentionWeights(
-                q=w[p + "q"],
+                qkv=w[p + "qkv"],
                 gate=w[p + "gate"],
-                k=w[p + "k"],
-                v=w[p + "v"],
                 o=w[p + "o"],
                 q_norm=w[p + "q_norm"],
                 k_norm=w[p + "k_norm"],
@@ -143,8 +141,15 @@ class TTModel:
             mlp = MoeWeights(
                 router=w[p + "router"],
                 experts=tuple(
-                    (w[p + f"e{e}.gate"], w[p + f"e{e}.up"], w[p + f"e{e}.down"])
-                    for e in range(spec.num_experts)
+                    ExpertGroup(
+                        w[p + f"experts.{j}.gate"],
+                        w[p + f"experts.{j}.up"],
+                        w[p + f"experts.{j}.down"],
+                        first,
+                    )
+                    for j, (first, _) in enumerate(
+                        expert_groups(spec.num_experts, spec.moe_intermediate_size)
+                    )
                 ),
                 shared=(w[p + "shared.gate"], w[p + "shared.up"], w[p + "shared.down"]),
                 shared_gate=w[p + "shared_gate"],
@@ -166,11 +171,13 @@ class TTModel:
         self.cos_table = self.ops.upload(cos, dtype, ROW_MAJOR)
         self.sin_table = self.ops.upload(sin, dtype, ROW_MAJOR)
 
-    def rope(self, inp: InputBuffers, n: int) -> tuple[Tensor, Tensor, Tensor]:
-        """(cos, sin [1, n, 1, hd], rotation) at ``inp.positions``, gathered on the device."""
+    def rope(self, inp: InputBuffers, n: int, *, head_major: bool) -> tuple[Tensor, Tensor, Tensor]:
+        """(cos, sin, rotation) at ``inp.positions``, gathered on the device: cos/sin
+        [1, 1, n, hd] for head-major (prefill) q/k, [1, n, 1, hd] for row-major (decode)."""
         ops, hd = self.ops, self.spec.head_dim
-        cos = ops.reshape(ops.embedding(inp.positions, self.cos_table), [1, n, 1, hd])
-        sin = ops.reshape(ops.embedding(inp.positions, self.sin_table), [1, n, 1, hd])
+        shape = [1, 1, n, hd] if head_major else [1, n, 1, hd]
+        cos = ops.reshape(ops.embedding(inp.positions, self.cos_table), shape)
+        sin = ops.reshape(ops.embedding(inp.positions, self.sin_table), shape)
         return cos, sin, self.rot
 
     def sdpa_prefill(self, block_size: int) -> SdpaConfigs:
@@ -203,7 +210,7 @@ class TTModel:
         ops, eps = self.ops, self.spec.rms_norm_eps
         sdpa = self.sdpa_prefill(pools.block_size)
         x = ops.embedding(inp.ids, self.embed)  # [1, T, H]
-        rope = self.rope(inp, x.shape[1])
+        rope = self.rope(inp, x.shape[1], head_major=True)
         for layer in self.layers:
             h = ops.rms_norm(x, layer.input_norm, eps)
             j = layer.pool_index
@@ -229,7 +236,7 @@ class TTModel:
         place."""
         ops, eps = self.ops, self.spec.rms_norm_eps
         x = ops.embedding(inp.ids, self.embed)  # [1, S, H]
-        rope = self.rope(inp, x.shape[1])
+        rope = self.rope(inp, x.shape[1], head_major=False)
         for layer in self.layers:
             h = ops.rms_norm(x, layer.input_norm, eps)
             j = layer.pool_index

@@ -41,6 +41,7 @@ class Ops:
     def __init__(self, ttnn_module: Any) -> None:
         self.ttnn = ttnn_module
         self.device: Any = None
+        self.trace_region_size = 0  # what the open device reserved for traces
 
     @classmethod
     def load(cls) -> Ops:
@@ -53,12 +54,17 @@ class Ops:
     def num_devices(self) -> int:
         return int(self.ttnn.GetNumAvailableDevices())
 
+    def arch_name(self) -> str:
+        """The chips' architecture ("wormhole_b0", "blackhole"), known before any device opens."""
+        return str(self.ttnn.get_arch_name())
+
     def open_device(self, device_id: int, *, trace_region_size: int, l1_small_size: int) -> Any:
         self.device = self.ttnn.open_device(
             device_id=device_id,
             trace_region_size=trace_region_size,
             l1_small_size=l1_small_size,
         )
+        self.trace_region_size = trace_region_size
         return self.device
 
     def close_device(self) -> None:
@@ -224,8 +230,13 @@ class Ops:
         ``compute_config`` from :meth:`compute_config` (None: the op's default, HiFi2)."""
         return self.ttnn.linear(x, w, compute_kernel_config=compute_config)
 
-    def matmul(self, a: Tensor, b: Tensor, compute_config: Any = None) -> Tensor:
-        return self.ttnn.matmul(a, b, compute_kernel_config=compute_config)
+    def matmul(
+        self, a: Tensor, b: Tensor, compute_config: Any = None, *, dtype: str | None = None
+    ) -> Tensor:
+        """a [..., M, K] @ b [..., K, N]. ``dtype``: the output's (None: a's dtype, ttnn's
+        default, which is wrong when a is a block-float weight)."""
+        out_dtype = self.dtype(dtype) if dtype is not None else None
+        return self.ttnn.matmul(a, b, compute_kernel_config=compute_config, dtype=out_dtype)
 
     def rms_norm(self, x: Tensor, weight: Tensor, eps: float) -> Tensor:
         return self.ttnn.rms_norm(x, epsilon=eps, weight=weight)
@@ -283,6 +294,15 @@ class Ops:
     def argmax(self, logits: Tensor) -> Tensor:
         """Greedy ids on the device: UINT32, ROW_MAJOR (the multi-core argmax wants RM input)."""
         return self.ttnn.argmax(self.ttnn.to_layout(logits, self.ttnn.ROW_MAJOR_LAYOUT), dim=-1)
+
+    def create_qkv_heads(
+        self, fused: Tensor, num_heads: int, num_kv_heads: int
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """[1, 1, T, (nh + 2 nkv) hd] -> head-major q [1, nh, T, hd], k and v [1, nkv, T, hd]."""
+        q, k, v = self.ttnn.experimental.nlp_create_qkv_heads(
+            fused, num_heads=num_heads, num_kv_heads=num_kv_heads, transpose_k_heads=False
+        )
+        return q, k, v
 
     # ---- paged attention -----------------------------------------------------------------------
     def paged_fill_cache(self, cache: Tensor, x: Tensor, page_table: Tensor) -> None:

@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from types import SimpleNamespace
 from typing import IO, Any
 
 from tt_serve.config import ServeConfig
 from tt_serve.model.interface import StateCopy, StepBatch, StepRow
 from tt_serve.model.spec import FULL_ATTENTION, ModelSpec
-from tt_serve.model.tt.backend import DEFAULT_TRACE_REGION, TTBackend
+from tt_serve.model.tt.backend import TTBackend
 from tt_serve.model.tt.devices import DeviceSpec, device_spec
 from tt_serve.model.tt.fake_ttnn import ContractViolation, FakeTTNN, Tensor
 from tt_serve.model.tt.limits import TensorInfo
@@ -40,6 +40,10 @@ SAFETY_FRACTION = 0.02
 """DRAM kept free when the KV pool is sized from memory (allocator fragmentation, buffers the
 device model does not see): 2% of the chip's DRAM, about 0.6 GB on a P150 and 0.24 GB on an N150."""
 DECODE_STEPS = 8
+TRACE_HEADROOM = 1.5
+"""An automatic trace region is this many times the traces' estimated size (``memory.
+trace_bytes`` is an estimate until it is measured on a card), in whole ``TRACE_REGION_STEP``s."""
+TRACE_REGION_STEP = 16 << 20
 
 HINTS = {
     "dram.capacity": (
@@ -72,7 +76,7 @@ class PlanRequest:
     snapshot_slots: int = _D.snapshot_slots
     kv_blocks: int = _D.kv_blocks
     max_model_len: int = _D.max_model_len
-    trace_region_size: int = DEFAULT_TRACE_REGION
+    trace_region_size: int = _D.trace_region_size  # 0: sized from the captured traces
     traced_prefill: bool = _D.traced_prefill
 
     @staticmethod
@@ -89,7 +93,7 @@ class PlanRequest:
             snapshot_slots=cfg.num_snapshot_slots,
             kv_blocks=cfg.kv_blocks,
             max_model_len=cfg.max_model_len,
-            trace_region_size=trace_region_size or DEFAULT_TRACE_REGION,
+            trace_region_size=trace_region_size or cfg.trace_region_size,
             traced_prefill=cfg.traced_prefill,
         )
 
@@ -122,6 +126,7 @@ class Plan:
     snapshot_bytes: int = 0
     trace_needed: int = 0
     trace_configured: int = 0
+    trace_auto: bool = False  # the region was sized from the captured traces
     traces: int = 0
     dram_total: int = 0  # allocatable DRAM of the chip before the trace region
     dram_used: int = 0  # held after the workload
@@ -236,7 +241,7 @@ def _weight_group(name: str, spec: ModelSpec) -> str:
         return "norms"
     if rest.startswith(("mlp.", "shared", "router")):
         return "mlp"
-    if rest.startswith("e") and rest[1:2].isdigit():
+    if rest.startswith("experts."):
         return "experts"
     return "attention" if spec.layer_types[int(head)] == FULL_ATTENTION else "gdn"
 
@@ -296,6 +301,7 @@ def _run(
     log: OpLog,
     workload: bool = True,
 ) -> _Run:
+    """The backend's startup (and the workload) on a fresh shape-only chip."""
     fake = FakeTTNN(chip=chip_dev.chip, shape_only=True)
     run = _Run(fake)
     ops = Ops(_Recorder(fake, log))
@@ -347,19 +353,41 @@ def _kv_bytes(dram: DramBudget, spec: ModelSpec, precision: Precision, bs: int, 
     )
 
 
-def _size_kv(spec: ModelSpec, req: PlanRequest, probe: FakeTTNN, probe_blocks: int) -> int:
-    """The most KV blocks whose per-bank bytes fit in what the probe run left free."""
-    dram, precision = probe.dram, Precision.named(req.precision)
-    cap = dram.bank_bytes
-    margin = int(SAFETY_FRACTION * probe.chip.dram_bytes) // dram.banks
-    free = cap - probe.dram_peak_per_bank - margin
-    free += _kv_bytes(dram, spec, precision, req.block_size, probe_blocks)
+def _size_kv(spec: ModelSpec, req: PlanRequest, dev: DeviceSpec) -> int:
+    """The most KV blocks that fit what the rest of the startup and workload leave free.
+
+    Two probe runs with small pools (b and 2b blocks) measure the peak DRAM per bank of
+    everything else. That part grows with the traces' page-table width, min(blocks, blocks of
+    one sequence) (the resident RoPE tables and the page tables; the pool bounds the width), so
+    it is extrapolated linearly in the width to the candidate pool's."""
+    precision, bs = Precision.named(req.precision), req.block_size
+    per_seq = _table_blocks(spec, req)
+    rest: list[tuple[int, int]] = []  # (width, peak per bank less the probe's KV pool)
+    dram = None
+    for blocks in (_probe_blocks(req), 2 * _probe_blocks(req)):
+        fake = _run(spec, req, dev, blocks, OpLog(None)).fake
+        dram = fake.dram
+        rest.append(
+            (
+                min(blocks, per_seq),
+                fake.dram_peak_per_bank - _kv_bytes(dram, spec, precision, bs, blocks),
+            )
+        )
+    assert dram is not None
+    (w1, r1), (w2, r2) = rest
+    slope = (r2 - r1) / (w2 - w1) if w2 > w1 else 0.0
+    margin = int(SAFETY_FRACTION * dev.chip.dram_bytes) // dram.banks
+
+    def fits(n: int) -> bool:
+        other = r1 + slope * (min(n, per_seq) - w1)
+        return other + _kv_bytes(dram, spec, precision, bs, n) + margin <= dram.bank_bytes
+
     lo, hi = 0, 1
-    while _kv_bytes(dram, spec, precision, req.block_size, hi) <= free:
+    while fits(hi):
         lo, hi = hi, hi * 2
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if _kv_bytes(dram, spec, precision, req.block_size, mid) <= free:
+        if fits(mid):
             lo = mid
         else:
             hi = mid
@@ -377,8 +405,42 @@ def plan_pools(
     return p.pools
 
 
+def _table_blocks(spec: ModelSpec, req: PlanRequest) -> int:
+    """Blocks of one whole sequence (the widest page table any pool gives the traces; the
+    backend's own ``allocate`` clamps max_model_len the same way)."""
+    limit = spec.max_position_embeddings
+    return -(-min(req.max_model_len or limit, limit) // req.block_size)
+
+
+def _probe_blocks(req: PlanRequest) -> int:
+    """A minimal KV pool for probe runs: the padding block plus two chunks' worth."""
+    return 2 + -(-2 * req.prefill_chunk // req.block_size)
+
+
+def sized_trace_region(needed: int) -> int:
+    """The trace region for traces of ``needed`` bytes: TRACE_HEADROOM x, whole steps."""
+    want = int(needed * TRACE_HEADROOM)
+    return max(1, -(-want // TRACE_REGION_STEP)) * TRACE_REGION_STEP
+
+
+def trace_region_for(spec: ModelSpec, req: PlanRequest) -> int:
+    """The trace region the backend's traces need on ``req.device`` (the automatic
+    ``trace_region_size``): a startup run with no region, where tt-metal keeps trace buffers in
+    ordinary DRAM, measures every captured trace; raises PlanError when even that cannot run."""
+    probe = _run(
+        spec,
+        replace(req, trace_region_size=0),
+        device_spec(req.device),
+        _probe_blocks(req),
+        OpLog(None),
+        workload=False,
+    )
+    return sized_trace_region(sum(probe.fake.trace_region.live.values()))
+
+
 def plan(spec: ModelSpec, req: PlanRequest, ops_out: IO[str] | None = None) -> Plan:
-    """Run the startup and a short workload on the shape-only model of ``req.device``."""
+    """Run the startup and a short workload on the shape-only model of ``req.device``
+    (``req.trace_region_size`` 0: sized from the captured traces first)."""
     dev = device_spec(req.device)
     precision = Precision.named(req.precision)
     result = Plan(
@@ -394,17 +456,23 @@ def plan(spec: ModelSpec, req: PlanRequest, ops_out: IO[str] | None = None) -> P
             f"{dev.name} has {dev.num_chips} chips; the backend runs on one chip today, so this "
             "is the plan of one chip (tensor parallel is a later issue)"
         )
-    dram = DramBudget(dev.chip, trace_region_size=req.trace_region_size)
-    result.weights, result.weight_dtypes = _weight_bytes(spec, precision, dram)
-    result.dram_total = DramBudget(dev.chip).bank_bytes * dram.banks
-    per_seq = -(-(req.max_model_len or spec.max_position_embeddings) // req.block_size)
+    no_region = DramBudget(dev.chip)
+    result.weights, result.weight_dtypes = _weight_bytes(spec, precision, no_region)
+    result.dram_total = no_region.bank_bytes * no_region.banks
+    per_seq = _table_blocks(spec, req)
     try:
+        if req.trace_region_size == 0:
+            region = trace_region_for(spec, req)
+            req = replace(req, trace_region_size=region)
+            result.trace_configured, result.trace_auto = region, True
+            result.notes.append(
+                f"trace region sized from the captured traces: {region >> 20} MiB "
+                f"({TRACE_HEADROOM}x the estimate, whole {TRACE_REGION_STEP >> 20} MiB; "
+                "--trace-region-size sets it)"
+            )
         kv_blocks = req.kv_blocks
         if kv_blocks == 0:
-            probe_blocks = 2 + -(-2 * req.prefill_chunk // req.block_size)
-            probe = _run(spec, req, dev, probe_blocks, OpLog(None))
-            kv_blocks = _size_kv(spec, req, probe.fake, probe_blocks)
-            del probe
+            kv_blocks = _size_kv(spec, req, dev)
             if kv_blocks < 2:
                 raise PlanError(
                     "dram.capacity",
@@ -420,6 +488,7 @@ def plan(spec: ModelSpec, req: PlanRequest, ops_out: IO[str] | None = None) -> P
     except PlanError as exc:
         result.limit_rule, result.limit_message = exc.rule, exc.message
         result.hint = _hint(exc.rule)
+        dram = DramBudget(dev.chip, trace_region_size=req.trace_region_size)
         weights, room = sum(result.weights.values()), dram.bank_bytes * dram.banks
         if exc.rule == "dram.capacity" and weights > room:
             smaller = "use --precision mixed or bfp4-mlp (block-float weights), "
@@ -455,13 +524,13 @@ def plan(spec: ModelSpec, req: PlanRequest, ops_out: IO[str] | None = None) -> P
     result.dram_left = fake.dram.bank_bytes * banks - result.dram_peak
     result.trace_reserved = req.trace_region_size * banks
     result.max_context = min(result.kv_tokens, per_seq * req.block_size)
-    enough = -(-(result.trace_needed * 3 // 2) // (16 << 20)) * (16 << 20)
-    if enough < req.trace_region_size:
+    enough = sized_trace_region(result.trace_needed)
+    if enough < req.trace_region_size and not result.trace_auto:
         freed = (req.trace_region_size - enough) * banks
         result.notes.append(
             f"the traces need {result.trace_needed >> 20} MiB (an estimate, memory.trace_bytes): "
-            f"--trace-region-size {enough} (1.5x, whole 16 MiB) would free {freed / 1e9:.2f} GB "
-            "of DRAM for the KV pool"
+            f"--trace-region-size {enough} (or 0: sized from the traces) would free "
+            f"{freed / 1e9:.2f} GB of DRAM for the KV pool"
         )
     return result
 
@@ -513,9 +582,10 @@ def format_plan(p: Plan, req: PlanRequest) -> Iterator[str]:
     )
     yield f"  GDN states   {_gb(p.state_bytes)}  ({req.max_batch_size} slots + working state)"
     yield f"  snapshots    {_gb(p.snapshot_bytes)}  ({req.snapshot_slots} slots)"
+    how = "sized from them" if p.trace_auto else "configured"
     yield (
         f"  traces       {_gb(p.trace_needed)} needed by {p.traces} traces, "
-        f"{_gb(p.trace_configured)} configured"
+        f"{_gb(p.trace_configured)} {how}"
     )
     yield (
         f"  DRAM         {_gb(p.dram_total)} per chip: trace region {_gb(p.trace_reserved)} "

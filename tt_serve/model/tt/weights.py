@@ -4,7 +4,8 @@ Canonical checkpoint tensors (``model/weights.py``) become host ttnn tensors lai
 device ops want them: linear weights transposed to [in, out] TILE in the group's precision, the
 attention q projection split into its query and gate halves, Qwen RMSNorm weights stored as
 ``1 + w``, GDN conv taps as four [1, 1, 1, C] vectors (oldest first), the gate constants
-``dt_bias`` and ``-exp(A_log)`` in fp32, embeddings ROW_MAJOR. The numpy layout step is separate
+``dt_bias`` and ``-exp(A_log)`` in fp32, embeddings ROW_MAJOR, MoE experts stacked per group
+(:func:`stacked_experts`). The numpy layout step is separate
 from the ttnn step so that ``tests/tt_host`` can check it against the real ``ttnn.Tensor``.
 
 The cache folder holds one ``.tensorbin`` per tensor (``ttnn.dump_tensor``) and a manifest keyed
@@ -24,13 +25,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tt_serve.model.spec import FULL_ATTENTION, ModelSpec
+from tt_serve.model.tt.moe import expert_groups
 from tt_serve.model.tt.ops import ROW_MAJOR, TILE, Ops, Tensor
 from tt_serve.model.tt.precision import Precision
 
 if TYPE_CHECKING:
     import torch
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: stacked expert groups (tt/moe.py)
 CACHE_ENV = "TT_SERVE_TTNN_WEIGHT_CACHE"
 
 
@@ -53,6 +55,14 @@ def is_shape_only(a: np.ndarray) -> bool:
 
 def _contiguous(a: np.ndarray) -> np.ndarray:
     return a if is_shape_only(a) else np.ascontiguousarray(a)
+
+
+def concat_rows(parts: list[np.ndarray]) -> np.ndarray:
+    """torch-layout [out, in] matrices stacked along out (a shape-only result for shape-only
+    parts, so planning a real-size model allocates nothing)."""
+    if all(is_shape_only(a) for a in parts):
+        return shape_only_array((sum(a.shape[0] for a in parts), *parts[0].shape[1:]))
+    return np.concatenate(parts, axis=0)
 
 
 def shape_only_weights(spec: ModelSpec) -> dict[str, np.ndarray]:
@@ -127,10 +137,12 @@ def layout_weights(
         if kind == FULL_ATTENTION:
             a = s + "self_attn."
             q, gate = split_q_gate(w[a + "q_proj.weight"], spec.num_attention_heads, spec.head_dim)
-            put(L + "q", HostWeight(linear_t(q), p.attention, TILE))
+            # q, k, v fused as [q | k | v] columns: one matmul, and the layout
+            # nlp_create_qkv_heads splits into head-major heads
+            qkv = concat_rows([q, w[a + "k_proj.weight"], w[a + "v_proj.weight"]])
+            put(L + "qkv", HostWeight(linear_t(qkv), p.attention, TILE))
             put(L + "gate", HostWeight(linear_t(gate), p.attention, TILE))
-            for n in ("k", "v", "o"):
-                lin(L + n, a + f"{n}_proj.weight", p.attention)
+            lin(L + "o", a + "o_proj.weight", p.attention)
             norm(L + "q_norm", a + "q_norm.weight")
             norm(L + "k_norm", a + "k_norm.weight")
         else:
@@ -155,6 +167,26 @@ def layout_weights(
     return out
 
 
+def stacked_experts(
+    gate_up: np.ndarray, down: np.ndarray, first: int, end: int, inter: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Experts [first, end) of the fused checkpoint tensors (gate_up [E, 2I, H], down [E, H, I])
+    as the stacked operands of ``tt/moe.py``: gate and up [1, G, I, H] (the checkpoint's own
+    [out, in] orientation: they are the matmul's A), down [1, 1, H, G·I] with expert g's [H, I]
+    in column block g."""
+    g, h = end - first, gate_up.shape[-1]
+    if is_shape_only(gate_up):
+        return (
+            shape_only_array((1, g, inter, h)),
+            shape_only_array((1, g, inter, h)),
+            shape_only_array((1, 1, h, g * inter)),
+        )
+    gate = np.ascontiguousarray(gate_up[first:end, :inter])[None]
+    up = np.ascontiguousarray(gate_up[first:end, inter:])[None]
+    cat = np.ascontiguousarray(down[first:end].transpose(1, 0, 2)).reshape(1, 1, h, g * inter)
+    return gate, up, cat
+
+
 def _moe(
     out: dict[str, HostWeight],
     w: dict[str, np.ndarray],
@@ -166,10 +198,11 @@ def _moe(
     inter = spec.moe_intermediate_size
     out[L + "router"] = HostWeight(linear_t(w[m + "gate.weight"]), "bfloat16", TILE)
     gate_up, down = w[m + "experts.gate_up_proj"], w[m + "experts.down_proj"]
-    for e in range(spec.num_experts):
-        out[L + f"e{e}.gate"] = HostWeight(linear_t(gate_up[e, :inter]), p.experts, TILE)
-        out[L + f"e{e}.up"] = HostWeight(linear_t(gate_up[e, inter:]), p.experts, TILE)
-        out[L + f"e{e}.down"] = HostWeight(linear_t(down[e]), p.experts, TILE)
+    for j, (first, end) in enumerate(expert_groups(spec.num_experts, inter)):
+        gate, up, cat = stacked_experts(gate_up, down, first, end, inter)
+        out[L + f"experts.{j}.gate"] = HostWeight(gate, p.experts, TILE)
+        out[L + f"experts.{j}.up"] = HostWeight(up, p.experts, TILE)
+        out[L + f"experts.{j}.down"] = HostWeight(cat, p.experts, TILE)
     for n in ("gate", "up", "down"):
         key = m + f"shared_expert.{n}_proj.weight"
         out[L + f"shared.{n}"] = HostWeight(linear_t(w[key]), p.mlp, TILE)
