@@ -1,0 +1,116 @@
+"""The deployment table: which published model fits which chip, at which batch and precision.
+
+Runs ``tt-serve plan`` (the backend's whole startup, its traces, prefill chunks, decode steps and
+snapshot copies on the shape-only device model) for every combination asked, appends one ledger
+line per plan to ``bench/runs/plan-table.jsonl`` (commit, machine, the request, the verdict with
+its limit rule, the pool sizes) and prints the Markdown table: "fits (KV GB)" or the rule that
+stops it. Nothing here is timed for a claim: the plan is deterministic, the seconds are only
+how long planning took.
+
+    python -m bench.plan_table                      # the issue's table (6 models x 2 x 3 x 3)
+    python -m bench.plan_table --models qwen3.5-9b --devices p150 --batches 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from bench.provenance import REPO_ROOT, git_info, machine_info
+from tt_serve.config import PRECISIONS
+from tt_serve.model.published import SIZES, published_config
+from tt_serve.model.spec import ModelSpec
+from tt_serve.model.tt import planner
+
+MODELS = (
+    "qwen3.5-0.8b",
+    "qwen3.5-2b",
+    "qwen3.5-4b",
+    "qwen3.5-9b",
+    "qwen3.6-27b",
+    "qwen3.6-35b-a3b",
+)
+DEVICES = ("n150", "p150")
+BATCHES = (1, 16, 32)
+PROFILES = tuple(p for p in PRECISIONS if p != "auto")
+LEDGER = REPO_ROOT / "bench" / "runs" / "plan-table.jsonl"
+
+
+def plan_one(model: str, device: str, batch: int, precision: str) -> dict[str, Any]:
+    spec = ModelSpec.from_config(published_config(model), model_id=model)
+    req = planner.PlanRequest(device=device, precision=precision, max_batch_size=batch)
+    start = time.perf_counter()
+    p = planner.plan(spec, req)
+    return {
+        "model": model,
+        "request": asdict(req),
+        "ok": p.ok,
+        "limit_rule": p.limit_rule,
+        "weights_bytes": sum(p.weights.values()),
+        "kv_bytes": p.kv_bytes,
+        "kv_tokens": p.kv_tokens,
+        "snapshot_bytes": p.snapshot_bytes,
+        "state_bytes": p.state_bytes,
+        "trace_needed": p.trace_needed,
+        "trace_region": p.trace_configured,
+        "dram_left": p.dram_left,
+        "max_context": p.max_context,
+        "plan_seconds": round(time.perf_counter() - start, 2),
+    }
+
+
+def cell(row: dict[str, Any]) -> str:
+    if row["ok"]:
+        return f"fits (KV {row['kv_bytes'] / 1e9:.1f} GB)"
+    return f"`{row['limit_rule']}`"
+
+
+def table(rows: Sequence[dict[str, Any]], batches: Sequence[int]) -> list[str]:
+    head = "| model | device | precision | weights | " + " | ".join(f"b={b}" for b in batches)
+    out = [head + " |", "|---" * (4 + len(batches)) + "|"]
+    keys: dict[tuple[str, str, str], dict[int, dict[str, Any]]] = {}
+    for r in rows:
+        q = r["request"]
+        keys.setdefault((r["model"], q["device"], q["precision"]), {})[q["max_batch_size"]] = r
+    for (model, device, precision), by_batch in keys.items():
+        weights = next(iter(by_batch.values()))["weights_bytes"] / 1e9
+        cells = [cell(by_batch[b]) if b in by_batch else "-" for b in batches]
+        out.append(
+            f"| {model} | {device} | {precision} | {weights:.2f} GB | " + " | ".join(cells) + " |"
+        )
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.plan_table", description=__doc__)
+    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=sorted(SIZES))
+    ap.add_argument("--devices", nargs="+", default=list(DEVICES))
+    ap.add_argument("--batches", nargs="+", type=int, default=list(BATCHES))
+    ap.add_argument("--precisions", nargs="+", default=list(PROFILES), choices=PROFILES)
+    ap.add_argument("--ledger", type=Path, default=LEDGER)
+    a = ap.parse_args(argv)
+    provenance = {"git": git_info(), "machine": machine_info(), "timestamp": time.time()}
+    rows = []
+    a.ledger.parent.mkdir(parents=True, exist_ok=True)
+    with a.ledger.open("a") as ledger:
+        for model in a.models:
+            for device in a.devices:
+                for precision in a.precisions:
+                    for batch in a.batches:
+                        row = plan_one(model, device, batch, precision)
+                        rows.append(row)
+                        line = {"bench": "plan_table", **provenance, **row}
+                        ledger.write(json.dumps(line) + "\n")
+                        ledger.flush()
+                        print(f"{model} {device} {precision} b={batch}: {cell(row)}", flush=True)
+    print("\n".join(table(rows, a.batches)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
