@@ -277,3 +277,50 @@ def assert_varied_greedy(model: Any, prompt: list[int], *, n: int = 40, distinct
     """Fail unless greedy decoding gives ``distinct`` different tokens in ``n``."""
     toks = greedy_hf(model, prompt, n)
     assert len(set(toks)) >= distinct, f"degenerate test model: {toks}"
+
+
+# The per-layer dimensions a real-dims checkpoint takes from the published Qwen3.5-9B config.
+REAL_LAYER_KEYS = (
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_conv_kernel_dim",
+    "rms_norm_eps",
+    "max_position_embeddings",
+    "rope_parameters",
+)
+
+
+def make_real_dims(
+    path: Path,
+    *,
+    seed: int = 0,
+    vocab: int | None = None,
+    intermediate: int | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+) -> Path:
+    """A 2-layer ``qwen3_5_text`` checkpoint at Qwen3.5-9B layer dimensions (from
+    ``tt_serve.model.published``): one GDN layer (16 key / 32 value heads of 128, conv kernel 4)
+    then one gated full-attention layer (16 q / 4 kv heads of 256), hidden 4096,
+    context-sensitive init. ``vocab`` and ``intermediate`` default to the 9B's (248320, 12288);
+    tests on CPU shrink them (no device rule looks at either). Saved in ``dtype`` (bf16: what
+    release checkpoints ship, half the bytes of fp32 at a 248k vocabulary)."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    from tt_serve.model.published import published_config
+
+    real = published_config("qwen3.5-9b")["text_config"]
+    hidden = real["hidden_size"]
+    base = _base_config(vocab=vocab or real["vocab_size"], layers=2, hidden=hidden, tied=False)
+    base.update({k: real[k] for k in REAL_LAYER_KEYS})
+    base["layer_types"] = ["linear_attention", "full_attention"]
+    cfg = Qwen3_5TextConfig(**base, intermediate_size=intermediate or real["intermediate_size"])
+    torch.manual_seed(seed)
+    model = Qwen3_5ForCausalLM(cfg).eval()
+    context_sensitive_init(model, seed=seed, hidden=hidden, tied=False)
+    return _save(model.to(dtype), Path(path))
