@@ -70,29 +70,55 @@ def sample(
     logits = np.nan_to_num(logits, nan=-big, posinf=big, neginf=-big)
     if params.greedy or params.temperature < MIN_TEMPERATURE:
         return int(np.argmax(logits))
-    x = logits.astype(np.float64) / params.temperature
-    vocab = x.shape[0]
-    if 0 < params.top_k < vocab:
-        kth = np.partition(x, vocab - params.top_k)[vocab - params.top_k]
-        x = np.where(x < kth, -np.inf, x)
-    x -= np.max(x)
-    probs = np.exp(x)
-    probs /= probs.sum()
-    if params.min_p > 0.0:
-        probs = np.where(probs < params.min_p * probs.max(), 0.0, probs)
-    if params.top_p < 1.0:
-        order = np.argsort(-probs, kind="stable")
-        sorted_probs = probs[order]
-        cum = np.cumsum(sorted_probs)
-        # Keep the smallest prefix whose mass reaches top_p (always at least one token).
-        cut = int(np.searchsorted(cum, params.top_p * cum[-1])) + 1
-        mask = np.zeros_like(probs, dtype=bool)
-        mask[order[:cut]] = True
-        probs = np.where(mask, probs, 0.0)
-    total = probs.sum()
+    ids, probs = _kept(logits.astype(np.float64) / params.temperature, params)
+    # Inverse-CDF draw with one uniform over the kept tokens in vocabulary order: reproducible
+    # from the seed alone.
+    order = np.argsort(ids, kind="stable")
+    ids, cdf = ids[order], np.cumsum(probs[order])
+    total = cdf[-1] if cdf.size else 0.0
     if not np.isfinite(total) or total <= 0.0:
         return int(np.argmax(logits))
-    # Inverse-CDF draw with one uniform: reproducible from the seed alone.
-    cdf = np.cumsum(probs / total)
-    idx = int(np.searchsorted(cdf, rng.random(), side="right"))
-    return min(idx, vocab - 1)
+    idx = int(np.searchsorted(cdf, rng.random() * total, side="right"))
+    return int(ids[min(idx, ids.size - 1)])
+
+
+TOP_P_CANDIDATES = (1024, 16384)
+"""Top-p looks for its nucleus among this many most likely tokens first (a linear-time
+partition and a sort of the candidates, not of the vocabulary), then among the next count; only
+a flatter distribution than that sorts everything."""
+
+
+def _kept(x: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """The tokens top-k, min-p and top-p keep (ids) and their unnormalised probabilities.
+
+    Exactly the full computation's set: top-k keeps every token tied with the k-th value;
+    top-p keeps the smallest prefix of the tokens ordered by probability, ties by id (a stable
+    sort), whose mass reaches top_p of the total. The nucleus is searched among the
+    TOP_P_CANDIDATES most likely tokens, and accepted only if it ends on a probability above
+    every token outside them; otherwise the whole vocabulary is sorted."""
+    vocab = x.shape[0]
+    ids = np.arange(vocab)
+    if 0 < params.top_k < vocab:
+        kth = np.partition(x, vocab - params.top_k)[vocab - params.top_k]
+        ids = np.flatnonzero(x >= kth)
+        x = x[ids]
+    probs = np.exp(x - np.max(x))
+    if params.min_p > 0.0:
+        keep = probs >= params.min_p * probs.max()
+        ids, probs = ids[keep], probs[keep]
+    if params.top_p >= 1.0:
+        return ids, probs
+    target = params.top_p * probs.sum()
+    for m in TOP_P_CANDIDATES:
+        if probs.shape[0] <= 2 * m:
+            break
+        part = np.argpartition(-probs, m)
+        cand, floor = part[:m], probs[part[m]]
+        # stable order among the candidates: by probability, then by id
+        cand = cand[np.lexsort((ids[cand], -probs[cand]))]
+        cut = int(np.searchsorted(np.cumsum(probs[cand]), target)) + 1
+        if cut < m and probs[cand[cut - 1]] > floor:
+            return ids[cand[:cut]], probs[cand[:cut]]
+    order = np.argsort(-probs, kind="stable")
+    cut = int(np.searchsorted(np.cumsum(probs[order]), target)) + 1
+    return ids[order[:cut]], probs[order[:cut]]
