@@ -95,7 +95,10 @@ def main(argv: list[str] | None = None) -> int:
                     mod = arms[arm]
                     rng = mod.make_rng(r)
                     samples[arm].append(
-                        median_ms(lambda m=mod, g=rng: m.sample(raw, params, g, [], []), a.calls)
+                        median_ms(
+                            lambda m=mod, g=rng, x=raw, p=params: m.sample(x, p, g, [], []),
+                            a.calls,
+                        )
                     )
             ms = {arm: statistics.median(v) for arm, v in samples.items()}
             results[f"{kind}/{name}"] = {**ms, "speedup": ms["ref"] / ms["this"]}

@@ -73,8 +73,7 @@ def sample(
     ids, probs = _kept(logits.astype(np.float64) / params.temperature, params)
     # Inverse-CDF draw with one uniform over the kept tokens in vocabulary order: reproducible
     # from the seed alone.
-    order = np.argsort(ids, kind="stable")
-    ids, cdf = ids[order], np.cumsum(probs[order])
+    cdf = np.cumsum(probs)
     total = cdf[-1] if cdf.size else 0.0
     if not np.isfinite(total) or total <= 0.0:
         return int(np.argmax(logits))
@@ -89,7 +88,8 @@ a flatter distribution than that sorts everything."""
 
 
 def _kept(x: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
-    """The tokens top-k, min-p and top-p keep (ids) and their unnormalised probabilities.
+    """The tokens top-k, min-p and top-p keep (ids, ascending) and their unnormalised
+    probabilities.
 
     Exactly the full computation's set: top-k keeps every token tied with the k-th value;
     top-p keeps the smallest prefix of the tokens ordered by probability, ties by id (a stable
@@ -118,7 +118,12 @@ def _kept(x: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray
         cand = cand[np.lexsort((ids[cand], -probs[cand]))]
         cut = int(np.searchsorted(np.cumsum(probs[cand]), target)) + 1
         if cut < m and probs[cand[cut - 1]] > floor:
-            return ids[cand[:cut]], probs[cand[:cut]]
+            return _by_id(ids, probs, cand[:cut])
     order = np.argsort(-probs, kind="stable")
     cut = int(np.searchsorted(np.cumsum(probs[order]), target)) + 1
-    return ids[order[:cut]], probs[order[:cut]]
+    return _by_id(ids, probs, order[:cut])
+
+
+def _by_id(ids: np.ndarray, probs: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    keep = np.sort(keep)  # ids ascend with their positions
+    return ids[keep], probs[keep]
