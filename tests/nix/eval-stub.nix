@@ -9,12 +9,22 @@ let
     modules = [
       ../../modules/tenstorrent-serving.nix
       { services.tenstorrent-serving = builtins.fromJSON settings; }
+      # Stand-in for the host's kernel package set: callPackage returns a fake derivation named
+      # after the file it was given, so the test sees which recipe the module builds.
+      {
+        boot.kernelPackages.callPackage = fn: _: {
+          type = "derivation";
+          name = "kmod-${baseNameOf fn}";
+          outPath = "/nix/store/00000000000000000000000000000000-kmod";
+        };
+      }
     ];
   };
   c = eval.config;
   opts = eval.options.services.tenstorrent-serving;
   unit = c.systemd.services.tenstorrent-serving or null;
   enabled = c.services.tenstorrent-serving.enable;
+  names = ps: if ps == null then null else map (x: x.name) ps;
 in
 {
   problems = eval.stubProblems;
@@ -37,4 +47,14 @@ in
   kernelParams = c.boot.kernelParams or null;
   mounts = map (m: m.where) (if (c.systemd.mounts or null) == null then [ ] else c.systemd.mounts);
   udevRules = c.services.udev.extraRules or null;
+  execStartPre = if enabled then unit.serviceConfig.ExecStartPre else null;
+  extraModulePackages = names (c.boot.extraModulePackages or null);
+  kernelModules = c.boot.kernelModules or null;
+  udevPackages = names (c.services.udev.packages or null);
+  warnings = c.warnings or null;
+  # The module-only settings, as the module resolved them (defaults included).
+  hostSettings = {
+    inherit (c.services.tenstorrent-serving) hugepages kernelDriver preStartCheck
+      startTimeoutMinutes;
+  };
 }

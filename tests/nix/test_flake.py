@@ -49,7 +49,8 @@ def flake_eval(flake_dir: Path, attr: str, apply: str | None = None) -> Any:
 def test_output_names(flake_dir: Path) -> None:
     names = "builtins.attrNames"
     assert flake_eval(flake_dir, "nixosModules", names) == ["default", "tenstorrent-serving"]
-    assert "default" in flake_eval(flake_dir, "packages.x86_64-linux", names)
+    packages = flake_eval(flake_dir, "packages.x86_64-linux", names)
+    assert {"default", "tt-serve", "tt-serve-torch", "tt-sfpi", "tt-kmd"} <= set(packages)
     assert flake_eval(flake_dir, "devShells.x86_64-linux", names) == ["default"]
     assert "example-host" in flake_eval(flake_dir, "checks.x86_64-linux", names)
     assert flake_eval(flake_dir, "formatter", names) == ["x86_64-linux"]
@@ -61,7 +62,7 @@ def test_lib_outputs_match_python(flake_dir: Path) -> None:
     defaults = flake_eval(flake_dir, "lib.defaults")
     assert validate(config_from_json_dict(defaults)) == []
     pins = flake_eval(flake_dir, "lib.pins", "builtins.attrNames")
-    assert "ttnn" in pins
+    assert {"ttnn", "sfpi", "tt-kmd"} <= set(pins)
 
 
 def test_example_host(flake_dir: Path) -> None:
@@ -74,7 +75,7 @@ def test_example_host(flake_dir: Path) -> None:
         flake_dir,
         f"{host}.config.services.tenstorrent-serving",
         'c: removeAttrs c [ "package" "enable" "openFirewall" "extraArgs" '
-        '"environment" "hugepages" ]',
+        '"environment" "hugepages" "kernelDriver" "preStartCheck" "startTimeoutMinutes" ]',
     )
     unit = f"{host}.config.systemd.services.tenstorrent-serving.serviceConfig"
     cfg = parse_serve(serve_argv(flake_eval(flake_dir, f"{unit}.ExecStart"), "/cred"))

@@ -19,11 +19,12 @@ import json
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.nix.nixtools import ROOT, eval_module_stub
+from tests.nix.nixtools import ROOT, eval_module_stub, nix_eval_json
 from tt_serve.config import (
     PRECISIONS,
     ServeConfig,
@@ -79,8 +80,18 @@ def test_options_are_the_documented_set() -> None:
         "deviceIds", "deviceResident", "deviceArgmax", "tracedPrefill", "prefillChunk",
         "blockSize", "kvBlocks", "prefixCaching", "maxBatchSize", "apiKeyFile", "extraArgs",
         "environment", "hugepages", "dtype", "precision", "maxModelLen", "maxWaiting",
-        "maxNumBatchedTokens", "servedModelName", "logLevel",
+        "maxNumBatchedTokens", "servedModelName", "logLevel", "kernelDriver", "preStartCheck",
+        "startTimeoutMinutes",
     } <= options  # fmt: skip
+
+
+def test_module_only_defaults_equal_host_defaults_nix() -> None:
+    """hugepages, kernelDriver, preStartCheck and startTimeoutMinutes take their defaults from
+    modules/lib/host-defaults.nix (not ServeConfig: they are no `tt-serve serve` flags)."""
+    host_defaults = nix_eval_json("import ./modules/lib/host-defaults.nix")
+    assert eval_module_stub({})["hostSettings"] == host_defaults
+    changed = {"kernelDriver": {"enable": False}, "startTimeoutMinutes": 5}
+    assert eval_module_stub(changed)["hostSettings"] == {**host_defaults, **changed}
 
 
 def test_every_serve_setting_is_an_option() -> None:
@@ -140,6 +151,64 @@ def test_ttnn_host_wiring() -> None:
     assert 'SUBSYSTEM=="tenstorrent"' in out["udevRules"]
     # 0.0.0.0 is probed on loopback
     assert out["execStartPost"].endswith(" http://127.0.0.1:8000/health")
+
+
+def test_ttnn_unit_points_the_runtime_at_sfpi_and_the_cache() -> None:
+    out = eval_module_stub({"enable": True, **EXAMPLE_HOST})
+    env, sc = out["environment"], out["serviceConfig"]
+    # stub-nixpkgs/pkgs.nix gives tt-serve the passthru nix/package.nix has (ttnnRuntimeRoot).
+    assert env["TT_METAL_RUNTIME_ROOT"].endswith("-ttnn-stub/lib/python3.12/site-packages/ttnn")
+    assert env["TT_METAL_CACHE"] == f"/var/cache/{sc['CacheDirectory']}"
+    assert env["TT_METAL_LOGS_PATH"] == f"/var/log/{sc['LogsDirectory']}"
+    assert env["HOME"] == sc["WorkingDirectory"] == f"/var/lib/{sc['StateDirectory']}"
+    assert sc["LimitMEMLOCK"] == "infinity" and sc["SupplementaryGroups"] == ["tenstorrent"]
+    # The tt-kmd recipe, built with the host's kernel package set, with its udev rules.
+    assert out["extraModulePackages"] == ["kmod-tt-kmd.nix"]
+    assert out["udevPackages"] == ["kmod-tt-kmd.nix"] and out["kernelModules"] == ["tenstorrent"]
+    assert out["warnings"] is None
+
+
+def test_host_provided_driver_is_a_warning_naming_the_version() -> None:
+    out = eval_module_stub({"enable": True, "backend": "ttnn", "kernelDriver": {"enable": False}})
+    assert out["extraModulePackages"] is None and out["udevPackages"] is None
+    (warning,) = out["warnings"]
+    assert "tt-kmd >= 2.0.0" in warning and "/dev/tenstorrent/N" in warning
+
+
+def test_torch_unit_has_no_tenstorrent_runtime() -> None:
+    out = eval_module_stub({"enable": True})
+    assert not [k for k in out["environment"] if k.startswith("TT_METAL_")]
+    assert out["extraModulePackages"] is None and out["warnings"] is None
+
+
+def test_start_timeout_covers_the_health_wait() -> None:
+    for minutes in (60, 7):
+        out = eval_module_stub({"enable": True, "backend": "ttnn", "startTimeoutMinutes": minutes})
+        assert out["serviceConfig"]["TimeoutStartSec"] == f"{minutes}min"
+        probe = shlex.split(out["execStartPost"])
+        retries = int(probe[probe.index("--retry") + 1])
+        delay = int(probe[probe.index("--retry-delay") + 1])
+        assert retries * delay >= minutes * 60  # curl keeps polling until systemd gives up
+
+
+@pytest.mark.parametrize(("backend", "code"), [("torch", 0), ("ttnn", 1)])
+def test_pre_start_doctor_runs_with_the_units_argv(backend: str, code: int) -> None:
+    """ExecStartPre= is `tt-serve doctor` for the unit's backend and devices; run here through
+    the real CLI it passes for torch on the CPU and fails for ttnn (no device on this host)."""
+    if backend == "ttnn" and Path("/dev/tenstorrent").exists():
+        pytest.skip("this host has Tenstorrent devices")
+    settings = {"enable": True, "backend": backend, "deviceIds": [0]}
+    (pre,) = eval_module_stub(settings)["execStartPre"]
+    argv = shlex.split(pre)
+    assert argv[0].endswith("/bin/tt-serve") and argv[1:3] == ["doctor", "--backend"]
+    cli = "import sys; from tt_serve.cli import main; sys.exit(main(sys.argv[1:]))"
+    result = subprocess.run(
+        [sys.executable, "-c", cli, *argv[1:]],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == code, result.stdout + result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    assert eval_module_stub({**settings, "preStartCheck": False})["execStartPre"] == []
 
 
 def test_argv_is_accepted_by_the_real_parser() -> None:

@@ -8,6 +8,9 @@ let
   };
 in
 {
-  tt-serve = fake "tt-serve-stub";
+  # Like nix/package.nix's passthru: the folder the unit sets as TT_METAL_RUNTIME_ROOT.
+  tt-serve = fake "tt-serve-stub" // {
+    ttnnRuntimeRoot = "${(fake "ttnn-stub").outPath}/lib/python3.12/site-packages/ttnn";
+  };
   curl = fake "curl-stub";
 }

@@ -492,7 +492,7 @@ def plan(spec: ModelSpec, req: PlanRequest, ops_out: IO[str] | None = None) -> P
         weights, room = sum(result.weights.values()), dram.bank_bytes * dram.banks
         if exc.rule == "dram.capacity" and weights > room:
             smaller = "use --precision mixed or bfp4-mlp (block-float weights), "
-            region = (
+            after = (
                 f"after a {req.trace_region_size >> 20} MiB trace region (reserved in every "
                 "DRAM bank)"
                 if req.trace_region_size
@@ -500,7 +500,7 @@ def plan(spec: ModelSpec, req: PlanRequest, ops_out: IO[str] | None = None) -> P
             )
             result.hint = (
                 f"the weights alone ({weights / 1e9:.2f} GB as {req.precision}) exceed the "
-                f"{room / 1e9:.2f} GB this chip has {region}: "
+                f"{room / 1e9:.2f} GB this chip has {after}: "
                 + (smaller if req.precision == "bfloat16" else "")
                 + "a device with more DRAM per chip (p150: 32 GB), or tensor parallel over "
                 "several chips (a later issue)"

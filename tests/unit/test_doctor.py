@@ -1,0 +1,165 @@
+"""tt-serve doctor: the real CLI on this machine (no Tenstorrent device) and every check on a
+fake host tree (tmp_path standing in for /), where each piece can be present or broken."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tt_serve.doctor import FAIL, OK, WARN, Host, ttnn_checks
+
+ROOT = Path(__file__).resolve().parents[2]
+TTNN_PYTHON = Path(os.environ.get("TTNN_VENV", ROOT / ".venv-ttnn")) / "bin" / "python"
+NEEDED = ("device nodes", "kernel driver", "huge pages", "SFPI compiler")
+no_device_here = pytest.mark.skipif(
+    Path("/dev/tenstorrent").exists(), reason="this host has Tenstorrent devices"
+)
+
+
+def doctor(*args: str) -> subprocess.CompletedProcess[str]:
+    code = "import sys; from tt_serve.cli import main; sys.exit(main(sys.argv[1:]))"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TT_METAL")}
+    return subprocess.run(
+        [sys.executable, "-c", code, "doctor", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False, env=env,
+    )  # fmt: skip
+
+
+def statuses(out: str) -> dict[str, str]:
+    checks = json.loads(out)["checks"]
+    return {c["name"]: c["status"] for c in checks}
+
+
+@no_device_here
+def test_ttnn_here_fails_naming_every_missing_piece() -> None:
+    proc = doctor("--backend", "ttnn")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    for name in NEEDED:
+        assert f"[FAIL] {name}:" in proc.stdout, proc.stdout
+    assert proc.stdout.rstrip().splitlines()[-1].startswith("serving would fail: ")
+    as_json = doctor("--backend", "ttnn", "--json")
+    assert as_json.returncode == 1 and json.loads(as_json.stdout)["ok"] is False
+    assert all(statuses(as_json.stdout)[n] == FAIL for n in NEEDED)
+
+
+@no_device_here
+def test_ttnn_with_the_real_wheel_names_the_sfpi_it_needs() -> None:
+    if not TTNN_PYTHON.exists():
+        reason = f"no ttnn venv at {TTNN_PYTHON.parent.parent} (run scripts/setup-ttnn-venv)"
+        if os.environ.get("REQUIRE_TTNN") == "1":
+            pytest.fail(reason + "; REQUIRE_TTNN=1")
+        pytest.skip(reason)
+    proc = doctor("--backend", "ttnn", "--python", str(TTNN_PYTHON), "--json")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    checks = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}
+    assert checks["ttnn"]["status"] == OK and checks["ttnn"]["detail"].startswith("0.81.1 ")
+    sfpi = checks["SFPI compiler"]
+    assert sfpi["status"] == FAIL
+    assert "ttnn/runtime/sfpi/compiler/bin/riscv-tt-elf-g++" in sfpi["detail"]
+    assert "/opt/tenstorrent/sfpi/compiler/bin/riscv-tt-elf-g++" in sfpi["detail"]
+    assert "SFPI 7.89.0" in sfpi["fix"]  # read from the wheel's ttnn/tt_metal/sfpi-version
+
+
+def test_torch_cpu_is_ready() -> None:
+    proc = doctor("--backend", "torch")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.rstrip().endswith("ready to serve")
+    as_json = json.loads(doctor("--backend", "torch", "--json").stdout)
+    assert as_json["ok"] is True and {"python", "torch", "cpu", "cuda"} <= set(statuses(
+        json.dumps(as_json)))  # fmt: skip
+
+
+def test_torch_missing_cuda_device_fails_without_traceback() -> None:
+    proc = doctor("--backend", "torch", "--device", "cuda:7")
+    assert proc.returncode == 1 and "[FAIL] cuda:" in proc.stdout
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+SFPI_VERSION_FILE = "sfpi_version='7.89.0'\nsfpi_build='1050'\n"
+
+
+def fake_host(tmp: Path, *, kmd: str = "2.10.0", sfpi: str = "7.89.0") -> tuple[Host, Any]:
+    (tmp / "dev/tenstorrent").mkdir(parents=True)
+    (tmp / "dev/tenstorrent/0").write_text("")
+    (tmp / "sys/module/tenstorrent").mkdir(parents=True)
+    (tmp / "sys/module/tenstorrent/version").write_text(kmd + "\n")
+    pages = tmp / "sys/kernel/mm/hugepages/hugepages-1048576kB"
+    pages.mkdir(parents=True)
+    (pages / "nr_hugepages").write_text("4\n")
+    (pages / "free_hugepages").write_text("4\n")
+    (tmp / "dev/hugepages-1G").mkdir()
+    (tmp / "proc").mkdir()
+    (tmp / "proc/mounts").write_text(
+        "hugetlbfs /dev/hugepages-1G hugetlbfs rw,pagesize=1024M 0 0\n"
+    )
+    pkg = tmp / "site-packages/ttnn"
+    (pkg / "tt_metal").mkdir(parents=True)
+    (pkg / "tt_metal/sfpi-version").write_text(SFPI_VERSION_FILE)
+    gxx = pkg / "runtime/sfpi/compiler/bin/riscv-tt-elf-g++"
+    gxx.parent.mkdir(parents=True)
+    gxx.write_text("")
+    (pkg / "runtime/sfpi/sfpi.version").write_text(sfpi + "\n")
+    facts = {"python": "3.12.1", "version": "0.81.1", "package_dir": str(pkg), "root": str(pkg)}
+    host = Host(root=tmp, env={"TT_METAL_CACHE": str(tmp / "cache"), "HOME": str(tmp)})
+    return host, facts
+
+
+def run_fake(host: Host, facts: Any, ids: tuple[int, ...] = (0,)) -> dict[str, tuple[str, str]]:
+    checks = ttnn_checks(host, ids, "python3.12", probe=lambda _py: facts)
+    return {c.name: (c.status, c.detail) for c in checks}
+
+
+def test_fake_host_with_everything_in_place_is_ready(tmp_path: Path) -> None:
+    host, facts = fake_host(tmp_path)
+    result = run_fake(host, facts)
+    assert {name: s for name, (s, _) in result.items()} == {
+        "python": OK, "ttnn": OK, "device nodes": OK, "kernel driver": OK, "huge pages": OK,
+        "memlock limit": OK, "SFPI compiler": OK, "kernel cache": OK,
+    }  # fmt: skip
+    assert "tt-kmd 2.10.0" in result["kernel driver"][1]
+    assert (tmp_path / "cache").is_dir()  # the cache check made (and wrote into) the folder
+
+
+def test_fake_host_each_broken_piece_is_named(tmp_path: Path) -> None:
+    host, facts = fake_host(tmp_path, kmd="1.29", sfpi="7.88.0")
+    result = run_fake(host, facts, ids=(0, 3))
+    assert result["kernel driver"][0] == FAIL and "needs >= 2.0.0" in result["kernel driver"][1]
+    assert result["SFPI compiler"][0] == FAIL
+    assert "7.88.0" in result["SFPI compiler"][1] and "7.89.0" in result["SFPI compiler"][1]
+    assert result["device nodes"][0] == FAIL and "[3] missing" in result["device nodes"][1]
+
+
+def test_fake_host_hugepages_missing_is_fatal_only_without_iommu(tmp_path: Path) -> None:
+    host, facts = fake_host(tmp_path)
+    (tmp_path / "proc/mounts").write_text("")
+    assert run_fake(host, facts)["huge pages"][0] == FAIL
+    (tmp_path / "sys/kernel/iommu_groups/0").mkdir(parents=True)
+    assert run_fake(host, facts)["huge pages"][0] == WARN
+
+
+def test_fake_host_runtime_root_and_system_sfpi(tmp_path: Path) -> None:
+    """TT_METAL_RUNTIME_ROOT moves where runtime/sfpi is looked for; /opt is the fallback."""
+    host, facts = fake_host(tmp_path)
+    facts = {**facts, "root": str(tmp_path / "elsewhere")}
+    assert run_fake(host, facts)["SFPI compiler"][0] == FAIL
+    opt = tmp_path / "opt/tenstorrent/sfpi"
+    (opt / "compiler/bin").mkdir(parents=True)
+    (opt / "compiler/bin/riscv-tt-elf-g++").write_text("")
+    (opt / "sfpi.version").write_text("7.89.0\n")
+    status, detail = run_fake(host, facts)["SFPI compiler"]
+    assert status == OK and detail.startswith(str(opt))
+
+
+def test_unwritable_cache_fails(tmp_path: Path) -> None:
+    host, facts = fake_host(tmp_path)
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    host = Host(root=tmp_path, env={"TT_METAL_CACHE": str(blocker / "cache")})
+    assert run_fake(host, facts)["kernel cache"][0] == FAIL
