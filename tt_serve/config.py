@@ -29,6 +29,8 @@ BACKENDS = ("torch", "ttnn")
 DTYPES = ("auto", "float32", "bfloat16")
 PRECISIONS = ("auto", "bfloat16", "mixed", "bfp4-mlp")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "random")
+"""sglang-router 0.3.2 policies the module offers (docs/routing.md says why cache_aware)."""
 TTNN_MAX_BATCH = 32
 TTNN_BLOCK_ALIGN = 32
 """ttnn stores paged KV in TILE layout (32 x 32), so a KV block holds whole tile rows."""
@@ -45,6 +47,8 @@ MODULE_ONLY_KEYS = frozenset(
         "kernelDriver",
         "preStartCheck",
         "startTimeoutMinutes",
+        "routerPackage",
+        "routerExtraArgs",
     }
 )
 _CUDA_DEVICE = re.compile(r"cuda(:[0-9]+)?")
@@ -114,11 +118,27 @@ class ServeConfig:
     )
     api_key_file: str | None = _opt(None, "require Authorization: Bearer <key> on /v1/*")
     log_level: str = _opt("info", "log level", choices=LOG_LEVELS)
+    drain_timeout: int = _opt(
+        30,
+        "seconds SIGTERM waits for requests in flight (new ones get 503) before the server exits",
+    )
+    # The replica topology (NixOS module and scripts/serve-replicas): no `serve` flags, since
+    # one server is one replica; validate() still checks them with the rest.
+    instances: tuple[tuple[int, ...], ...] = _opt(
+        (), "device groups, one worker each, behind a router; empty: one server", flag=False
+    )
+    worker_base_port: int = _opt(8100, "worker i listens on 127.0.0.1:(this + i)", flag=False)
+    router_policy: str = _opt(
+        "cache_aware", "the router's policy", choices=ROUTER_POLICIES, flag=False
+    )
+    router_prometheus_port: int = _opt(
+        29000, "the router's Prometheus port (on 127.0.0.1)", flag=False
+    )
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> ServeConfig:
         """Build from a namespace parsed by a parser that :func:`add_serve_arguments` filled."""
-        values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)}
+        values = {f.name: getattr(ns, f.name) for f in serve_flag_fields()}
         values["device_ids"] = tuple(values["device_ids"])
         return cls(**values)
 
@@ -163,8 +183,17 @@ class ServeConfig:
             if field.name == "prefix_caching":
                 out["prefixCaching"] = {"enable": value, "snapshotSlots": self.snapshot_slots}
             elif field.name != "snapshot_slots":
-                out[_nix_name(field.name)] = list(value) if isinstance(value, tuple) else value
+                out[_nix_name(field.name)] = _json_value(value)
         return out
+
+
+def serve_flag_fields() -> list[dataclasses.Field[Any]]:
+    """The fields that are `tt-serve serve` flags (all but the replica topology)."""
+    return [f for f in dataclasses.fields(ServeConfig) if f.metadata.get("flag", True)]
+
+
+def _json_value(value: Any) -> Any:
+    return [_json_value(v) for v in value] if isinstance(value, tuple) else value
 
 
 def _nix_name(field_name: str) -> str:
@@ -183,7 +212,7 @@ def _device_ids(text: str) -> tuple[int, ...]:
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """Define one ``tt-serve serve`` flag per ServeConfig field, with its help and default."""
-    for f in dataclasses.fields(ServeConfig):
+    for f in serve_flag_fields():
         flag = "--" + f.name.replace("_", "-")
         meta = f.metadata
         shown = ",".join(map(str, f.default)) if isinstance(f.default, tuple) else f.default
@@ -323,8 +352,58 @@ def validate(cfg: ServeConfig) -> list[str]:
             cfg.log_level in LOG_LEVELS,
             f"{p}.logLevel must be one of {', '.join(LOG_LEVELS)} (got {cfg.log_level}).",
         ),
+        *_replica_rules(cfg, accelerated, where),
     ]
     return [message for ok, message in rules if not ok]
+
+
+def _replica_rules(cfg: ServeConfig, accelerated: bool, where: str) -> list[tuple[bool, str]]:
+    """Drain bound and replica topology (appended to validate()'s rules, same order in Nix)."""
+    p = NIX_PREFIX
+    n, base, q = len(cfg.instances), cfg.worker_base_port, cfg.router_prometheus_port
+    last = base + n - 1
+    groups = ";".join(",".join(str(i) for i in g) for g in cfg.instances)
+    flat = [i for g in cfg.instances for i in g]
+    workers = f"the workers' ports {base}..{last}"
+    return [
+        (
+            cfg.drain_timeout >= 1,
+            f"{p}.drainTimeout must be at least 1 second (got {cfg.drain_timeout}).",
+        ),
+        (
+            cfg.router_policy in ROUTER_POLICIES,
+            f"{p}.routerPolicy must be one of {', '.join(ROUTER_POLICIES)} "
+            f"(got {cfg.router_policy}).",
+        ),
+        (
+            all(len(g) > 0 and min(g) >= 0 for g in cfg.instances),
+            f"{p}.instances must be non-empty device groups of non-negative integers "
+            f'(got "{groups}").',
+        ),
+        (
+            len(set(flat)) == len(flat),
+            f'{p}.instances must not use a device twice (got "{groups}").',
+        ),
+        (
+            n == 0 or not accelerated or all(len(g) == 1 for g in cfg.instances),
+            f"{p}.instances must give each worker one device on backend ttnn or a CUDA "
+            f'{p}.device ({where}; got "{groups}").',
+        ),
+        (
+            n == 0 or (base >= 1 and last <= 65535),
+            f"{p}.workerBasePort ({base}) leaves no room for {n} workers: ports {base}..{last} "
+            "must be in 1..65535.",
+        ),
+        (
+            n == 0 or not base <= cfg.port <= last,
+            f"{p}.port ({cfg.port}) is the router's and must not be one of {workers}.",
+        ),
+        (
+            n == 0 or (1 <= q <= 65535 and q != cfg.port and not base <= q <= last),
+            f"{p}.routerPrometheusPort ({q}) must be in 1..65535 and differ from {p}.port "
+            f"and {workers}.",
+        ),
+    ]
 
 
 def _multiple(value: int, of: int) -> bool:
@@ -359,6 +438,11 @@ _JSON_FIELDS: dict[str, tuple[str, tuple[type, ...]]] = {
     "precision": ("precision", (str,)),
     "apiKeyFile": ("api_key_file", (str, type(None))),
     "logLevel": ("log_level", (str,)),
+    "drainTimeout": ("drain_timeout", (int,)),
+    "instances": ("instances", (list,)),
+    "workerBasePort": ("worker_base_port", (int,)),
+    "routerPolicy": ("router_policy", (str,)),
+    "routerPrometheusPort": ("router_prometheus_port", (int,)),
 }
 _PREFIX_CACHING_FIELDS = {
     "enable": ("prefix_caching", bool),
@@ -380,6 +464,11 @@ def config_from_json_dict(data: Any) -> ServeConfig:
             values[field] = _typed(key, data[key], types)
     if "device_ids" in values:
         values["device_ids"] = tuple(_typed("deviceIds", i, (int,)) for i in values["device_ids"])
+    if "instances" in values:
+        values["instances"] = tuple(
+            tuple(_typed("instances", i, (int,)) for i in _typed("instances", g, (list,)))
+            for g in values["instances"]
+        )
     pc = data.get("prefixCaching", {})
     if not isinstance(pc, dict):
         raise ConfigError(f"{NIX_PREFIX}.prefixCaching must be an object")

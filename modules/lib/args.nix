@@ -48,6 +48,7 @@ rec {
       "--max-model-len" (toString cfg.maxModelLen)
       "--trace-region-size" (toString cfg.traceRegionSize)
       "--log-level" cfg.logLevel
+      "--drain-timeout" (toString cfg.drainTimeout)
     ]
     ++ optional (cfg.model != null) [ "--model" cfg.model ]
     ++ optional (cfg.servedModelName != null) [ "--served-model-name" cfg.servedModelName ]
@@ -70,6 +71,52 @@ rec {
   doctorExec = exe: cfg: escapeSystemdArgs ([ exe ] ++ doctorArgv cfg);
 
   startTimeoutMinutes = cfg: cfg.startTimeoutMinutes or hostDefaults.startTimeoutMinutes;
+
+  # systemd's stop bound: the drain (requests in flight finish, new ones get 503), then uvicorn's
+  # 5 s close of what is left and the engine's shutdown, with room to spare.
+  stopMarginSeconds = 20;
+  timeoutStopSec = cfg: "${toString (cfg.drainTimeout + stopMarginSeconds)}s";
+
+  # -- replicas behind a router (cfg.instances non-empty) ----------------------------------
+
+  # Worker i: the same settings on loopback at workerBasePort + i, with its own device group
+  # (on CUDA the group's device is cuda:<id>; on the CPU the group only names the replica).
+  workerSettings = cfg:
+    let
+      cuda = cfg.backend == "torch" && builtins.match "cuda(:[0-9]+)?" cfg.device != null;
+    in
+    builtins.genList
+      (i:
+        let group = builtins.elemAt cfg.instances i; in
+        cfg // {
+          host = "127.0.0.1";
+          port = cfg.workerBasePort + i;
+          deviceIds = group;
+          device = if cuda then "cuda:${toString (builtins.head group)}" else cfg.device;
+        })
+      (builtins.length cfg.instances);
+
+  workerUrls = cfg: map (w: "http://127.0.0.1:${toString w.port}") (workerSettings cfg);
+
+  # sglang-router 0.3.2 (`smg launch`, docs/routing.md): listens where a single server would,
+  # metrics on loopback only, health every 5 s (a draining worker's 503 takes it out of
+  # rotation within ~15 s; retries cover that window) and the circuit opened after 2 failures
+  # (with the default 10, a killed sticky worker cost failed requests; measured).
+  routerArgv = cfg:
+    [ "launch" "--host" cfg.host "--port" (toString cfg.port) "--worker-urls" ]
+    ++ workerUrls cfg
+    ++ [
+      "--policy" cfg.routerPolicy
+      "--prometheus-host" "127.0.0.1" "--prometheus-port" (toString cfg.routerPrometheusPort)
+      "--health-check-endpoint" "/health" "--health-check-interval-secs" "5"
+      "--health-failure-threshold" "3" "--health-success-threshold" "2"
+      "--health-check-timeout-secs" "5"
+      "--cb-failure-threshold" "2" "--retry-max-retries" "5"
+      "--request-timeout-secs" "1800"
+    ];
+
+  routerExec = exe: cfg:
+    escapeSystemdArgs ([ exe ] ++ routerArgv cfg ++ (cfg.routerExtraArgs or [ ]));
 
   healthUrl = cfg: "http://${probeHost cfg.host}:${toString cfg.port}/health";
 

@@ -27,4 +27,10 @@
   traceRegionSize = 0; # 0: sized from the traces the ttnn backend captures
   apiKeyFile = null;
   logLevel = "info";
+  drainTimeout = 30; # seconds SIGTERM waits for requests in flight before the server exits
+  # Replicas behind a router (empty: one server on host:port, no router).
+  instances = [ ]; # device groups, one worker each: [ [ 0 ] [ 1 ] ]
+  workerBasePort = 8100; # worker i listens on 127.0.0.1:(workerBasePort + i)
+  routerPolicy = "cache_aware";
+  routerPrometheusPort = 29000;
 }

@@ -12,6 +12,7 @@ let
   dtypes = [ "auto" "float32" "bfloat16" ];
   precisions = [ "auto" "bfloat16" "mixed" "bfp4-mlp" ];
   logLevels = [ "critical" "error" "warning" "info" "debug" "trace" ];
+  routerPolicies = [ "cache_aware" "round_robin" "power_of_two" "random" ];
 
   # Nix has no modulo; truncating division gives a remainder that is 0 exactly when Python's is.
   rem = a: b: a - (a / b) * b;
@@ -30,6 +31,17 @@ let
   pc = cfg.prefixCaching;
 
   rule = assertion: message: { inherit assertion message; };
+
+  # Replica topology (tt_serve.config._replica_rules).
+  n = builtins.length cfg.instances;
+  base = cfg.workerBasePort;
+  last = base + n - 1;
+  q = cfg.routerPrometheusPort;
+  groups = builtins.concatStringsSep ";"
+    (map (g: builtins.concatStringsSep "," (map toString g)) cfg.instances);
+  flat = builtins.concatLists cfg.instances;
+  inWorkers = x: x >= base && x <= last;
+  workers = "the workers' ports ${s base}..${s last}";
 in
 [
   (rule (cfg.port >= 1 && cfg.port <= 65535) "${p}.port must be in 1..65535 (got ${s cfg.port}).")
@@ -83,4 +95,19 @@ in
     "${p}.traceRegionSize must not be negative (0 = sized from the captured traces; got ${s cfg.traceRegionSize}).")
   (rule (elem cfg.logLevel logLevels)
     "${p}.logLevel must be one of ${builtins.concatStringsSep ", " logLevels} (got ${cfg.logLevel}).")
+  (rule (cfg.drainTimeout >= 1)
+    "${p}.drainTimeout must be at least 1 second (got ${s cfg.drainTimeout}).")
+  (rule (elem cfg.routerPolicy routerPolicies)
+    "${p}.routerPolicy must be one of ${builtins.concatStringsSep ", " routerPolicies} (got ${cfg.routerPolicy}).")
+  (rule (all (g: g != [ ] && all (i: i >= 0) g) cfg.instances)
+    "${p}.instances must be non-empty device groups of non-negative integers (got \"${groups}\").")
+  (rule (distinct flat) "${p}.instances must not use a device twice (got \"${groups}\").")
+  (rule (n == 0 || !accelerated || all (g: builtins.length g == 1) cfg.instances)
+    "${p}.instances must give each worker one device on backend ttnn or a CUDA ${p}.device (${where}; got \"${groups}\").")
+  (rule (n == 0 || (base >= 1 && last <= 65535))
+    "${p}.workerBasePort (${s base}) leaves no room for ${s n} workers: ports ${s base}..${s last} must be in 1..65535.")
+  (rule (n == 0 || !(inWorkers cfg.port))
+    "${p}.port (${s cfg.port}) is the router's and must not be one of ${workers}.")
+  (rule (n == 0 || (q >= 1 && q <= 65535 && q != cfg.port && !(inWorkers q)))
+    "${p}.routerPrometheusPort (${s q}) must be in 1..65535 and differ from ${p}.port and ${workers}.")
 ]

@@ -21,16 +21,25 @@ rec {
   # The driver version UMD 0.9.14 requires (tt-umd kmd_versions.hpp KMD_MINIMUM_VERSION).
   kmdMinimum = "2.0.0";
 
+  # A unit's own state, cache and log folders. Each replica (unit) gets its own: with
+  # DynamicUser= every unit runs under its own uid, so two units must not share a folder.
+  dirsFor = unit: {
+    stateDir = "/var/lib/${unit}";
+    cacheDir = "/var/cache/${unit}";
+    logsDir = "/var/log/${unit}";
+  };
+
   # runtimeRoot: the package's ttnnRuntimeRoot, or null (then ttnn picks its package folder).
-  environment = { ttnn, runtimeRoot ? null }:
+  environment = { ttnn, runtimeRoot ? null, unit ? name }:
+    let d = dirsFor unit; in
     {
-      HOME = stateDir;
-      XDG_CACHE_HOME = cacheDir;
+      HOME = d.stateDir;
+      XDG_CACHE_HOME = d.cacheDir;
     }
     // (if ttnn then
       {
-        TT_METAL_CACHE = cacheDir;
-        TT_METAL_LOGS_PATH = logsDir;
+        TT_METAL_CACHE = d.cacheDir;
+        TT_METAL_LOGS_PATH = d.logsDir;
       }
       // (if runtimeRoot != null then { TT_METAL_RUNTIME_ROOT = runtimeRoot; } else { })
     else { });

@@ -24,6 +24,8 @@ let
   opts = eval.options.services.tenstorrent-serving;
   unit = c.systemd.services.tenstorrent-serving or null;
   enabled = c.services.tenstorrent-serving.enable;
+  # The single-server unit (absent with instances: see `units`).
+  single = enabled && unit != null;
   names = ps: if ps == null then null else map (x: x.name) ps;
 in
 {
@@ -38,20 +40,32 @@ in
     (builtins.filter (n: (opts.${n}._type or null) == "option") (builtins.attrNames opts)));
   failedAssertions =
     map (a: a.message) (builtins.filter (a: !a.assertion) (if enabled then c.assertions else [ ]));
-  execStart = if enabled then unit.serviceConfig.ExecStart else null;
-  execStartPost = if enabled then unit.serviceConfig.ExecStartPost else null;
-  serviceConfig = if enabled then unit.serviceConfig else null;
-  unitConfig = if enabled then unit.unitConfig else null;
-  environment = if enabled then unit.environment else null;
+  execStart = if single then unit.serviceConfig.ExecStart else null;
+  execStartPost = if single then unit.serviceConfig.ExecStartPost else null;
+  serviceConfig = if single then unit.serviceConfig else null;
+  unitConfig = if single then unit.unitConfig else null;
+  environment = if single then unit.environment else null;
   firewallPorts = c.networking.firewall.allowedTCPPorts or null;
   kernelParams = c.boot.kernelParams or null;
   mounts = map (m: m.where) (if (c.systemd.mounts or null) == null then [ ] else c.systemd.mounts);
   udevRules = c.services.udev.extraRules or null;
-  execStartPre = if enabled then unit.serviceConfig.ExecStartPre else null;
+  execStartPre = if single then unit.serviceConfig.ExecStartPre else null;
   extraModulePackages = names (c.boot.extraModulePackages or null);
   kernelModules = c.boot.kernelModules or null;
   udevPackages = names (c.services.udev.packages or null);
   warnings = c.warnings or null;
+  # Every unit the module defines (one server, or workers plus the router), by name.
+  units = if !enabled then null else builtins.mapAttrs
+    (_: u: {
+      inherit (u) description;
+      execStart = u.serviceConfig.ExecStart;
+      execStartPost = u.serviceConfig.ExecStartPost or null;
+      timeoutStopSec = u.serviceConfig.TimeoutStopSec or null;
+      stateDirectory = u.serviceConfig.StateDirectory or null;
+      home = (u.environment or { }).HOME or null;
+      wants = u.wants or [ ];
+    })
+    c.systemd.services;
   # The module-only settings, as the module resolved them (defaults included).
   hostSettings = {
     inherit (c.services.tenstorrent-serving) hugepages kernelDriver preStartCheck

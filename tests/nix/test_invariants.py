@@ -85,6 +85,38 @@ TRUTH_TABLE: list[tuple[str, dict[str, Any], bool]] = [
     ("port-0", {"port": 0}, False),
     ("block-0", {"blockSize": 0}, False),
     ("chunk-0", {"prefillChunk": 0}, False),
+    ("drain-0", {"drainTimeout": 0}, False),
+    ("drain-1", {"drainTimeout": 1}, True),
+    ("router-policy-unknown", {"routerPolicy": "sticky"}, False),
+    ("router-round-robin", {"routerPolicy": "round_robin", "instances": [[0], [1]]}, True),
+    ("four-cpu-replicas", {"instances": [[0], [1], [2], [3]]}, True),
+    ("replica-empty-group", {"instances": [[0], []]}, False),
+    ("replica-negative-id", {"instances": [[-1]]}, False),
+    ("replica-device-twice", {"instances": [[0], [1, 0]]}, False),
+    ("ttnn-four-replicas", {**TTNN, "instances": [[0], [1], [2], [3]]}, True),
+    ("ttnn-replica-group-of-two", {**TTNN, "instances": [[0, 1], [2]]}, False),
+    ("cuda-replica-group-of-two", {"device": "cuda", "instances": [[0, 1]]}, False),
+    ("cpu-replica-group-of-two", {"instances": [[0, 1], [2]]}, True),
+    ("replica-ports-overflow", {"instances": [[0], [1]], "workerBasePort": 65535}, False),
+    ("replica-port-0", {"instances": [[0]], "workerBasePort": 0}, False),
+    ("router-port-on-a-worker", {"instances": [[0], [1]], "port": 8101}, False),
+    ("prometheus-on-router-port", {"instances": [[0]], "routerPrometheusPort": 8000}, False),
+    ("prometheus-on-a-worker", {"instances": [[0], [1]], "routerPrometheusPort": 8100}, False),
+    ("prometheus-port-0", {"instances": [[0]], "routerPrometheusPort": 0}, False),
+    ("one-server-on-a-worker-port", {"port": 8100, "routerPrometheusPort": 8100}, True),
+    (
+        "many-wrong-replicas",
+        {
+            **TTNN,
+            "drainTimeout": -1,
+            "routerPolicy": "sticky",
+            "instances": [[0, 1], [1], []],
+            "workerBasePort": 65534,
+            "port": 65535,
+            "routerPrometheusPort": 65534,
+        },
+        False,
+    ),
     (
         "many-wrong",
         {
@@ -177,7 +209,34 @@ def test_rule_order_on_one_ttnn_config(verdicts: list[list[str]]) -> None:
     ]  # fmt: skip
 
 
+def test_replica_rule_order() -> None:
+    index = [name for name, *_ in TRUTH_TABLE].index("many-wrong-replicas")
+    messages = nix_verdicts([TRUTH_TABLE[index][1]])[0]
+    heads = [m.split(" ")[0].removeprefix(P + ".") for m in messages]
+    assert heads == [
+        "drainTimeout", "routerPolicy", "instances", "instances", "instances",
+        "workerBasePort", "port", "routerPrometheusPort",
+    ]  # fmt: skip
+
+
 NEW_RULE_MESSAGES = {
+    "replica-device-twice": [f'{P}.instances must not use a device twice (got "0;1,0").'],
+    "ttnn-replica-group-of-two": [
+        f"{P}.instances must give each worker one device on backend ttnn or a CUDA {P}.device "
+        '(got backend ttnn, device cpu; got "0,1;2").'
+    ],
+    "router-port-on-a-worker": [
+        f"{P}.port (8101) is the router's and must not be one of the workers' ports 8100..8101."
+    ],
+    "replica-ports-overflow": [
+        f"{P}.workerBasePort (65535) leaves no room for 2 workers: ports 65535..65536 must be "
+        "in 1..65535."
+    ],
+    "prometheus-on-a-worker": [
+        f"{P}.routerPrometheusPort (8100) must be in 1..65535 and differ from {P}.port and the "
+        "workers' ports 8100..8101."
+    ],
+    "drain-0": [f"{P}.drainTimeout must be at least 1 second (got 0)."],
     "ttnn-float32": [
         f"{P}.dtype = float32 is not available on backend ttnn (it computes in bfloat16 and "
         f"block floats): use auto or bfloat16, and {P}.precision for the weights."

@@ -31,6 +31,7 @@ from tt_serve.config import (
     add_serve_arguments,
     config_from_json_dict,
     dry_run,
+    serve_flag_fields,
     validate,
 )
 
@@ -119,7 +120,7 @@ def test_every_flag_is_passed_explicitly() -> None:
     argv = serve_argv(out["execStart"])
     named = [a.removeprefix("--") for a in argv if a.startswith("--")]
     given = {n.removeprefix("no-") for n in named}  # --no-device-argmax names device-argmax
-    flags = {f.name.replace("_", "-") for f in dataclasses.fields(ServeConfig)}
+    flags = {f.name.replace("_", "-") for f in serve_flag_fields()}
     assert flags <= given, flags - given
     assert argv[argv.index("--precision") + 1] == "mixed"
     assert argv[argv.index("--max-model-len") + 1] == "32768"

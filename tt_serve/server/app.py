@@ -28,6 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from tt_serve.server.drain import Drain, DrainGate
 from tt_serve.server.metrics import Metrics
 from tt_serve.server.protocol import (
     APIError,
@@ -132,6 +133,7 @@ class _Services:
     metrics: Metrics
     completions: ServingCompletion
     chat: ServingChat
+    drain: Drain
 
 
 def _services(request: Request) -> _Services:
@@ -173,7 +175,10 @@ router = APIRouter()
 
 @router.get("/health")
 async def health(request: Request) -> JSONResponse:
-    state = _services(request).state
+    services = _services(request)
+    state = services.state
+    if services.drain.draining:  # a router's health check takes this worker out of rotation
+        return JSONResponse({"status": "draining", "detail": None}, status_code=503)
     if state.ready:
         return JSONResponse({"status": "ok"})
     status = "error" if state.load_error else "loading"
@@ -197,6 +202,51 @@ async def models(request: Request) -> JSONResponse:
         "max_model_len": state.max_model_len,
     }
     return JSONResponse({"object": "list", "data": [card]})
+
+
+# What a router asks a worker besides /health (sglang-router 0.3.2 probes these names at
+# registration and for its power_of_two policy; docs/routing.md). Field names follow SGLang's.
+@router.get("/get_model_info")
+@router.get("/model_info")
+async def model_info(request: Request) -> JSONResponse:
+    state = _services(request).state
+    return JSONResponse(
+        {
+            "model_path": state.model_name,
+            "tokenizer_path": state.model_name,
+            "served_model_name": state.model_name,
+            "is_generation": True,
+            "max_model_len": state.max_model_len,
+        }
+    )
+
+
+@router.get("/get_server_info")
+@router.get("/server_info")
+async def server_info(request: Request) -> JSONResponse:
+    services = _services(request)
+    state = services.state
+    return JSONResponse(
+        {
+            "model_path": state.model_name,
+            "served_model_name": state.model_name,
+            "max_model_len": state.max_model_len,
+            "ready": state.ready,
+            "draining": services.drain.draining,
+            "version": "tt-serve 0.1.0",
+        }
+    )
+
+
+@router.get("/get_load")
+async def load(request: Request) -> JSONResponse:
+    """Requests in flight and queued, the load a router's power_of_two policy compares."""
+    services = _services(request)
+    engine = services.state.engine
+    gauges = engine.gauges if engine is not None else None
+    running = gauges.num_running if gauges is not None else 0
+    waiting = engine.num_queued if engine is not None else 0
+    return JSONResponse({"load": running + waiting, "num_running": running, "num_waiting": waiting})
 
 
 @router.post("/v1/completions", response_model=None)
@@ -245,9 +295,15 @@ async def _internal_error(_: Request, exc: Exception) -> JSONResponse:
 # -- the app -----------------------------------------------------------------------------------
 
 
-def create_app(state: ServerState, loader: Callable[[ServerState], None] | None = None) -> FastAPI:
+def create_app(
+    state: ServerState,
+    loader: Callable[[ServerState], None] | None = None,
+    drain: Drain | None = None,
+) -> FastAPI:
     """Build the app. ``loader`` (run in a thread at startup) fills ``state.engine``; the
-    engine is shut down (loop stopped, backend closed) when the app stops."""
+    engine is shut down (loop stopped, backend closed) when the app stops. ``drain`` is the
+    admission switch a SIGTERM flips (``drain.py``); ``app.state.services.drain`` holds it."""
+    drain = drain if drain is not None else Drain()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -262,7 +318,7 @@ def create_app(state: ServerState, loader: Callable[[ServerState], None] | None 
     app = FastAPI(title="tt-serve", version="0.1.0", lifespan=lifespan)
     metrics = Metrics(lambda: state.engine.gauges if state.engine is not None else None)
     app.state.services = _Services(
-        state, metrics, ServingCompletion(state, metrics), ServingChat(state, metrics)
+        state, metrics, ServingCompletion(state, metrics), ServingChat(state, metrics), drain
     )
     app.include_router(router)
     app.exception_handler(APIError)(_api_error)
@@ -270,6 +326,7 @@ def create_app(state: ServerState, loader: Callable[[ServerState], None] | None 
     app.exception_handler(StarletteHTTPException)(_http_error)
     app.exception_handler(Exception)(_internal_error)
     app.add_middleware(_BodyLimit, limit=MAX_BODY_BYTES)
+    app.add_middleware(DrainGate, drain=drain)
     app.add_middleware(_Auth, state=state)  # outermost: before the body is even read
     return app
 

@@ -91,11 +91,16 @@ def serve_main(argv: Sequence[str]) -> int:
     import uvicorn
 
     from tt_serve.server.app import ServerState, create_app
+    from tt_serve.server.drain import Drain, DrainingServer
 
     cfg = dataclasses.replace(cfg, model=model_dir)
     state = ServerState(model_name=cfg.served_model_name or Path(model_dir).name, api_key=api_key)
-    app = create_app(state, make_loader(cfg))
-    uvicorn.run(
+    drain = Drain()
+    app = create_app(state, make_loader(cfg), drain)
+    # SIGTERM drains first (drain.py); uvicorn's own 5 s close then only meets idle
+    # connections, and the unit's TimeoutStopSec= (lib/args.nix) covers both.
+    config = uvicorn.Config(
         app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, timeout_graceful_shutdown=5
     )
+    DrainingServer(config, drain, bound_s=cfg.drain_timeout).run()
     return 0

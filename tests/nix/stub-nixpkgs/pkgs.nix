@@ -13,4 +13,5 @@ in
     ttnnRuntimeRoot = "${(fake "ttnn-stub").outPath}/lib/python3.12/site-packages/ttnn";
   };
   curl = fake "curl-stub";
+  sglang-router = fake "sglang-router-stub";
 }
