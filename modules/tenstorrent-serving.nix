@@ -6,6 +6,7 @@
 #   lib/args.nix        ExecStart=, the pre-start doctor and the /health readiness probe
 #   lib/host-defaults.nix  defaults of the module-only options (hugepages, kernelDriver, ...)
 #   lib/runtime.nix     what the Tenstorrent runtime reads and writes (env, directories)
+#   lib/rollout.nix     rolling restarts of the workers on `nixos-rebuild switch`
 # It uses only mkOption, mkEnableOption, mkIf, optionalAttrs, optionals, literalExpression and
 # plain types, which is the subset the offline test stand-in (tests/nix/stub-nixpkgs) provides.
 { config, lib, pkgs, ... }:
@@ -16,6 +17,7 @@ let
   hd = import ./lib/host-defaults.nix;
   args = import ./lib/args.nix;
   rt = import ./lib/runtime.nix;
+  rollout = import ./lib/rollout.nix;
   p = "services.tenstorrent-serving";
 
   ttnn = cfg.backend == "ttnn";
@@ -105,6 +107,33 @@ let
 
   workers = args.workerSettings cfg;
   workerUnit = i: "${rt.name}-worker-${toString i}";
+  workerIndices = builtins.genList (i: i) (builtins.length workers);
+
+  # With rolling restarts a switch leaves the workers running (restartIfChanged = false) and
+  # the rollout unit restarts them one at a time (lib/rollout.nix says what of NixOS it relies on).
+  rolling = cfg.instances != [ ] && cfg.rollingRestart.enable;
+  workerDef = i:
+    serverUnit (workerUnit i) (builtins.elemAt workers i)
+    // optionalAttrs rolling { restartIfChanged = false; };
+
+  rolloutUnit = {
+    description = "tt-serve rolling restart of the workers, one at a time";
+    wantedBy = [ "multi-user.target" ];
+    # One trigger per worker: its definition as written here (ExecStart=, environment, limits),
+    # so a change to any worker changes this unit and the switch restarts it.
+    restartTriggers =
+      map (i: builtins.hashString "sha256" (builtins.toJSON (workerDef i))) workerIndices;
+    stopIfChanged = false;
+    path = [ pkgs.curl ];
+    script = rollout.script (map
+      (i: { name = workerUnit i; healthUrl = args.healthUrl (builtins.elemAt workers i); })
+      workerIndices);
+    serviceConfig = {
+      Type = "oneshot";
+      RemainAfterExit = true;
+      TimeoutStartSec = rollout.timeoutStartSec cfg workers;
+    };
+  };
 
   # The router listens where the single server would (host:port); it registers workers as
   # their /health turns 200, so it does not wait for them to start.
@@ -247,6 +276,13 @@ in
       description = "The router (sglang-router, pinned in nix/pins.json; the overlay provides it).";
     };
     routerExtraArgs = opt (types.listOf types.str) [ ] "Extra arguments appended to `smg launch`.";
+    rollingRestart.enable = opt types.bool hd.rollingRestart.enable ''
+      With instances: `nixos-rebuild switch` restarts changed workers one at a time, each back
+      on /health (and in the router's rotation) before the next drains, so the router always
+      has a worker (the unit tenstorrent-serving-rollout; `systemctl restart` it to roll by
+      hand). The switch waits for the whole rollout and fails if a worker does not come back;
+      the workers after it keep their old definition. false: systemd restarts them together.
+    '';
   };
 
   config = mkIf cfg.enable {
@@ -282,12 +318,8 @@ in
     systemd.services =
       if cfg.instances == [ ] then { ${rt.name} = serverUnit rt.name cfg; }
       else
-        builtins.listToAttrs (map
-          (i: {
-            name = workerUnit i;
-            value = serverUnit (workerUnit i) (builtins.elemAt workers i);
-          })
-          (builtins.genList (i: i) (builtins.length workers)))
-        // { "${rt.name}-router" = routerUnit; };
+        builtins.listToAttrs (map (i: { name = workerUnit i; value = workerDef i; }) workerIndices)
+        // { "${rt.name}-router" = routerUnit; }
+        // optionalAttrs rolling { "${rt.name}-rollout" = rolloutUnit; };
   };
 }

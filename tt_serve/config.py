@@ -49,6 +49,7 @@ MODULE_ONLY_KEYS = frozenset(
         "startTimeoutMinutes",
         "routerPackage",
         "routerExtraArgs",
+        "rollingRestart",
     }
 )
 _CUDA_DEVICE = re.compile(r"cuda(:[0-9]+)?")

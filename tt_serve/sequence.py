@@ -5,10 +5,39 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class RequestError(ValueError):
     """A request that can never be served as asked. The message names the violated limit."""
+
+
+class GrammarMatcher(Protocol):
+    """One request's position in a compiled grammar (``tt_serve/agents/grammar.py``)."""
+
+    def fill_bitmask(self, out: np.ndarray) -> None:
+        """Write the allowed next tokens into ``out``: int32 words, bit ``i % 32`` of word
+        ``i // 32`` set when token ``i`` is allowed (the xgrammar / llguidance layout)."""
+        ...
+
+    def accept(self, token_id: int) -> bool:
+        """Advance by one sampled token; False when the grammar rejects it."""
+        ...
+
+    def error(self) -> str | None:
+        """Why the matcher cannot go on, or None while it can."""
+        ...
+
+
+class Grammar(Protocol):
+    """A grammar compiled once (per schema) and shared by every request that uses it."""
+
+    def matcher(self) -> GrammarMatcher:
+        """A fresh matcher at the grammar's start, owned by one request."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -30,6 +59,11 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     min_tokens: int = 0
     skip_special_tokens: bool = True
+    # Constrained decoding: every token is drawn from what ``grammar`` allows (the bitmask is
+    # applied to the logits on the host). With ``grammar_after_token`` set, the constraint
+    # starts only after that token was generated (``</think>``: the end of reasoning).
+    grammar: Grammar | None = None
+    grammar_after_token: int | None = None
 
     @property
     def greedy(self) -> bool:
@@ -148,6 +182,7 @@ class Request:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finished_time: float | None = None
+    grammar_open: bool = False  # the grammar constrains the next token (see SamplingParams)
 
     @property
     def prompt_len(self) -> int:

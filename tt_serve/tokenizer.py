@@ -22,11 +22,55 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
+# ChatML, plus Qwen3.5's rendering of tools (a system turn listing them with the XML call
+# format), of assistant tool calls, of tool results (consecutive ones in one user turn) and of
+# the think block (``enable_thinking``: True opens one, False renders it empty and closed; when
+# it is undefined nothing is added). Plain conversations render exactly as bare ChatML.
 CHATML_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n# Tools\\n\\nYou have access to the following functions:\\n\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nIf you choose to call a function ONLY reply in the following format "
+    "with NO suffix:\\n\\n<tool_call>\\n<function=example_function_name>\\n"
+    "<parameter=example_parameter_1>\\nvalue_1\\n</parameter>\\n</function>\\n</tool_call>' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- '\\n\\n' + messages[0]['content'] }}{%- endif %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- endif %}"
     "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- if loop.first and tools and message['role'] == 'system' %}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}"
+    "{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}"
+    "{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- elif message['role'] == 'assistant' and (message.get('tool_calls') or "
+    "message.get('reasoning_content')) %}"
+    "{{- '<|im_start|>assistant\\n' }}"
+    "{%- if message.get('reasoning_content') %}"
+    "{{- '<think>\\n' + message['reasoning_content'] + '\\n</think>\\n\\n' }}{%- endif %}"
+    "{{- message['content'] }}"
+    "{%- for call in message.get('tool_calls') or [] %}"
+    "{%- if loop.first and message['content'] %}{{- '\\n\\n' }}"
+    "{%- elif not loop.first %}{{- '\\n' }}{%- endif %}"
+    "{{- '<tool_call>\\n<function=' + call['function']['name'] + '>\\n' }}"
+    "{%- for key, value in (call['function']['arguments'] or {}) | items %}"
+    "{{- '<parameter=' + key + '>\\n' }}"
+    "{%- if value is mapping or (value is iterable and value is not string) %}"
+    "{{- value | tojson }}{%- else %}{{- value | string }}{%- endif %}"
+    "{{- '\\n</parameter>\\n' }}"
     "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    "{{- '</function>\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking %}{{- '<think>\\n' }}"
+    "{%- elif enable_thinking is defined %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}"
 )
 
 CHAT_ROLES = frozenset({"system", "user", "assistant", "tool"})
@@ -181,6 +225,10 @@ class Tokenizer:
     def vocab_size(self) -> int:
         """Number of ids the tokenizer can produce, added tokens included."""
         return int(self._tok.get_vocab_size(with_added_tokens=True))
+
+    def to_json(self) -> str:
+        """The tokenizer as ``tokenizer.json`` text (what grammar engines load)."""
+        return str(self._tok.to_str())
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids of ``text``; special tokens written in the text are recognised."""

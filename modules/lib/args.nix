@@ -98,19 +98,32 @@ rec {
 
   workerUrls = cfg: map (w: "http://127.0.0.1:${toString w.port}") (workerSettings cfg);
 
+  # The router's view of a worker (its flags below; lib/rollout.nix waits on them). circuitOpenSecs
+  # is sglang-router's own default (--cb-timeout-duration-secs, not passed): how long a worker
+  # whose circuit opened (e.g. while it restarted) gets no traffic.
+  routerHealth = {
+    intervalSecs = 5;
+    failureThreshold = 3;
+    successThreshold = 2;
+    timeoutSecs = 5;
+    circuitOpenSecs = 60;
+  };
+
   # sglang-router 0.3.2 (`smg launch`, docs/routing.md): listens where a single server would,
   # metrics on loopback only, health every 5 s (a draining worker's 503 takes it out of
   # rotation within ~15 s; retries cover that window) and the circuit opened after 2 failures
   # (with the default 10, a killed sticky worker cost failed requests; measured).
   routerArgv = cfg:
+    let h = routerHealth; in
     [ "launch" "--host" cfg.host "--port" (toString cfg.port) "--worker-urls" ]
     ++ workerUrls cfg
     ++ [
       "--policy" cfg.routerPolicy
       "--prometheus-host" "127.0.0.1" "--prometheus-port" (toString cfg.routerPrometheusPort)
-      "--health-check-endpoint" "/health" "--health-check-interval-secs" "5"
-      "--health-failure-threshold" "3" "--health-success-threshold" "2"
-      "--health-check-timeout-secs" "5"
+      "--health-check-endpoint" "/health" "--health-check-interval-secs" (toString h.intervalSecs)
+      "--health-failure-threshold" (toString h.failureThreshold)
+      "--health-success-threshold" (toString h.successThreshold)
+      "--health-check-timeout-secs" (toString h.timeoutSecs)
       "--cb-failure-threshold" "2" "--retry-max-retries" "5"
       "--request-timeout-secs" "1800"
     ];

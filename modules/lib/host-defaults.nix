@@ -12,4 +12,6 @@
   # boots reuse the kernel cache (runtime.nix). The readiness wait and TimeoutStartSec= both
   # derive from this.
   startTimeoutMinutes = 60;
+  # With instances: a switch restarts the workers one at a time (lib/rollout.nix).
+  rollingRestart.enable = true;
 }

@@ -27,6 +27,7 @@ let
   # The single-server unit (absent with instances: see `units`).
   single = enabled && unit != null;
   names = ps: if ps == null then null else map (x: x.name) ps;
+  names' = ps: map (x: x.name) ps;
 in
 {
   problems = eval.stubProblems;
@@ -58,7 +59,19 @@ in
   units = if !enabled then null else builtins.mapAttrs
     (_: u: {
       inherit (u) description;
-      execStart = u.serviceConfig.ExecStart;
+      # A unit with `script` (the rollout) has no ExecStart= here: the real NixOS writes one.
+      execStart = u.serviceConfig.ExecStart or null;
+      script = u.script or null;
+      path = names' (u.path or [ ]);
+      type = u.serviceConfig.Type or null;
+      remainAfterExit = u.serviceConfig.RemainAfterExit or null;
+      timeoutStartSec = u.serviceConfig.TimeoutStartSec or null;
+      restartIfChanged = u.restartIfChanged or null;
+      stopIfChanged = u.stopIfChanged or null;
+      restartTriggers = u.restartTriggers or [ ];
+      after = u.after or [ ];
+      before = u.before or [ ];
+      wantedBy = u.wantedBy or [ ];
       execStartPost = u.serviceConfig.ExecStartPost or null;
       timeoutStopSec = u.serviceConfig.TimeoutStopSec or null;
       stateDirectory = u.serviceConfig.StateDirectory or null;
@@ -69,6 +82,6 @@ in
   # The module-only settings, as the module resolved them (defaults included).
   hostSettings = {
     inherit (c.services.tenstorrent-serving) hugepages kernelDriver preStartCheck
-      startTimeoutMinutes;
+      startTimeoutMinutes rollingRestart;
   };
 }

@@ -48,7 +48,10 @@ def units(settings: dict[str, Any]) -> dict[str, Any]:
 
 def test_four_workers_and_a_router() -> None:
     u = units(FOUR)
-    assert sorted(u) == sorted([*WORKERS, "tenstorrent-serving-router"])
+    # The rollout unit (rolling restarts on switch) is tests/nix/test_module_rollout.py's.
+    assert sorted(u) == sorted(
+        [*WORKERS, "tenstorrent-serving-router", "tenstorrent-serving-rollout"]
+    )
     for i, name in enumerate(WORKERS):
         cfg = parse_serve(u[name]["execStart"])
         assert (cfg.host, cfg.port, cfg.device_ids) == ("127.0.0.1", 8100 + i, (i,))

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import io
 import json
 import re
@@ -24,6 +23,7 @@ from tt_serve.config import (
     config_from_json_dict,
     dry_run,
     load_config_json,
+    serve_flag_fields,
     validate,
 )
 
@@ -102,7 +102,7 @@ def _squash(text: str) -> str:
 def test_help_lists_every_field_with_help_and_default(monkeypatch: pytest.MonkeyPatch) -> None:
     entries = serve_help_entries(monkeypatch)
     missing_default = []
-    for field in dataclasses.fields(ServeConfig):
+    for field in serve_flag_fields():
         flag = "--" + field.name.replace("_", "-")
         assert flag in entries, f"{flag} is not in tt-serve serve --help"
         assert _squash(field.metadata["help"]) in _squash(entries[flag]), flag

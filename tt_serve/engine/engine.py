@@ -25,6 +25,7 @@ from tt_serve.engine.scheduler import ScheduledStep, Scheduler, SchedulerConfig
 from tt_serve.model.interface import Backend, PendingOutput, PipelinedBackend, StepOutput
 from tt_serve.sequence import (
     FinishReason,
+    GrammarMatcher,
     Request,
     RequestError,
     RequestOutput,
@@ -96,6 +97,7 @@ class _Tracked:
     req: Request
     rng: np.random.Generator
     stream: TextStream | None
+    matcher: GrammarMatcher | None = None
     text: str = ""
     new_text: str = ""  # detokenized since the last report
     detokenized: int = 0  # output tokens pushed through ``stream``
@@ -139,6 +141,8 @@ class Engine:
             backend if isinstance(backend, PipelinedBackend) and backend.device_resident else None
         )
         self._inflight: _InFlight | None = None
+        self._bitmask = np.zeros(-(-config.vocab_size // 32), dtype=np.int32)  # one row, reused
+        self.grammar_mask_seconds = 0.0  # host time spent filling grammar bitmasks
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -186,7 +190,8 @@ class Engine:
             arrival_time=time.monotonic() if arrival_time is None else arrival_time,
         )
         stream = self._text_streams(params) if self._text_streams is not None else None
-        self._tracked[request_id] = _Tracked(req, sampler.make_rng(params.seed), stream)
+        matcher = params.grammar.matcher() if params.grammar is not None else None
+        self._tracked[request_id] = _Tracked(req, sampler.make_rng(params.seed), stream, matcher)
         self.scheduler.add(req)
 
     def abort(self, request_id: str) -> bool:
@@ -370,13 +375,17 @@ class Engine:
             k = req.params.logprobs
             if row.want_logits:
                 raw = output.logits[i]
+                t = self._tracked[req.request_id]
+                mask = self._grammar_mask(t) if req.grammar_open else None
+                if req.grammar_open and mask is None:
+                    tokens.append(None)  # the request failed on its grammar (finished above)
+                    lps.append(None)
+                    continue
                 tok = sampler.sample(
-                    raw,
-                    req.params,
-                    self._tracked[req.request_id].rng,
-                    req.prompt_token_ids,
-                    req.output_token_ids,
+                    raw, req.params, t.rng, req.prompt_token_ids, req.output_token_ids, mask
                 )
+                if mask is not None and t.matcher is not None and not t.matcher.accept(tok):
+                    self._fail_grammar(req, t.matcher)
                 tokens.append(tok)
                 lps.append(sampler.top_logprobs(raw, tok, k) if k is not None else None)
                 self.sampled_rows_host += not req.finished
@@ -389,6 +398,22 @@ class Engine:
                 lps.append(got if k is not None else None)
                 self.sampled_rows_device += not req.finished  # not a discarded pipelined row
         return tokens, lps
+
+    def _grammar_mask(self, t: _Tracked) -> np.ndarray | None:
+        """The request's bitmask for its next token, or None (and the request failed) when its
+        grammar allows nothing: a grammar the model cannot follow, never a batch failure."""
+        assert t.matcher is not None
+        start = time.perf_counter()
+        t.matcher.fill_bitmask(self._bitmask)
+        self.grammar_mask_seconds += time.perf_counter() - start
+        if t.matcher.error() is None and self._bitmask.any():
+            return self._bitmask
+        self._fail_grammar(t.req, t.matcher)
+        return None
+
+    def _fail_grammar(self, req: Request, matcher: GrammarMatcher) -> None:
+        why = matcher.error() or "no token is allowed"
+        self.scheduler.finish(req, FinishReason.ERROR, error=f"grammar error: {why}")
 
     def _fail_step(self, step: ScheduledStep, exc: BaseException) -> None:
         if not all(r.finished for r in step.requests):  # else: rows of requests that ended

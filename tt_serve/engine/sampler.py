@@ -3,7 +3,9 @@
 Greedy rows never reach this module: the backend picks them on the device (argmax) and returns
 ids only. Rows with temperature > 0, or with penalties, come here with their float32 logits.
 Logprobs are always those of the model's raw distribution (log_softmax of the unprocessed
-logits), so a token's logprob does not depend on which path picked it.
+logits), so a token's logprob does not depend on which path picked it. A constrained row's
+grammar bitmask is applied after the penalties and before any sampling rule, so every rule
+(greedy, top-k, top-p, min-p) only ever sees allowed tokens.
 
 numpy only: ``engine/`` must not import torch.
 """
@@ -17,7 +19,7 @@ import numpy as np
 from tt_serve.logprobs import top_logprobs
 from tt_serve.sequence import SamplingParams
 
-__all__ = ["apply_penalties", "make_rng", "sample", "top_logprobs"]
+__all__ = ["apply_penalties", "apply_token_bitmask", "make_rng", "sample", "top_logprobs"]
 
 # Below this the scaled logits overflow float64; sampling is then greedy in all but name.
 MIN_TEMPERATURE = 1e-5
@@ -56,18 +58,41 @@ def apply_penalties(
     return out
 
 
+def apply_token_bitmask(logits: np.ndarray, bitmask: np.ndarray) -> np.ndarray:
+    """A copy of ``logits`` with every token the bitmask bans at -inf.
+
+    ``bitmask``: int32 words, bit ``i % 32`` of word ``i // 32`` set when token ``i`` is allowed
+    (the layout of xgrammar and llguidance); ids past the mask's end are banned."""
+    allowed = np.unpackbits(bitmask.view(np.uint8), bitorder="little").view(np.bool_)
+    vocab = logits.shape[0]
+    out = np.full(vocab, -np.inf, dtype=np.float32)
+    n = min(vocab, allowed.shape[0])
+    np.copyto(out[:n], logits[:n], where=allowed[:n])
+    return out
+
+
 def sample(
     raw_logits: np.ndarray,
     params: SamplingParams,
     rng: np.random.Generator,
     prompt_ids: Sequence[int],
     output_ids: Sequence[int],
+    bitmask: np.ndarray | None = None,
 ) -> int:
-    """Pick one token: penalties, then greedy or temperature / top-k / top-p / min-p."""
+    """Pick one token: penalties, the grammar's bitmask (if any), then greedy or temperature /
+    top-k / top-p / min-p."""
     logits = apply_penalties(raw_logits, params, prompt_ids, output_ids)
     # Extreme penalties can overflow to +-inf; keep the order, drop the infinities.
     big = float(np.finfo(np.float32).max)
     logits = np.nan_to_num(logits, nan=-big, posinf=big, neginf=-big)
+    if bitmask is not None:
+        # Banned tokens go to -inf, below every finite (even penalised) logit: probability 0
+        # for every rule. An all-banned mask is the engine's to refuse (a grammar error).
+        logits = apply_token_bitmask(logits, bitmask)
+    return _draw(logits, params, rng)
+
+
+def _draw(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
     if params.greedy or params.temperature < MIN_TEMPERATURE:
         return int(np.argmax(logits))
     ids, probs = _kept(logits.astype(np.float64) / params.temperature, params)

@@ -125,6 +125,8 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def add(self, req: Request) -> None:
+        p = req.params
+        req.grammar_open = p.grammar is not None and p.grammar_after_token is None
         self.waiting.append(req)
 
     # -- admission ---------------------------------------------------------------------------
@@ -195,13 +197,22 @@ class Scheduler:
         )
 
     def _needs_logits(self, req: Request) -> bool:
-        """Whether the host picks this request's tokens (from the logits)."""
-        return not self.config.device_argmax or not req.params.greedy or req.params.has_penalties
+        """Whether the host picks this request's tokens (from the logits): also every token a
+        grammar constrains (its bitmask is applied on the host)."""
+        p = req.params
+        return not self.config.device_argmax or not p.greedy or p.has_penalties or req.grammar_open
 
     def pipelinable(self, req: Request) -> bool:
         """A decoding request whose next id the device can feed itself: greedy on the device, no
-        penalties, no logprobs (those need the host to see logits every step)."""
-        return req.prefill_done and not self._needs_logits(req) and req.params.logprobs is None
+        penalties, no logprobs (those need the host to see logits every step), no grammar (the
+        host must see each id before the next mask, and a gated one opens on an id)."""
+        p = req.params
+        return (
+            req.prefill_done
+            and not self._needs_logits(req)
+            and p.logprobs is None
+            and p.grammar is None
+        )
 
     def schedule(self) -> ScheduledStep | None:
         """Plan the next step, or None when nothing can run."""
@@ -320,6 +331,8 @@ class Scheduler:
                 req.output_logprobs.append(lp)
             if req.first_token_time is None:
                 req.first_token_time = now
+            if not req.grammar_open and tok == req.params.grammar_after_token:
+                req.grammar_open = req.params.grammar is not None
             reason = _stop_reason(req, tok, eos_token_ids)
             if reason is not None:
                 self.finish(req, reason)

@@ -191,7 +191,40 @@ class ChatCompletionRequest(SamplingRequest):
     add_generation_prompt: bool = True
     response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
+    # Extra variables for the chat template (e.g. ``enable_thinking``), as in vLLM.
+    chat_template_kwargs: dict[str, Any] | None = None
     logit_bias: dict[str, float] | None = None
+
+    @field_validator("tools")
+    @classmethod
+    def _check_tools(cls, v: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        for i, tool in enumerate(v or []):
+            fn = tool.get("function")
+            if tool.get("type", "function") != "function" or not isinstance(fn, dict):
+                raise ValueError(f"tools[{i}] must be {{'type': 'function', 'function': {{...}}}}")
+            if not isinstance(fn.get("name"), str) or not fn["name"]:
+                raise ValueError(f"tools[{i}].function.name must be a non-empty string")
+            if not isinstance(fn.get("parameters", {}), dict):
+                raise ValueError(f"tools[{i}].function.parameters must be a JSON schema object")
+        names = [t["function"]["name"] for t in v or []]
+        if len(set(names)) != len(names):
+            raise ValueError("tools must have distinct function names")
+        return v
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _check_tool_choice(cls, v: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+        if isinstance(v, str) and v not in ("none", "auto", "required"):
+            raise ValueError("tool_choice must be 'none', 'auto', 'required' or a named function")
+        if isinstance(v, dict):
+            fn = v.get("function")
+            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                raise ValueError(
+                    "a named tool_choice is {'type': 'function', 'function': {'name': ...}}"
+                )
+        return v
 
 
 def new_id(prefix: str) -> str:

@@ -4,13 +4,39 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+from tt_serve.agents.chat_output import ChatEvent, ChatMessage, ChatOutputParser, OutputFormat
+from tt_serve.agents.reasoning import Reasoning
+from tt_serve.agents.tool_parser import Content, ToolCall, new_call_id
 from tt_serve.sequence import RequestOutput
 from tt_serve.server.protocol import usage
 from tt_serve.tokenizer import Tokenizer
 
 Choice = dict[str, Any]
+
+
+class ChoiceBuilder(Protocol):
+    """One choice of one reply, from its engine outputs (it may keep a stream's state)."""
+
+    def whole(self, out: RequestOutput) -> Choice:
+        """The whole choice from the finished output."""
+        ...
+
+    def deltas(self, out: RequestOutput) -> list[Choice]:
+        """The stream chunks' choices for one output (new tokens and text)."""
+        ...
+
+
+class CompletionChoiceBuilder:
+    def __init__(self, index: int, tok: Tokenizer | None, prefix: str, token_ids: bool) -> None:
+        self.index, self.tok, self.prefix, self.token_ids = index, tok, prefix, token_ids
+
+    def whole(self, out: RequestOutput) -> Choice:
+        return completion_choice(self.index, out, self.tok, self.prefix, self.token_ids)
+
+    def deltas(self, out: RequestOutput) -> list[Choice]:
+        return [completion_delta(self.index, out, self.tok, self.token_ids)]
 
 
 @dataclass(frozen=True)
@@ -145,33 +171,107 @@ def chat_logprobs(
     return {"content": content}
 
 
-def chat_choice(
-    index: int, out: RequestOutput, tok: Tokenizer | None, k: int, token_ids: bool
-) -> Choice:
-    choice: Choice = {
-        "index": index,
-        "message": {"role": "assistant", "content": out.text or ""},
-        "logprobs": chat_logprobs(out.token_ids, out.logprobs, tok, k),
-        "finish_reason": out.finish_reason,
-    }
-    if token_ids:
-        choice["token_ids"] = list(out.token_ids)
-        choice["prompt_token_ids"] = list(out.prompt_token_ids)
-    return choice
+def _finish_reason(reason: str | None, fmt: OutputFormat, called: bool) -> str | None:
+    """OpenAI's: ``tool_calls`` when the model stopped after calling (auto or required); a
+    named tool_choice reports ``stop``; ``length`` always wins (a call may be cut off)."""
+    if reason == "stop" and called and fmt.named_tool is None:
+        return "tool_calls"
+    return reason
 
 
-def chat_delta(
-    index: int, out: RequestOutput, tok: Tokenizer | None, k: int, token_ids: bool
-) -> Choice:
-    choice: Choice = {
-        "index": index,
-        "delta": {"content": out.new_text} if out.new_text else {},
-        "logprobs": chat_logprobs(out.new_token_ids, new_logprobs(out), tok, k),
-        "finish_reason": out.finish_reason,
+class ChatChoiceBuilder:
+    """One chat choice of one reply: reasoning, content and tool calls parsed from the text
+    (``OutputFormat``), whole or as stream deltas. Holds the stream's parser state."""
+
+    def __init__(
+        self, index: int, tok: Tokenizer | None, k: int, token_ids: bool, fmt: OutputFormat
+    ) -> None:
+        self.index, self.tok, self.k, self.token_ids, self.fmt = index, tok, k, token_ids, fmt
+        self._parser = ChatOutputParser(fmt) if fmt.parses else None
+        self._num_calls = 0
+
+    def whole(self, out: RequestOutput) -> Choice:
+        msg = ChatMessage()
+        if self._parser is None:
+            msg.content.append(out.text or "")
+        else:
+            msg.add(self._parser.feed(out.text or ""))
+            msg.add(self._parser.finish())
+        content = "".join(msg.content)
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": None if msg.calls and not content else content,
+        }
+        if self.fmt.reasoning:
+            message["reasoning_content"] = "".join(msg.reasoning) or None
+        if msg.calls:
+            message["tool_calls"] = [_tool_call(c) for c in msg.calls]
+        choice: Choice = {
+            "index": self.index,
+            "message": message,
+            "logprobs": chat_logprobs(out.token_ids, out.logprobs, self.tok, self.k),
+            "finish_reason": _finish_reason(out.finish_reason, self.fmt, bool(msg.calls)),
+        }
+        if self.token_ids:
+            choice["token_ids"] = list(out.token_ids)
+            choice["prompt_token_ids"] = list(out.prompt_token_ids)
+        return choice
+
+    def deltas(self, out: RequestOutput) -> list[Choice]:
+        """The chunks' choices for one output: a call is sent as its name (arguments "")
+        followed by argument fragments, as OpenAI streams them."""
+        if self._parser is None:
+            events: list[ChatEvent] = [Content(out.new_text)] if out.new_text else []
+        else:
+            events = self._parser.feed(out.new_text)
+            if out.finished:
+                events += self._parser.finish()
+        pieces: list[dict[str, Any]] = []
+        for e in events:
+            if isinstance(e, Reasoning):
+                pieces.append({"reasoning_content": e.text})
+            elif isinstance(e, Content):
+                pieces.append({"content": e.text})
+            else:
+                pieces += self._call_deltas(e)
+        if not pieces:
+            pieces.append({})
+        lps = chat_logprobs(out.new_token_ids, new_logprobs(out), self.tok, self.k)
+        choices: list[Choice] = []
+        for n, delta in enumerate(pieces):
+            last = n == len(pieces) - 1
+            choice: Choice = {
+                "index": self.index,
+                "delta": delta,
+                "logprobs": lps if n == 0 else None,
+                "finish_reason": _finish_reason(out.finish_reason, self.fmt, self._num_calls > 0)
+                if last
+                else None,
+            }
+            if self.token_ids:
+                choice["token_ids"] = list(out.new_token_ids) if n == 0 else []
+            choices.append(choice)
+        return choices
+
+    def _call_deltas(self, call: ToolCall) -> list[dict[str, Any]]:
+        i = self._num_calls
+        self._num_calls += 1
+        head = {
+            "index": i,
+            "id": new_call_id(),
+            "type": "function",
+            "function": {"name": call.name, "arguments": ""},
+        }
+        frags = [{"index": i, "function": {"arguments": f}} for f in call.argument_fragments()]
+        return [{"tool_calls": [d]} for d in [head, *frags]]
+
+
+def _tool_call(call: ToolCall) -> dict[str, Any]:
+    return {
+        "id": new_call_id(),
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments_json},
     }
-    if token_ids:
-        choice["token_ids"] = list(out.new_token_ids)
-    return choice
 
 
 def chat_role(index: int) -> Choice:

@@ -40,6 +40,13 @@ def make_loader(cfg: ServeConfig) -> Callable[[ServerState], None]:
         where = cfg.device if cfg.backend == "torch" else f"devices {list(cfg.device_ids)}"
         log.info("loading weights (%s backend, %s, %s)", cfg.backend, where, cfg.resolved_dtype)
         engine = build_engine(cfg, tokenizer=tok)
+        if tok is not None:
+            # The grammar engine's token trie over the vocabulary takes ~2 s and holds the GIL
+            # most of that time: build it here, before the server is ready, not in the event
+            # loop of the first constrained request.
+            from tt_serve.agents.grammar import compiler_for
+
+            compiler_for(tok, engine.config.vocab_size, engine.config.eos_token_ids)
         ae = AsyncEngine(engine, max_waiting=cfg.max_waiting)
         ae.start()
         state.tokenizer = tok

@@ -11,14 +11,19 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Generic, TypeVar
 
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from tt_serve.agents.chat_output import OutputFormat
+from tt_serve.agents.constraints import check_strict, tool_call_lark
+from tt_serve.agents.grammar import GrammarError, compiler_for, json_schema_lark
+from tt_serve.agents.reasoning import THINK_CLOSE, prompt_opens_reasoning
+from tt_serve.agents.tool_parser import tool_schemas
 from tt_serve.engine.async_engine import AsyncEngine, OutputStream
 from tt_serve.sequence import FinishReason, RequestOutput
 from tt_serve.server import responses as r
@@ -46,6 +51,9 @@ class Prompts:
     token_ids: list[list[int]]
     max_tokens: int
     logprobs: int | None  # top logprobs per token, None for none
+    # SamplingParams fields the endpoint sets beyond the body's (grammar, special tokens).
+    params: Mapping[str, Any] = field(default_factory=dict)
+    output: OutputFormat = field(default_factory=OutputFormat)  # how chat text is parsed
 
 
 class EventStream(StreamingResponse):
@@ -87,17 +95,24 @@ class OpenAIServing(ABC, Generic[BodyT]):
         engine = self._engine(body.model)
         prompts = self.prompts(body)
         jobs = make_jobs(body, prompts.token_ids, prompts.max_tokens, prompts.logprobs)
+        if prompts.params:
+            jobs = [
+                replace(
+                    j,
+                    request=replace(j.request, params=replace(j.request.params, **prompts.params)),
+                )
+                for j in jobs
+            ]
         outputs = submit(engine, jobs)
         rid, created, model = new_id(self.id_prefix), now(), self.state.model_name
+        builders = [self.builder(body, prompts, i, j) for i, j in enumerate(jobs)]
         if body.stream:
             env = r.Envelope(rid, self.chunk_object, created, model)
-            return EventStream(self._chunks(body, env, prompts, jobs, outputs), outputs)
+            return EventStream(self._chunks(body, env, prompts, jobs, builders, outputs), outputs)
         with outputs:
             finals = {o.request_id: o async for o in self._observed(outputs) if o.finished}
         results = [finals[j.request.request_id] for j in jobs]
-        choices = [
-            self.choice(body, i, j, o) for i, (j, o) in enumerate(zip(jobs, results, strict=True))
-        ]
+        choices = [b.whole(o) for b, o in zip(builders, results, strict=True)]
         env = r.Envelope(rid, self.body_object, created, model)
         return JSONResponse(env.wrap(choices, _usage(prompts, jobs, results)))
 
@@ -108,12 +123,8 @@ class OpenAIServing(ABC, Generic[BodyT]):
         """Refuse what the endpoint does not support (400), then tokenize."""
 
     @abstractmethod
-    def choice(self, body: BodyT, index: int, job: Job, out: RequestOutput) -> r.Choice:
-        """A whole choice from a finished output."""
-
-    @abstractmethod
-    def delta(self, body: BodyT, index: int, out: RequestOutput) -> r.Choice:
-        """A stream chunk's choice from one output's new tokens and text."""
+    def builder(self, body: BodyT, prompts: Prompts, index: int, job: Job) -> r.ChoiceBuilder:
+        """What turns choice ``index``'s outputs into a whole choice or stream chunks."""
 
     def opening(self, body: BodyT, jobs: list[Job]) -> list[r.Choice]:
         """Chunks sent before any output, one choice each."""
@@ -149,6 +160,7 @@ class OpenAIServing(ABC, Generic[BodyT]):
         env: r.Envelope,
         prompts: Prompts,
         jobs: list[Job],
+        builders: list[r.ChoiceBuilder],
         outputs: OutputStream,
     ) -> AsyncIterator[dict[str, Any]]:
         for choice in self.opening(body, jobs):
@@ -158,7 +170,8 @@ class OpenAIServing(ABC, Generic[BodyT]):
         async for out in self._observed(outputs):
             if out.finished:
                 finals[out.request_id] = out
-            yield env.wrap([self.delta(body, index[out.request_id], out)])
+            for choice in builders[index[out.request_id]].deltas(out):
+                yield env.wrap([choice])
         if body.stream_options is not None and body.stream_options.include_usage:
             results = [finals[j.request.request_id] for j in jobs]
             yield env.wrap([], _usage(prompts, jobs, results))
@@ -195,13 +208,12 @@ class ServingCompletion(OpenAIServing[CompletionRequest]):
         tok = self.state.tokenizer
         return tok.decode(job.request.prompt) if body.echo and tok is not None else ""
 
-    def choice(self, body: CompletionRequest, index: int, job: Job, out: RequestOutput) -> r.Choice:
-        return r.completion_choice(
-            index, out, self.state.tokenizer, self._echo(body, job), body.return_token_ids
+    def builder(
+        self, body: CompletionRequest, prompts: Prompts, index: int, job: Job
+    ) -> r.ChoiceBuilder:
+        return r.CompletionChoiceBuilder(
+            index, self.state.tokenizer, self._echo(body, job), body.return_token_ids
         )
-
-    def delta(self, body: CompletionRequest, index: int, out: RequestOutput) -> r.Choice:
-        return r.completion_delta(index, out, self.state.tokenizer, body.return_token_ids)
 
     def opening(self, body: CompletionRequest, jobs: list[Job]) -> list[r.Choice]:
         if not body.echo:
@@ -220,19 +232,23 @@ class ServingChat(OpenAIServing[ChatCompletionRequest]):
     def prompts(self, body: ChatCompletionRequest) -> Prompts:
         if body.logit_bias:
             raise APIError(400, "logit_bias is not supported", param="logit_bias")
-        if body.tools:
-            raise APIError(400, "tools are not supported", param="tools")
-        if body.response_format and body.response_format.get("type", "text") != "text":
-            raise APIError(
-                400, "only response_format type 'text' is supported", param="response_format"
-            )
         tok = self.state.tokenizer
         if tok is None:
             raise APIError(400, "this model ships no tokenizer, so chat is unavailable")
+        tools = body.tools or None
+        named = _named_tool(body)
+        if body.tool_choice is not None and tools is None:
+            raise APIError(400, "tool_choice needs tools", param="tool_choice")
+        if named is not None and named not in tool_schemas(tools):
+            raise APIError(
+                400, f"tool_choice names {named!r}, not one of the tools", param="tool_choice"
+            )
+        kwargs: dict[str, Any] = dict(body.chat_template_kwargs or {})
+        if tools:
+            kwargs["tools"] = tools
         try:
             text = tok.apply_chat_template(
-                [m.model_dump(exclude_none=True) for m in body.messages],
-                add_generation_prompt=body.add_generation_prompt,
+                _history(body), add_generation_prompt=body.add_generation_prompt, **kwargs
             )
         except ValueError as exc:
             raise APIError(400, str(exc), param="messages") from exc
@@ -241,17 +257,129 @@ class ServingChat(OpenAIServing[ChatCompletionRequest]):
         if limit is None:
             limit = max(1, min(DEFAULT_CHAT_MAX_TOKENS, self.state.max_model_len - len(prompt)))
         k = (body.top_logprobs or 0) if body.logprobs else None
-        return Prompts([prompt], limit, k)
+        reasoning = body.add_generation_prompt and prompt_opens_reasoning(text)
+        parse_tools = tools is not None and body.tool_choice != "none"
+        fmt = OutputFormat(
+            reasoning=reasoning,
+            tools=tool_schemas(tools) if parse_tools else None,
+            parallel_tool_calls=body.parallel_tool_calls and named is None,
+            named_tool=named,
+            tool_required=body.tool_choice == "required",
+            keep_specials=tools is not None,
+        )
+        params: dict[str, Any] = {}
+        if fmt.parses:  # <tool_call> and </think> are special tokens: keep them in the text
+            params["skip_special_tokens"] = False
+        source = self._constraint(body, tools, named, reasoning)
+        if source is not None:
+            params["grammar"] = self._compile(*source)
+            if reasoning:
+                params["grammar_after_token"] = tok.token_to_id(THINK_CLOSE)
+        return Prompts([prompt], limit, k, params, fmt)
 
-    def choice(
-        self, body: ChatCompletionRequest, index: int, job: Job, out: RequestOutput
-    ) -> r.Choice:
-        tok, k = self.state.tokenizer, body.top_logprobs or 0
-        return r.chat_choice(index, out, tok, k, body.return_token_ids)
+    def _constraint(
+        self,
+        body: ChatCompletionRequest,
+        tools: list[dict[str, Any]] | None,
+        named: str | None,
+        reasoning: bool,
+    ) -> tuple[str, str] | None:
+        """(grammar text, the field it comes from), or None when the output is free."""
+        rf = body.response_format
+        kind = (rf or {}).get("type", "text")
+        if kind not in ("text", "json_object", "json_schema"):
+            raise APIError(
+                400,
+                f"response_format type must be text, json_object or json_schema, got {kind!r}",
+                param="response_format",
+            )
+        if tools is not None and (named is not None or body.tool_choice == "required"):
+            try:
+                lark = tool_call_lark(
+                    tools, named, parallel=body.parallel_tool_calls, reasoning=reasoning
+                )
+            except GrammarError as exc:
+                raise APIError(400, f"invalid tools: {exc}", param="tools") from exc
+            return lark, "tools"
+        if kind == "json_object":
+            return json_schema_lark({"type": "object"}, reasoning=reasoning), "response_format"
+        if kind == "json_schema":
+            assert rf is not None
+            spec = rf.get("json_schema")
+            if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+                raise APIError(
+                    400,
+                    "response_format.json_schema must be an object with a 'schema' object",
+                    param="response_format",
+                )
+            schema = spec.get("schema", {})
+            if spec.get("strict"):
+                try:
+                    check_strict(schema, "response_format.json_schema.schema")
+                except GrammarError as exc:
+                    raise APIError(400, str(exc), param="response_format") from exc
+            return json_schema_lark(schema, reasoning=reasoning), "response_format"
+        return None
 
-    def delta(self, body: ChatCompletionRequest, index: int, out: RequestOutput) -> r.Choice:
+    def _compile(self, source: str, param: str) -> Any:
+        assert self.state.engine is not None and self.state.tokenizer is not None
+        cfg = self.state.engine.engine.config
+        compiler = compiler_for(self.state.tokenizer, cfg.vocab_size, cfg.eos_token_ids)
+        try:
+            return compiler.lark(source)
+        except GrammarError as exc:
+            raise APIError(400, f"invalid {param} schema: {exc}", param=param) from exc
+
+    def builder(
+        self, body: ChatCompletionRequest, prompts: Prompts, index: int, job: Job
+    ) -> r.ChoiceBuilder:
         tok, k = self.state.tokenizer, body.top_logprobs or 0
-        return r.chat_delta(index, out, tok, k, body.return_token_ids)
+        return r.ChatChoiceBuilder(index, tok, k, body.return_token_ids, prompts.output)
 
     def opening(self, body: ChatCompletionRequest, jobs: list[Job]) -> list[r.Choice]:
         return [r.chat_role(i) for i in range(len(jobs))]
+
+
+def _named_tool(body: ChatCompletionRequest) -> str | None:
+    if isinstance(body.tool_choice, dict):
+        return str(body.tool_choice["function"]["name"])
+    return None
+
+
+def _history(body: ChatCompletionRequest) -> list[dict[str, Any]]:
+    """Messages as the template wants them: assistant ``tool_calls`` arguments as mappings
+    (clients send JSON strings), empty ``tool_calls`` dropped, ``reasoning`` read as
+    ``reasoning_content``, ``developer`` as ``system``."""
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(body.messages):
+        msg = m.model_dump(exclude_none=True)
+        if msg.get("role") == "developer":
+            msg["role"] = "system"
+        if "reasoning" in msg and "reasoning_content" not in msg:
+            msg["reasoning_content"] = msg.pop("reasoning")
+        calls = msg.get("tool_calls")
+        if not calls:
+            msg.pop("tool_calls", None)
+        else:
+            msg["tool_calls"] = [
+                _call_for_template(c, f"messages[{i}].tool_calls[{j}]") for j, c in enumerate(calls)
+            ]
+        out.append(msg)
+    return out
+
+
+def _call_for_template(call: Any, where: str) -> dict[str, Any]:
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise APIError(400, f"{where} must have function.name", param="messages")
+    args = fn.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except ValueError as exc:
+            raise APIError(
+                400, f"{where}.function.arguments is not JSON: {exc}", param="messages"
+            ) from exc
+    if not isinstance(args, dict):
+        raise APIError(400, f"{where}.function.arguments must be a JSON object", param="messages")
+    return {**call, "function": {**fn, "arguments": args}}
