@@ -92,6 +92,36 @@ def test_malformed_blocks_are_content(text: str) -> None:
     assert _joined(_stream(text, fmt, cuts)) == _joined(whole)
 
 
+HERMES = (
+    'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n'
+    '</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": "{\\"city\\": \\"Rome\\"}"}'
+    "\n</tool_call>"
+)
+
+
+def test_json_bodied_calls_of_qwen3_next_templates() -> None:
+    """Qwen3 / Qwen3-Next templates ask for a JSON object inside <tool_call>; arguments as an
+    object or as a JSON string of one. Any split of the stream agrees with the whole."""
+    fmt = OutputFormat(tools=SCHEMAS)
+    whole = parse_whole(HERMES, fmt)
+    assert whole.calls == [
+        ToolCall("get_weather", {"city": "Paris", "days": 3}),
+        ToolCall("get_weather", {"city": "Rome"}),
+    ]
+    assert "".join(whole.content) == "Checking."
+    rng = np.random.default_rng(1)
+    for _ in range(100):
+        cuts = sorted(rng.choice(len(HERMES), size=int(rng.integers(1, 20)), replace=False))
+        assert _joined(_stream(HERMES, fmt, [int(c) for c in cuts])) == _joined(whole)
+    for bad in (
+        '<tool_call>{"name": "f", "arguments": [1]}</tool_call>',
+        '<tool_call>{"name": "f", "extra": 1}</tool_call>',
+        '<tool_call>{"name": "f" "arguments": {}}</tool_call>',
+    ):
+        got = parse_whole(bad, fmt)
+        assert got.calls == [] and "".join(got.content) == bad
+
+
 def test_reasoning_split_and_prompt_state() -> None:
     fmt = OutputFormat(reasoning=True, tools=SCHEMAS)
     text = "think hard\n</think>\n\n" + TWO_CALLS

@@ -1,4 +1,5 @@
-"""Qwen3.5 / 3.6 tool calls ("qwen3-coder" XML) in the model's text, as OpenAI tool calls.
+"""Qwen3.5 / 3.6 tool calls ("qwen3-coder" XML) in the model's text, as OpenAI tool calls
+(the JSON-bodied ``<tool_call>`` of Qwen3 / Qwen3-Next templates is read too).
 
 The model writes, after optional text::
 
@@ -130,9 +131,32 @@ def convert_value(raw: str, schema: Mapping[str, Any] | None) -> Any:
     return raw
 
 
+def _parse_json_call(block: str) -> ToolCall | None:
+    """Hermes-style ``{"name": ..., "arguments": {...}}`` (Qwen3 / Qwen3-Next templates); the
+    arguments may also come as a JSON string of an object."""
+    try:
+        obj = json.loads(block)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or set(obj) - {"name", "arguments"}:
+        return None
+    name, args = obj.get("name"), obj.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    if not isinstance(name, str) or not _VALID_NAME.fullmatch(name) or not isinstance(args, dict):
+        return None
+    return ToolCall(name, args)
+
+
 def parse_call_block(block: str, tools: Mapping[str, dict[str, Any]]) -> ToolCall | None:
-    """The call in the text between ``<tool_call>`` and ``</tool_call>``, or None if the
-    block is not a well-formed call."""
+    """The call in the text between ``<tool_call>`` and ``</tool_call>`` (Qwen3.5's XML, or
+    the JSON object of Qwen3 / Qwen3-Next templates), or None if the block is not a
+    well-formed call."""
+    if block.lstrip().startswith("{"):
+        return _parse_json_call(block.strip())
     m = _FUNC_RE.match(block)
     if m is None or not _VALID_NAME.fullmatch(m.group(1)):
         return None
@@ -239,7 +263,8 @@ class ToolCallParser:
     def _step_block(self, events: list[ToolEvent]) -> bool:
         """Advance inside a block; False when more text is needed."""
         head = self._buf.lstrip()
-        if head and not (head.startswith(FUNC_OPEN) or FUNC_OPEN.startswith(head)):
+        xml = head.startswith(FUNC_OPEN) or FUNC_OPEN.startswith(head)
+        if head and not (xml or head.startswith("{")):
             self._content(events, self._ws + TOOL_OPEN)  # not a call after all: plain text
             self._in_block = False
             return True
