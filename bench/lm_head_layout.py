@@ -1,0 +1,83 @@
+"""The torch backend's LM-head layout, side by side: ``F.linear(x, W)`` on the checkpoint's
+[vocab, H] weight against ``x @ W_t`` on a contiguous [H, vocab] copy (what ``ref/model.py``
+keeps), at the row counts a decode step has, interleaved over rounds in one process. One
+ledger line to ``bench/runs/lm-head-layout.jsonl``.
+
+    OMP_NUM_THREADS=2 python -m bench.lm_head_layout [--hidden 256 --vocab 248320]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from bench.provenance import REPO_ROOT, git_info, machine_info
+
+LEDGER = REPO_ROOT / "bench" / "runs" / "lm-head-layout.jsonl"
+
+
+def median_ms(fn: Callable[[], object], calls: int) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(calls):
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.lm_head_layout", description=__doc__)
+    ap.add_argument("--hidden", type=int, default=256)  # the demo model's
+    ap.add_argument("--vocab", type=int, default=248320)
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 12, 16, 32])
+    ap.add_argument("--calls", type=int, default=30)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--ledger", type=Path, default=LEDGER)
+    a = ap.parse_args(argv)
+    w = torch.randn(a.vocab, a.hidden)
+    w_t = w.t().contiguous()
+    results = {}
+    for rows in a.rows:
+        x = torch.randn(rows, a.hidden)
+        arms: dict[str, Callable[[], object]] = {
+            "linear_vocab_major": lambda x=x: F.linear(x, w),
+            "matmul_hidden_major": lambda x=x: x @ w_t,
+        }
+        got: dict[str, list[float]] = {k: [] for k in arms}
+        for r in range(a.rounds):
+            for name in list(arms) if r % 2 == 0 else list(reversed(arms)):
+                got[name].append(median_ms(arms[name], a.calls))
+        ms = {k: statistics.median(v) for k, v in got.items()}
+        ratio = ms["linear_vocab_major"] / ms["matmul_hidden_major"]
+        results[str(rows)] = {**ms, "speedup": ratio}
+        print(
+            f"rows {rows:3d}: [V,H] linear {ms['linear_vocab_major']:6.2f} ms, "
+            f"[H,V] matmul {ms['matmul_hidden_major']:6.2f} ms, x{ratio:.2f}",
+            flush=True,
+        )
+    line = {
+        "bench": "lm_head_layout",
+        "timestamp": time.time(),
+        "git": git_info(),
+        "machine": machine_info(),
+        "params": {k: v for k, v in vars(a).items() if k != "ledger"},
+        "threads": torch.get_num_threads(),
+        "results_ms": results,
+    }
+    a.ledger.parent.mkdir(parents=True, exist_ok=True)
+    with a.ledger.open("a") as fh:
+        fh.write(json.dumps(line) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
