@@ -47,10 +47,10 @@ class HybridModel:
         self.embed = w["embed_tokens.weight"]
         self.final_norm = w["norm.weight"]
         # The LM head as [H, vocab], contiguous: a decode step multiplies a few rows by it, and
-        # CPU GEMV/GEMM kernels read that layout at close to memory bandwidth where F.linear on
-        # the [vocab, H] checkpoint layout runs at about half (2.2x slower at 1 row, 2x at 2,
-        # ~1.2x at 4-12 rows on 2 cores; bench/lm_head_layout.py). A tied model keeps the
-        # embedding too (one more [vocab, H] copy).
+        # CPU GEMV kernels read that layout at close to memory bandwidth where F.linear on the
+        # [vocab, H] checkpoint layout runs at about half (2.2x slower at 1 row, 2x at 2 on 2
+        # cores; from 4 rows on the two are within +-15%: bench/runs/lm-head-layout.jsonl).
+        # A tied model keeps the embedding too (one more [vocab, H] copy).
         self.lm_head_t = w["lm_head.weight"].t().contiguous()
         self.inv_freq = rope_inv_freq(spec.rotary_dim, spec.rope_theta, device)
         self.layers = [self._layer(spec, w, i) for i in range(spec.num_layers)]
