@@ -205,7 +205,8 @@ in
       snapshotSlots = opt types.int d.prefixCaching.snapshotSlots
         "Number of GDN state snapshot slots.";
     };
-    maxBatchSize = opt types.int d.maxBatchSize "Maximum running sequences per step.";
+    maxBatchSize = opt types.int d.maxBatchSize
+      "Running requests at once; 0 = the backend's default (32 on torch, 16 on ttnn).";
     maxWaiting = opt types.int d.maxWaiting "Maximum queued requests before 503.";
     maxNumBatchedTokens = opt types.int d.maxNumBatchedTokens "Token budget per engine step.";
     maxModelLen = opt types.int d.maxModelLen "Context limit in tokens; 0 = the model's own.";

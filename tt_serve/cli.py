@@ -123,7 +123,7 @@ def _plan_spec(model: str) -> ModelSpec:
 
 
 def _plan(argv: Sequence[str]) -> int:
-    from tt_serve.config import PRECISIONS, ServeConfig
+    from tt_serve.config import DEFAULT_BATCH, PRECISIONS, ServeConfig
     from tt_serve.model.published import SIZES
 
     d = ServeConfig()
@@ -142,7 +142,7 @@ def _plan(argv: Sequence[str]) -> int:
     )
     p.add_argument("--backend", choices=("ttnn",), default="ttnn")
     p.add_argument("--device", default="p150", help="n150, n300, p150, p300, t3k, ...")
-    p.add_argument("--max-batch-size", type=int, default=d.max_batch_size)
+    p.add_argument("--max-batch-size", type=int, default=DEFAULT_BATCH["ttnn"])
     p.add_argument("--prefill-chunk", type=int, default=d.prefill_chunk)
     p.add_argument("--block-size", type=int, default=d.block_size)
     p.add_argument("--snapshot-slots", type=int, default=d.snapshot_slots)
@@ -170,7 +170,7 @@ def _plan(argv: Sequence[str]) -> int:
         req = planner.PlanRequest(
             device=a.device,
             precision="bfloat16" if a.precision == "auto" else a.precision,
-            max_batch_size=a.max_batch_size,
+            max_batch_size=a.max_batch_size or DEFAULT_BATCH["ttnn"],
             prefill_chunk=a.prefill_chunk,
             block_size=a.block_size,
             snapshot_slots=a.snapshot_slots,

@@ -32,6 +32,10 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "random")
 """sglang-router 0.3.2 policies the module offers (docs/routing.md says why cache_aware)."""
 TTNN_MAX_BATCH = 32
+DEFAULT_BATCH = {"torch": 32, "ttnn": 16}
+"""What max_batch_size 0 means per backend: torch serves 32 concurrent requests on a CPU without
+queueing any (its step cost grows slowly with rows); ttnn's 16 keeps the decode trace and the
+GDN state pool of a 9B within one chip at the default precision."""
 TTNN_BLOCK_ALIGN = 32
 """ttnn stores paged KV in TILE layout (32 x 32), so a KV block holds whole tile rows."""
 
@@ -108,7 +112,9 @@ class ServeConfig:
         True, "the joint KV + GDN-snapshot prefix cache (off: cold control)"
     )
     snapshot_slots: int = _opt(32, "GDN snapshot slots of the prefix cache")
-    max_batch_size: int = _opt(16, "running requests at once")
+    max_batch_size: int = _opt(
+        0, "running requests at once; 0 = the backend's default (32 on torch, 16 on ttnn)"
+    )
     max_waiting: int = _opt(256, "waiting requests before new ones get 503")
     max_num_batched_tokens: int = _opt(2048, "tokens per engine step (at least one chunk)")
     max_model_len: int = _opt(0, "context limit in tokens; 0 = the model's own")
@@ -160,6 +166,11 @@ class ServeConfig:
         if self.dtype != "auto":
             return self.dtype
         return "float32" if self.backend == "torch" and self.device == "cpu" else "bfloat16"
+
+    @property
+    def resolved_max_batch_size(self) -> int:
+        """``max_batch_size``, 0 standing for the backend's default (DEFAULT_BATCH)."""
+        return self.max_batch_size or DEFAULT_BATCH.get(self.backend, DEFAULT_BATCH["torch"])
 
     @property
     def resolved_precision(self) -> str:
@@ -324,10 +335,12 @@ def validate(cfg: ServeConfig) -> list[str]:
             f"({cfg.block_size}): prefill chunks end on block boundaries.",
         ),
         (
-            (1 <= cfg.max_batch_size <= TTNN_MAX_BATCH) if ttnn else cfg.max_batch_size >= 1,
-            f"{p}.maxBatchSize must be in 1..{TTNN_MAX_BATCH} on backend ttnn (got {cfg.max_batch_size})."
+            (0 <= cfg.max_batch_size <= TTNN_MAX_BATCH) if ttnn else cfg.max_batch_size >= 0,
+            f"{p}.maxBatchSize must be in 0..{TTNN_MAX_BATCH} on backend ttnn (0 = the "
+            f"backend's default; got {cfg.max_batch_size})."
             if ttnn
-            else f"{p}.maxBatchSize must be at least 1 (got {cfg.max_batch_size}).",
+            else f"{p}.maxBatchSize must not be negative (0 = the backend's default; got "
+            f"{cfg.max_batch_size}).",
         ),
         (
             cfg.max_num_batched_tokens >= cfg.prefill_chunk,

@@ -20,7 +20,7 @@
     enable = true;
     snapshotSlots = 32;
   };
-  maxBatchSize = 16;
+  maxBatchSize = 0; # 0: the backend's default (32 on torch, 16 on ttnn)
   maxWaiting = 256;
   maxNumBatchedTokens = 2048;
   maxModelLen = 0; # 0: the model's own context length

@@ -80,10 +80,10 @@ in
   (rule (multiple cfg.prefillChunk cfg.blockSize)
     "${p}.prefillChunk (${s cfg.prefillChunk}) must be a multiple of ${p}.blockSize (${s cfg.blockSize}): prefill chunks end on block boundaries.")
   (if ttnn then
-    rule (cfg.maxBatchSize >= 1 && cfg.maxBatchSize <= ttnnMaxBatch)
-      "${p}.maxBatchSize must be in 1..${s ttnnMaxBatch} on backend ttnn (got ${s cfg.maxBatchSize})."
+    rule (cfg.maxBatchSize >= 0 && cfg.maxBatchSize <= ttnnMaxBatch)
+      "${p}.maxBatchSize must be in 0..${s ttnnMaxBatch} on backend ttnn (0 = the backend's default; got ${s cfg.maxBatchSize})."
   else
-    rule (cfg.maxBatchSize >= 1) "${p}.maxBatchSize must be at least 1 (got ${s cfg.maxBatchSize}).")
+    rule (cfg.maxBatchSize >= 0) "${p}.maxBatchSize must not be negative (0 = the backend's default; got ${s cfg.maxBatchSize}).")
   (rule (cfg.maxNumBatchedTokens >= cfg.prefillChunk)
     "${p}.maxNumBatchedTokens (${s cfg.maxNumBatchedTokens}) must be at least ${p}.prefillChunk (${s cfg.prefillChunk}): one step must fit a whole chunk.")
   (rule (cfg.maxWaiting >= 0) "${p}.maxWaiting must not be negative (got ${s cfg.maxWaiting}).")

@@ -241,7 +241,7 @@ def test_systemd_specials_are_escaped() -> None:
     [
         ({"deviceResident": True, "deviceArgmax": False, "backend": "ttnn"},
          f"{P}.deviceResident = true requires {P}.deviceArgmax = true"),
-        ({"backend": "ttnn", "maxBatchSize": 64}, f"{P}.maxBatchSize must be in 1..32"),
+        ({"backend": "ttnn", "maxBatchSize": 64}, f"{P}.maxBatchSize must be in 0..32"),
         ({"prefillChunk": 96, "blockSize": 32}, "GDN chunk (64)"),
         ({"backend": "ttnn", "dtype": "float32"}, f"{P}.dtype = float32 is not available"),
         ({"precision": "mixed"}, f"{P}.precision selects a ttnn weight profile"),

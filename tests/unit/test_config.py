@@ -178,6 +178,18 @@ def test_module_only_keys_are_accepted() -> None:
     assert config_from_json_dict(data) == ServeConfig()
 
 
+def test_max_batch_size_zero_is_the_backends_default() -> None:
+    """0 (the default): 32 running requests on torch (CPU or CUDA), 16 on ttnn."""
+    assert ServeConfig().max_batch_size == 0
+    assert ServeConfig().resolved_max_batch_size == 32
+    assert ServeConfig(device="cuda").resolved_max_batch_size == 32
+    assert ServeConfig(backend="ttnn").resolved_max_batch_size == 16
+    assert ServeConfig(backend="ttnn", max_batch_size=4).resolved_max_batch_size == 4
+    assert validate(ServeConfig(max_batch_size=-1)) == [
+        f"{P}.maxBatchSize must not be negative (0 = the backend's default; got -1)."
+    ]
+
+
 def test_validate_messages_name_nix_options() -> None:
     errors = validate(ServeConfig(device_resident=True, device_argmax=False, backend="ttnn"))
     assert errors == [
@@ -185,14 +197,14 @@ def test_validate_messages_name_nix_options() -> None:
         "(the decode loop feeds sampled ids back on the device; logits never leave it)."
     ]
     assert validate(ServeConfig(backend="ttnn", max_batch_size=33)) == [
-        f"{P}.maxBatchSize must be in 1..32 on backend ttnn (got 33)."
+        f"{P}.maxBatchSize must be in 0..32 on backend ttnn (0 = the backend's default; got 33)."
     ]
 
 
 REFUSED = [
     (
         ServeConfig(backend="ttnn", max_batch_size=64),
-        [f"{P}.maxBatchSize must be in 1..32 on backend ttnn (got 64)."],
+        [f"{P}.maxBatchSize must be in 0..32 on backend ttnn (0 = the backend's default; got 64)."],
     ),
     (
         ServeConfig(backend="ttnn", dtype="float32"),

@@ -72,7 +72,7 @@ def num_kv_blocks(
     per_snap = max(spec.state_bytes_per_slot(), 1)
     budget = int(min(_available_memory() * HOST_MEMORY_FRACTION, HOST_MEMORY_CAP))
     per_seq = -(-max_model_len // cfg.block_size)
-    want = cfg.max_batch_size * per_seq + 1
+    want = cfg.resolved_max_batch_size * per_seq + 1
     return max(per_seq + 1, min(want, (budget - cfg.num_snapshot_slots * per_snap) // per_block))
 
 
@@ -98,7 +98,7 @@ def build_engine(
         eos |= set(tokenizer.eos_token_ids)
     config = EngineConfig(
         scheduler=SchedulerConfig(
-            max_batch=cfg.max_batch_size,
+            max_batch=cfg.resolved_max_batch_size,
             max_num_batched_tokens=cfg.max_num_batched_tokens,
             chunk=cfg.prefill_chunk,
             block_size=cfg.block_size,
@@ -124,6 +124,6 @@ def build_engine(
         cfg.block_size,
         cfg.num_snapshot_slots,
         cfg.prefill_chunk,
-        cfg.max_batch_size,
+        cfg.resolved_max_batch_size,
     )
     return Engine(backend, config, text_streams=streams)

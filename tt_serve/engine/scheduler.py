@@ -32,7 +32,7 @@ _D = ServeConfig()  # the defaults are ServeConfig's, stated there once
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_batch: int = _D.max_batch_size
+    max_batch: int = _D.resolved_max_batch_size
     max_num_batched_tokens: int = _D.max_num_batched_tokens
     chunk: int = _D.prefill_chunk
     block_size: int = _D.block_size

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, replace
 from types import SimpleNamespace
 from typing import IO, Any
 
-from tt_serve.config import ServeConfig
+from tt_serve.config import DEFAULT_BATCH, ServeConfig
 from tt_serve.model.interface import StateCopy, StepBatch, StepRow
 from tt_serve.model.spec import FULL_ATTENTION, ModelSpec
 from tt_serve.model.tt.backend import TTBackend
@@ -70,7 +70,7 @@ class PlanRequest:
 
     device: str = "p150"
     precision: str = _D.resolved_precision
-    max_batch_size: int = _D.max_batch_size
+    max_batch_size: int = DEFAULT_BATCH["ttnn"]
     prefill_chunk: int = _D.prefill_chunk
     block_size: int = _D.block_size
     snapshot_slots: int = _D.snapshot_slots
@@ -87,7 +87,7 @@ class PlanRequest:
         return PlanRequest(
             device=device,
             precision=cfg.resolved_precision,
-            max_batch_size=cfg.max_batch_size,
+            max_batch_size=cfg.resolved_max_batch_size,
             prefill_chunk=cfg.prefill_chunk,
             block_size=cfg.block_size,
             snapshot_slots=cfg.num_snapshot_slots,
