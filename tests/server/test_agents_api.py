@@ -236,6 +236,26 @@ def test_reasoning_split(server: Served) -> None:
     assert "reasoning_content" not in plain
 
 
+def _required_tool(parameters: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": parameters}}],
+        "tool_choice": "required",
+    }
+
+
+def _param(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "properties": {"x": schema}, "required": ["x"]}
+
+
+def _schema(schema: dict[str, Any], *, strict: bool = False) -> dict[str, Any]:
+    return {
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "x", "strict": strict, "schema": schema},
+        }
+    }
+
+
 @pytest.mark.parametrize(
     ("extra", "needle"),
     [
@@ -267,6 +287,56 @@ def test_reasoning_split(server: Served) -> None:
         ),
         ({"tool_choice": "required"}, "tool_choice needs tools"),
         ({"response_format": {"type": "xml"}}, "response_format type"),
+        # Malformed schemas that used to reach the grammar builder and fail as a 500.
+        (_required_tool({"type": "object", "properties": [1]}), "properties must be an object"),
+        (_required_tool({"type": "object", "required": "city"}), "required must be an array"),
+        (_required_tool(_param({"type": "string", "maxLength": [1]})), "maxLength must be"),
+        (_required_tool(_param({"type": "string", "enum": "abc"})), "enum must be a non-empty"),
+        (_required_tool(_param({"enum": []})), "enum must be a non-empty"),
+        (_required_tool({"type": "object", "$defs": [1]}), "$defs must be an object"),
+        (
+            _required_tool({"type": "object", "properties": {"a>\n": {"type": "string"}}}),
+            "cannot be a parameter name",
+        ),
+        (_schema({"type": "object", "x-guidance": "loose"}), "x-guidance must be an object"),
+        (
+            _schema(
+                {"type": "object", "properties": {}, "required": 5, "additionalProperties": False},
+                strict=True,
+            ),
+            "required a list",
+        ),
+        # Template variables the request owns (they used to collide: TypeError, 500).
+        ({"chat_template_kwargs": {"messages": []}}, "may not set ['messages']"),
+        ({"chat_template_kwargs": {"add_generation_prompt": False}}, "add_generation_prompt"),
+        ({"chat_template_kwargs": {"tools": "x"}}, "may not set ['tools']"),
+        # Names the parser could never read back from <function=NAME> (a required call came
+        # back as content).
+        (
+            {"tools": [{"type": "function", "function": {"name": "get weather"}}]},
+            "may not contain whitespace",
+        ),
+        (
+            {
+                "messages": [
+                    *USER,
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {
+                                "id": "call_1",
+                                "type": "function",
+                                "function": {"name": "get_time", "arguments": "{}"},
+                            }
+                        ],
+                    },
+                    {"role": "tool", "content": "12:00"},
+                ],
+                "tools": TOOLS,
+            },
+            "messages[2].tool_call_id",
+        ),
     ],
 )
 def test_invalid_constraints_are_400(server: Served, extra: dict[str, Any], needle: str) -> None:
@@ -278,3 +348,51 @@ def test_invalid_constraints_are_400(server: Served, extra: dict[str, Any], need
     assert resp.status_code == 400, resp.text
     err = resp.json()["error"]
     assert needle in err["message"] and err["type"] == "invalid_request_error"
+
+
+def test_named_tool_typed_literals_and_slash_patterns(server: Served) -> None:
+    """Non-string const / enum values come back typed (``5``, not ``"5"``), and a pattern with
+    "/" (bare or escaped) compiles instead of a 400 lexer error."""
+    params = {
+        "type": "object",
+        "properties": {
+            "n": {"const": 5},
+            "mode": {"enum": ["fast", 2, None]},
+            "path": {"type": "string", "pattern": "^[a-z]{1,3}/[0-9]\\/x$"},
+        },
+        "required": ["n", "mode", "path"],
+        "additionalProperties": False,
+    }
+    tools: Any = [{"type": "function", "function": {"name": "f", "parameters": params}}]
+    named: Any = {"type": "function", "function": {"name": "f"}}
+    cl = client(server)
+
+    def check(seed: int) -> None:
+        resp = cl.chat.completions.create(
+            model=MODEL_NAME, messages=USER, tools=tools, tool_choice=named, seed=seed,
+            temperature=1.0, max_tokens=64,
+        )  # fmt: skip
+        calls = resp.choices[0].message.tool_calls
+        assert calls, resp
+        jsonschema.validate(json.loads(calls[0].function.arguments), params)  # type: ignore[union-attr]
+
+    for seed in range(4):
+        check(seed)
+
+
+def test_grammar_failing_mid_generation_is_400_not_500(server: Served) -> None:
+    """llguidance builds lexers lazily: a pattern too big for it fails after the first token.
+    That is the request's schema failing, answered 400 (and an error event in a stream)."""
+    body = {"model": MODEL_NAME, "messages": USER, "max_tokens": 8}
+    body.update(_schema({"type": "string", "pattern": "^a{1000000}$"}))
+    with httpx.Client(base_url=server.url, timeout=60) as h:
+        resp = h.post("/v1/chat/completions", json=body)
+        assert resp.status_code == 400, resp.text
+        err = resp.json()["error"]
+        assert "too many expressions" in err["message"] and "<state>" not in err["message"]
+        with h.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as s:
+            text = s.read().decode()
+        assert s.status_code == 200 and "constrained decoding failed" in text
+        assert text.rstrip().endswith("data: [DONE]")
+        gauges = h.get("/metrics").text
+    assert "tt_serve:num_requests_running 0.0" in gauges

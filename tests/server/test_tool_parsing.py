@@ -18,6 +18,7 @@ import pytest
 import uvicorn
 
 from tt_serve.agents.chat_output import ChatMessage, ChatOutputParser, OutputFormat, parse_whole
+from tt_serve.agents.constraints import _regex_body
 from tt_serve.agents.reasoning import prompt_opens_reasoning
 from tt_serve.agents.tool_parser import ToolCall, convert_value
 from tt_serve.engine.async_engine import AsyncEngine
@@ -143,6 +144,20 @@ def test_value_conversion_follows_the_schema() -> None:
     assert convert_value("[1, 2]", {"type": "array"}) == [1, 2]
     assert convert_value("{'a': 1}", {"type": "object"}) == {"a": 1}
     assert convert_value("07", None) == "07"
+    # const / enum members keep their type: the grammar writes strings raw, other values JSON.
+    assert convert_value("5", {"const": 5}) == 5
+    assert convert_value("2", {"enum": ["fast", 2, None]}) == 2
+    assert convert_value("null", {"enum": ["fast", 2, None]}) is None
+    assert convert_value('"fast"', {"enum": ["fast", 2]}) == "fast"
+    assert convert_value("fast", {"enum": ["fast", 2]}) == "fast"
+    assert convert_value("true", {"enum": [1]}) == "true"  # true is not 1
+    assert convert_value("[" * 100_000, {"enum": [1]}) == "[" * 100_000  # no RecursionError
+
+
+def test_pattern_slashes_are_escaped_once() -> None:
+    assert _regex_body("^a/b$") == r"a\/b"
+    assert _regex_body(r"a\/b") == r"a\/b"  # already escaped: unchanged
+    assert _regex_body(r"a\\/b") == r"a\\\/b"  # an escaped backslash, then a bare "/"
 
 
 class ScriptedBackend:

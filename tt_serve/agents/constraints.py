@@ -14,6 +14,7 @@ minLength / maxLength and pattern honoured); any other value is JSON for its sub
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from tt_serve.agents.grammar import _PREFIX, GrammarError, _json_rule
@@ -23,6 +24,8 @@ _END = r"\n<\/parameter>\n"
 # No "</" in a raw string value (it would end the parameter). A bounded one has no "<" at all,
 # so that the regex's count is exactly the string's length.
 _TEXT_CHAR = r"([^<]|<[^\/<])"
+_KEY = re.compile(r"[^>\n]+")
+_SLASH = re.compile(r"(\\.)|/")
 
 
 def _lit(s: str) -> str:
@@ -38,13 +41,25 @@ def _is_string(schema: dict[str, Any]) -> bool:
 
 def _regex_body(pattern: str) -> str:
     body = pattern.removeprefix("^").removesuffix("$")
-    return body.replace("/", r"\/")
+    # "/" ends a Lark regex: escape the bare ones, keep escapes (an already escaped "\/") whole.
+    return _SLASH.sub(lambda m: m.group(1) or r"\/", body)
 
 
-def _value(rule: str, schema: dict[str, Any], defs: dict[str, Any] | None) -> list[str]:
+def _length(schema: dict[str, Any], key: str, where: str) -> int | None:
+    value = schema.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise GrammarError(f"{where}.{key} must be a non-negative integer")
+    return value
+
+
+def _value(rule: str, schema: dict[str, Any], defs: dict[str, Any] | None, where: str) -> list[str]:
     """Lark lines defining ``rule`` as the parameter's value and its closing tag."""
     if "const" in schema and isinstance(schema["const"], str):
         return [f'{rule}: {_lit(schema["const"])} "\\n</parameter>\\n"']
+    if "enum" in schema and (not isinstance(schema["enum"], list) or not schema["enum"]):
+        raise GrammarError(f"{where}.enum must be a non-empty array")
     if _is_string(schema):
         if "enum" in schema:
             alts = " | ".join(_lit(v) for v in schema["enum"])
@@ -54,10 +69,10 @@ def _value(rule: str, schema: dict[str, Any], defs: dict[str, Any] | None) -> li
                 f"{rule}: {rule.upper()}_T",
                 f"{rule.upper()}_T: /({_regex_body(schema['pattern'])}){_END}/",
             ]
-        lo = int(schema.get("minLength", 0))
-        hi = schema.get("maxLength")
+        lo = _length(schema, "minLength", where) or 0
+        hi = _length(schema, "maxLength", where)
         if hi is not None:
-            chars = f"[^<]{{{lo},{int(hi)}}}"
+            chars = f"[^<]{{{lo},{hi}}}"
         else:
             chars = _TEXT_CHAR + (f"{{{lo},}}" if lo else "*")
         return [f"{rule}: {rule.upper()}_T", f"{rule.upper()}_T: /{chars}{_END}/"]
@@ -68,19 +83,33 @@ def _value(rule: str, schema: dict[str, Any], defs: dict[str, Any] | None) -> li
 
 
 def _function_rules(i: int, fn: dict[str, Any]) -> list[str]:
+    where = f"tools[{i}].function.parameters"
     params = fn.get("parameters") or {}
     if not isinstance(params, dict):
-        raise GrammarError(f"tools[{i}].function.parameters must be an object")
+        raise GrammarError(f"{where} must be an object")
     props = params.get("properties") or {}
-    required = set(params.get("required") or [])
+    if not isinstance(props, dict):
+        raise GrammarError(f"{where}.properties must be an object")
+    required_list = params.get("required") or []
+    if not isinstance(required_list, list) or not all(isinstance(k, str) for k in required_list):
+        raise GrammarError(f"{where}.required must be an array of strings")
+    required = set(required_list)
     defs = params.get("$defs") or params.get("definitions")
+    if defs is not None and not isinstance(defs, dict):
+        raise GrammarError(f"{where}.$defs must be an object")
     lines: list[str] = []
     parts: list[str] = []
     for j, (key, sub) in enumerate(props.items()):
         if not isinstance(sub, dict):
-            raise GrammarError(f"tools[{i}].function.parameters.properties.{key} must be a schema")
+            raise GrammarError(f"{where}.properties.{key} must be a schema")
+        if not key or not _KEY.fullmatch(key):
+            # The parser reads <parameter=KEY> up to the first ">" or newline.
+            raise GrammarError(
+                f"{where}.properties: {key!r} cannot be a parameter name in the tool-call "
+                "format (it must be non-empty, without '>' or newlines)"
+            )
         rule = f"v_{i}_{j}"
-        lines += _value(rule, sub, defs)
+        lines += _value(rule, sub, defs, f"{where}.properties.{key}")
         item = f"({_lit(f'<parameter={key}>' + NL)} {rule})"
         parts.append(item if key in required else item + "?")
     body = " ".join(parts)
@@ -122,7 +151,10 @@ def check_strict(schema: Any, path: str = "schema") -> None:
         if schema.get("additionalProperties") is not False:
             raise GrammarError(f"strict mode: {path} must set additionalProperties to false")
         props = schema.get("properties") or {}
-        missing = [k for k in props if k not in (schema.get("required") or [])]
+        required = schema.get("required") or []
+        if not isinstance(props, dict) or not isinstance(required, list):
+            raise GrammarError(f"strict mode: {path} needs properties an object, required a list")
+        missing = [k for k in props if k not in required]
         if missing:
             raise GrammarError(f"strict mode: {path}.required must list every property: {missing}")
     for key, value in schema.items():

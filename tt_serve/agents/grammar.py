@@ -48,7 +48,7 @@ class LLGuidanceMatcher:
         return bool(self._m.consume_token(token_id))
 
     def error(self) -> str | None:
-        return self._m.get_error() if self._m.is_error() else None
+        return _short(self._m.get_error()) if self._m.is_error() else None
 
     def is_stopped(self) -> bool:
         return bool(self._m.is_stopped())
@@ -67,7 +67,10 @@ class CompiledGrammar:
 
 def _json_rule(schema: dict[str, Any]) -> str:
     """A Lark ``%json`` body for ``schema`` with the fixed separators."""
-    opts = {**JSON_OPTIONS, **(schema.get("x-guidance") or {})}
+    extra = schema.get("x-guidance") or {}
+    if not isinstance(extra, dict):
+        raise GrammarError("x-guidance must be an object")
+    opts = {**JSON_OPTIONS, **extra}
     return "%json " + json.dumps({**schema, "x-guidance": opts}, ensure_ascii=False)
 
 
@@ -105,7 +108,7 @@ class GrammarCompiler:
             grammar = llguidance.LLMatcher.grammar_from_lark(source)
             template = llguidance.LLMatcher(self._tok, grammar, log_level=0)
         except (ValueError, TypeError) as exc:
-            raise GrammarError(str(exc)) from exc
+            raise GrammarError(_short(str(exc))) from exc
         if template.is_error():
             raise GrammarError(_short(template.get_error()))
         compiled = CompiledGrammar(source, template)
@@ -118,8 +121,11 @@ class GrammarCompiler:
 
 
 def _short(message: str) -> str:
-    # llguidance appends its parser state and the whole grammar; the first line names the fault.
-    return message.split("\n<state>")[0].split("\n<grammar>")[0].strip()
+    # llguidance appends its parser state, the whole grammar or (on a panic) a backtrace; the
+    # first line names the fault.
+    for marker in ("\n<state>", "\n<grammar>", "\n<backtrace>"):
+        message = message.split(marker)[0]
+    return message.strip()
 
 
 _compilers: dict[int, tuple[Tokenizer, GrammarCompiler]] = {}

@@ -44,6 +44,11 @@ _VALID_NAME = re.compile(r"[^\s{}<>\"']+")
 _ID_ALPHABET = string.ascii_letters + string.digits
 
 
+def valid_tool_name(name: str) -> bool:
+    """Whether a function name can be read back from ``<function=NAME>``."""
+    return _VALID_NAME.fullmatch(name) is not None
+
+
 def new_call_id() -> str:
     """``call_`` + 24 alphanumerics, as OpenAI's ids."""
     return "call_" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(24))
@@ -103,8 +108,30 @@ def _types(schema: Mapping[str, Any]) -> list[str]:
     return []
 
 
+def _literal(raw: str, schema: Mapping[str, Any]) -> tuple[bool, Any]:
+    """(True, value) when the text is one of the schema's ``const`` / ``enum`` values: raw
+    for a string member (the grammar writes strings raw), else as JSON (how it writes others)."""
+    values = [schema["const"]] if "const" in schema else schema.get("enum")
+    if not isinstance(values, list):
+        return False, None
+
+    def member(x: Any) -> bool:  # type-exact: true is not 1
+        return any(type(v) is type(x) and v == x for v in values)
+
+    if member(raw):
+        return True, raw
+    try:
+        parsed = json.loads(raw.strip())
+    except (ValueError, RecursionError):
+        return False, None
+    return (True, parsed) if member(parsed) else (False, None)
+
+
 def convert_value(raw: str, schema: Mapping[str, Any] | None) -> Any:
     """One parameter's text as the type its schema says (vLLM's and SGLang's rules)."""
+    found, value = _literal(raw, schema or {})
+    if found:
+        return value
     types = _types(schema or {})
     if raw.strip().lower() in ("null", "none") and "null" in types:
         return None

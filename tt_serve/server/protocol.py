@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from tt_serve.agents.tool_parser import valid_tool_name
 from tt_serve.sequence import SamplingParams
 
 MAX_N = 16
@@ -206,6 +207,12 @@ class ChatCompletionRequest(SamplingRequest):
                 raise ValueError(f"tools[{i}] must be {{'type': 'function', 'function': {{...}}}}")
             if not isinstance(fn.get("name"), str) or not fn["name"]:
                 raise ValueError(f"tools[{i}].function.name must be a non-empty string")
+            if not valid_tool_name(fn["name"]):
+                # The model writes <function=NAME>: the parser could never read such a call.
+                raise ValueError(
+                    f"tools[{i}].function.name {fn['name']!r} may not contain whitespace, "
+                    "braces, angle brackets or quotes"
+                )
             if not isinstance(fn.get("parameters", {}), dict):
                 raise ValueError(f"tools[{i}].function.parameters must be a JSON schema object")
         names = [t["function"]["name"] for t in v or []]

@@ -25,6 +25,7 @@ from tt_serve.agents.grammar import GrammarError, compiler_for, json_schema_lark
 from tt_serve.agents.reasoning import THINK_CLOSE, prompt_opens_reasoning
 from tt_serve.agents.tool_parser import tool_schemas
 from tt_serve.engine.async_engine import AsyncEngine, OutputStream
+from tt_serve.engine.engine import is_grammar_error
 from tt_serve.sequence import FinishReason, RequestOutput
 from tt_serve.server import responses as r
 from tt_serve.server.jobs import Job, encode_prompts, make_jobs, submit
@@ -42,6 +43,8 @@ from tt_serve.server.state import ServerState
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 DEFAULT_CHAT_MAX_TOKENS = 512
+# Template variables the request sets itself (messages, add_generation_prompt, tools).
+RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "add_generation_prompt", "tools"})
 
 BodyT = TypeVar("BodyT", bound=SamplingRequest)
 
@@ -151,6 +154,8 @@ class OpenAIServing(ABC, Generic[BodyT]):
         async for out in outputs:
             self.metrics.observe(out, last_token_time)
             if out.finish_reason == FinishReason.ERROR:
+                if is_grammar_error(out.error):  # the request's schema, not the server, failed
+                    raise APIError(400, f"constrained decoding failed: {out.error}")
                 raise APIError(500, f"generation failed: {out.error}", type="server_error")
             yield out
 
@@ -244,6 +249,13 @@ class ServingChat(OpenAIServing[ChatCompletionRequest]):
                 400, f"tool_choice names {named!r}, not one of the tools", param="tool_choice"
             )
         kwargs: dict[str, Any] = dict(body.chat_template_kwargs or {})
+        reserved = sorted(RESERVED_TEMPLATE_KWARGS & kwargs.keys())
+        if reserved:
+            raise APIError(
+                400,
+                f"chat_template_kwargs may not set {reserved}: use the request's own fields",
+                param="chat_template_kwargs",
+            )
         if tools:
             kwargs["tools"] = tools
         try:
@@ -304,22 +316,31 @@ class ServingChat(OpenAIServing[ChatCompletionRequest]):
         if kind == "json_object":
             return json_schema_lark({"type": "object"}, reasoning=reasoning), "response_format"
         if kind == "json_schema":
-            assert rf is not None
-            spec = rf.get("json_schema")
-            if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+            try:
+                return self._schema_lark(rf, reasoning), "response_format"
+            except GrammarError as exc:
                 raise APIError(
-                    400,
-                    "response_format.json_schema must be an object with a 'schema' object",
-                    param="response_format",
-                )
-            schema = spec.get("schema", {})
-            if spec.get("strict"):
-                try:
-                    check_strict(schema, "response_format.json_schema.schema")
-                except GrammarError as exc:
-                    raise APIError(400, str(exc), param="response_format") from exc
-            return json_schema_lark(schema, reasoning=reasoning), "response_format"
+                    400, f"invalid response_format schema: {exc}", param="response_format"
+                ) from exc
         return None
+
+    @staticmethod
+    def _schema_lark(rf: dict[str, Any] | None, reasoning: bool) -> str:
+        assert rf is not None
+        spec = rf.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+            raise APIError(
+                400,
+                "response_format.json_schema must be an object with a 'schema' object",
+                param="response_format",
+            )
+        schema = spec.get("schema", {})
+        if spec.get("strict"):
+            try:
+                check_strict(schema, "response_format.json_schema.schema")
+            except GrammarError as exc:
+                raise APIError(400, str(exc), param="response_format") from exc
+        return json_schema_lark(schema, reasoning=reasoning)
 
     def _compile(self, source: str, param: str) -> Any:
         assert self.state.engine is not None and self.state.tokenizer is not None
@@ -355,6 +376,10 @@ def _history(body: ChatCompletionRequest) -> list[dict[str, Any]]:
         msg = m.model_dump(exclude_none=True)
         if msg.get("role") == "developer":
             msg["role"] = "system"
+        if msg.get("role") == "tool" and not isinstance(msg.get("tool_call_id"), str):
+            raise APIError(
+                400, f"messages[{i}].tool_call_id (a string) is required", param="messages"
+            )
         if "reasoning" in msg and "reasoning_content" not in msg:
             msg["reasoning_content"] = msg.pop("reasoning")
         calls = msg.get("tool_calls")
