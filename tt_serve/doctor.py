@@ -88,10 +88,15 @@ class Host:
 
 
 def _read(path: Path) -> str | None:
-    try:
-        return path.read_text().strip()
+    try:  # kernel files are ASCII; a damaged one must not stop the other checks
+        return path.read_text(errors="replace").strip()
     except OSError:
         return None
+
+
+def _count(path: Path) -> int:
+    text = _read(path) or ""
+    return int(text) if text.isdigit() else 0
 
 
 def _version(text: str) -> tuple[int, ...] | None:
@@ -168,8 +173,8 @@ def _iommu_active(host: Host) -> bool:
 
 
 def check_hugepages(host: Host, devices: int) -> Check:
-    total = int(_read(host.path(f"/{HUGEPAGES_1G}/nr_hugepages")) or 0)
-    free = int(_read(host.path(f"/{HUGEPAGES_1G}/free_hugepages")) or 0)
+    total = _count(host.path(f"/{HUGEPAGES_1G}/nr_hugepages"))
+    free = _count(host.path(f"/{HUGEPAGES_1G}/free_hugepages"))
     mounts = _hugetlbfs_1g_mounts(host)
     need = max(devices, 1)
     problem = ""
@@ -215,7 +220,10 @@ def probe_ttnn(python: str, env: Mapping[str, str] | None = None) -> dict[str, A
         return {"error": f"could not run {python}: {exc}"}
     for line in proc.stdout.splitlines():
         if line.startswith(_MARK):
-            facts: dict[str, Any] = json.loads(line[len(_MARK) :])
+            try:
+                facts: dict[str, Any] = json.loads(line[len(_MARK) :])
+            except ValueError:
+                break
             return facts
     tail = (proc.stderr or proc.stdout).strip().splitlines()
     return {"error": tail[-1] if tail else f"exit status {proc.returncode}"}
@@ -356,9 +364,12 @@ def render(checks: Sequence[Check]) -> str:
 
 def _ids(text: str) -> list[int]:
     try:
-        return [int(t) for t in text.split(",") if t.strip()]
+        ids = [int(t) for t in text.split(",") if t.strip()]
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers: {text!r}") from exc
+    if not ids or min(ids) < 0:
+        raise argparse.ArgumentTypeError(f"expected device ids 0, 1, ... (got {text!r})")
+    return ids
 
 
 def main(argv: Sequence[str]) -> int:
@@ -384,7 +395,11 @@ def main(argv: Sequence[str]) -> int:
     ok = not any(c.status == FAIL for c in checks)
     if a.json:
         doc = {"backend": a.backend, "ok": ok, "checks": [asdict(c) for c in checks]}
-        print(json.dumps(doc, indent=2))
+        text = json.dumps(doc, indent=2)
     else:
-        print(render(checks))
+        text = render(checks)
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:  # `| head`: the reader left; the exit status still tells
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0 if ok else 1

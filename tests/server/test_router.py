@@ -153,3 +153,58 @@ def test_ctrl_c_stops_router_and_replicas(routed: dict[str, object]) -> None:
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_a_port_in_use_is_named_and_nothing_starts(tmp_path: Path) -> None:
+    """It used to start the workers, let one die on the taken port, and report only 'a worker
+    exited with 3 while starting' (or, were the port an HTTP server, route to it)."""
+    base = free_base(4)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", base + 3))
+        taken.listen()
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / "scripts/serve-replicas"), "--replicas", "2",
+             "--port", str(base), "--prometheus-port", str(base + 1),
+             "--worker-base-port", str(base + 2), "--log-dir", str(tmp_path)],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert f"worker 1 port 127.0.0.1:{base + 3}" in proc.stderr and "Traceback" not in proc.stderr
+    assert not list(tmp_path.iterdir())  # no process was started
+
+
+def test_second_ctrl_c_cuts_the_workers_drain_short(demo_dir: Path, tmp_path: Path) -> None:
+    """The first Ctrl-C drains (up to --drain-timeout, here 60 s); a second one is passed on to
+    the workers, which end their requests with an error and exit."""
+    base, state = free_base(3), tmp_path / "state.json"
+    cmd = [
+        sys.executable, str(ROOT / "scripts/serve-replicas"), "--replicas", "1",
+        "--port", str(base), "--prometheus-port", str(base + 1),
+        "--worker-base-port", str(base + 2), "--drain-timeout", "60",
+        "--state-file", str(state), "--start-timeout", "120",
+        "--", "--model", str(demo_dir), "--served-model-name", "demo", *ENGINE_FLAGS,
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 150
+        while not state.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "replicas did not start"
+            time.sleep(0.2)
+        worker = json.loads(state.read_text())["workers"][0]["url"]
+        stream = client(worker).completions.create(
+            model="demo", prompt="x", max_tokens=1900, stream=True, extra_body={"ignore_eos": True}
+        )
+        next(iter(stream))
+        proc.send_signal(signal.SIGINT)
+        time.sleep(1)
+        proc.send_signal(signal.SIGINT)
+        t_second = time.monotonic()
+        with pytest.raises(openai.APIError, match="shutting down"):
+            for _ in stream:
+                pass
+        assert proc.wait(timeout=30) == 0
+        assert time.monotonic() - t_second < 20
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)

@@ -163,3 +163,37 @@ def test_unwritable_cache_fails(tmp_path: Path) -> None:
     blocker.write_text("")
     host = Host(root=tmp_path, env={"TT_METAL_CACHE": str(blocker / "cache")})
     assert run_fake(host, facts)["kernel cache"][0] == FAIL
+
+
+def test_damaged_kernel_files_are_findings_not_a_crash(tmp_path: Path) -> None:
+    """A non-number in nr_hugepages or bytes that are not UTF-8 used to raise inside one check
+    and turn the whole report into a single 'internal error'."""
+    host, facts = fake_host(tmp_path)
+    pages = tmp_path / "sys/kernel/mm/hugepages/hugepages-1048576kB"
+    (pages / "nr_hugepages").write_text("garbage\n")
+    (tmp_path / "proc/mounts").write_bytes(b"\xff\xfe not utf-8\n")
+    (tmp_path / "sys/module/tenstorrent/version").write_bytes(b"\xff\xfe")
+    result = run_fake(host, facts)
+    assert result["huge pages"][0] == FAIL and "0 1 GiB huge pages" in result["huge pages"][1]
+    assert result["kernel driver"][0] == FAIL
+    assert result["device nodes"][0] == OK and result["SFPI compiler"][0] == OK
+
+
+def test_negative_or_empty_device_ids_are_usage_errors() -> None:
+    for ids in ("-1", ","):
+        proc = doctor("--backend", "ttnn", "--device-ids", ids)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert "--device-ids" in proc.stderr
+
+
+def test_output_into_a_closed_pipe_is_not_a_traceback() -> None:
+    code = "import sys; from tt_serve.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, "doctor", "--json"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # `tt-serve doctor --json | head -0`
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 0, err
+    assert "Traceback" not in err and "BrokenPipe" not in err

@@ -54,6 +54,11 @@ class _Abort:
     request_id: str
 
 
+@dataclass(frozen=True)
+class _CutShort:
+    reason: str
+
+
 class OutputStream:
     """Outputs of requests submitted together, interleaved as the engine produces them.
 
@@ -101,7 +106,7 @@ class AsyncEngine:
     def __init__(self, engine: Engine, *, max_waiting: int = 256) -> None:
         self.engine = engine
         self.max_waiting = max_waiting
-        self._commands: queue.Queue[_Add | _Abort | None] = queue.Queue()
+        self._commands: queue.Queue[_Add | _Abort | _CutShort | None] = queue.Queue()
         self._streams: dict[str, _Add] = {}  # requests inside the engine
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -158,6 +163,11 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         self._commands.put(_Abort(request_id))
 
+    def cut_short(self, reason: str) -> None:
+        """Fail every request submitted so far with ``reason`` (a drain that ran out of time):
+        their streams end with an error instead of being dropped with the connection."""
+        self._commands.put(_CutShort(reason))
+
     # -- the loop thread ---------------------------------------------------------------------
 
     def _publish_gauges(self) -> None:
@@ -166,7 +176,10 @@ class AsyncEngine:
             self._engine_waiting = stats.num_waiting
         self.gauges = stats
 
-    def _apply(self, cmd: _Add | _Abort) -> None:
+    def _apply(self, cmd: _Add | _Abort | _CutShort) -> None:
+        if isinstance(cmd, _CutShort):
+            self._fail_all(RuntimeError(cmd.reason))
+            return
         if isinstance(cmd, _Abort):
             if self.engine.abort(cmd.request_id):
                 self._streams.pop(cmd.request_id, None)

@@ -307,11 +307,18 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loading = None
         if loader is not None:
-            threading.Thread(
+            loading = threading.Thread(
                 target=_load, args=(loader, state), name="tt-serve-load", daemon=True
-            ).start()
+            )
+            loading.start()
         yield
+        if loading is not None and loading.is_alive():
+            # Stopped while loading: let the load finish, then shut its engine down. Exiting
+            # under a load thread still inside torch/ttnn aborts the process (SIGABRT).
+            log.info("waiting for the model load to finish before exiting")
+            await asyncio.to_thread(loading.join)
         if state.engine is not None:
             state.engine.shutdown()
 

@@ -5,15 +5,19 @@ router takes the worker out of rotation, and every new ``/v1/*`` request gets 50
 ``Retry-After`` (routers retry those on another worker). Requests already in flight, streams
 included, run to the end. The process exits once none is left, or when the drain bound
 (``ServeConfig.drain_timeout``) has passed; the NixOS unit's ``TimeoutStopSec=`` is derived
-from that bound. A second signal exits at once.
+from that bound. Requests still running at the bound, or at a second signal, are cut short: each
+ends with an OpenAI error (a stream: an error event, then ``[DONE]``) rather than a dropped
+connection, and the server exits. A third signal exits the process on the spot.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import time
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -59,18 +63,31 @@ class Drain:
 
 
 class DrainingServer(uvicorn.Server):
-    """uvicorn, but the first SIGTERM/SIGINT drains before uvicorn's own shutdown starts."""
+    """uvicorn, but the first SIGTERM/SIGINT drains before uvicorn's own shutdown starts.
 
-    def __init__(self, config: uvicorn.Config, drain: Drain, bound_s: float) -> None:
+    ``cut_short(reason)`` fails the requests still in flight (``AsyncEngine.cut_short``), so
+    their handlers answer with an error inside uvicorn's close instead of being cancelled."""
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        drain: Drain,
+        bound_s: float,
+        cut_short: Callable[[str], None] | None = None,
+    ) -> None:
         super().__init__(config)
         self.drain = drain
         self.bound_s = bound_s
+        self.cut_short = cut_short or (lambda reason: None)
+        self.signals = 0
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.signals += 1
+        if self.signals >= 3:
+            # The shutdown itself is stuck (a model load or a backend close): leave now.
+            os._exit(1)
         if self.drain.draining or sig not in (signal.SIGTERM, signal.SIGINT):
-            # A second signal: stop now (uvicorn still closes connections it can).
-            self.should_exit = True
-            self.force_exit = self.force_exit or sig == signal.SIGINT
+            self._stop(f"the server is shutting down ({signal.Signals(sig).name} while draining)")
             return
         log.info(
             "%s: draining %d request(s) in flight (at most %.0f s); new requests get 503",
@@ -80,12 +97,16 @@ class DrainingServer(uvicorn.Server):
         )
         self.drain.start()
 
+    def _stop(self, reason: str) -> None:
+        self.drain.start()
+        if self.drain.in_flight:
+            log.warning("cutting %d request(s) short: %s", self.drain.in_flight, reason)
+            self.cut_short(reason)
+        self.should_exit = True
+
     async def on_tick(self, counter: int) -> bool:
         if not self.should_exit and self.drain.finished(self.bound_s):
-            left = self.drain.in_flight
-            if left:
-                log.warning("drain bound reached with %d request(s) still in flight", left)
-            self.should_exit = True
+            self._stop(f"the server is shutting down (drain bound of {self.bound_s:g} s passed)")
         return await super().on_tick(counter)
 
 

@@ -58,6 +58,14 @@ def make_loader(cfg: ServeConfig) -> Callable[[ServerState], None]:
 
 
 def serve_main(argv: Sequence[str]) -> int:
+    try:
+        return _serve(argv)
+    except KeyboardInterrupt:  # Ctrl-C before uvicorn's handlers are in (demo model, imports)
+        print("tt-serve serve: interrupted while starting", file=sys.stderr)
+        return 130
+
+
+def _serve(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="tt-serve serve",
         description="OpenAI-compatible HTTP server. Every flag is a ServeConfig field "
@@ -109,5 +117,10 @@ def serve_main(argv: Sequence[str]) -> int:
     config = uvicorn.Config(
         app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, timeout_graceful_shutdown=5
     )
-    DrainingServer(config, drain, bound_s=cfg.drain_timeout).run()
+
+    def cut_short(reason: str) -> None:
+        if state.engine is not None:
+            state.engine.cut_short(reason)
+
+    DrainingServer(config, drain, bound_s=cfg.drain_timeout, cut_short=cut_short).run()
     return 0
