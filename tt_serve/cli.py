@@ -229,7 +229,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    return cmd[0](args[1:])
+    try:
+        return cmd[0](args[1:])
+    except KeyboardInterrupt:  # Ctrl-C during imports or setup: a message, not a traceback
+        print(f"tt-serve {args[0]}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
