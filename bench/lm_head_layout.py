@@ -19,19 +19,9 @@ import torch
 import torch.nn.functional as F
 
 from bench.provenance import REPO_ROOT, git_info, machine_info
+from bench.timing import median_ms
 
 LEDGER = REPO_ROOT / "bench" / "runs" / "lm-head-layout.jsonl"
-
-
-def median_ms(fn: Callable[[], object], calls: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(calls):
-        t = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,6 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from bench.provenance import REPO_ROOT, git_info, machine_info
+from bench.timing import median_ms
 from tt_serve.engine import sampler as current
 from tt_serve.sequence import SamplingParams
 
@@ -65,15 +65,6 @@ def logits(kind: str) -> np.ndarray:
     if kind == "peaked":
         x[rng.choice(VOCAB, 20, replace=False)] += rng.uniform(12, 18, 20)
     return x.astype(np.float32)
-
-
-def median_ms(fn: Callable[[], int], calls: int) -> float:
-    times = []
-    for _ in range(calls):
-        t = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
 
 
 def main(argv: list[str] | None = None) -> int:
