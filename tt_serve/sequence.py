@@ -144,6 +144,7 @@ class RequestOutput:
     new_token_ids: list[int] = field(default_factory=list)
     new_text: str = ""
     error: str | None = None
+    bad_request: bool = False  # the error is the request's own (HTTP 400), not a server fault
     # Server-side timing (monotonic seconds), for metrics.
     arrival_time: float = 0.0
     first_scheduled_time: float | None = None
@@ -179,6 +180,7 @@ class Request:
     state_slot: int = -1
     finish_reason: FinishReason | None = None
     error: str | None = None
+    bad_request: bool = False  # the error is the request's own, not a server fault
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finished_time: float | None = None

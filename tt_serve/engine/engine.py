@@ -34,14 +34,6 @@ from tt_serve.sequence import (
 
 log = logging.getLogger(__name__)
 
-# A request's grammar failed (its schema, not the engine): the error text starts with this.
-GRAMMAR_ERROR = "grammar error: "
-
-
-def is_grammar_error(error: str | None) -> bool:
-    """Whether a request's ``error`` says its grammar failed (a client error, not a fault)."""
-    return error is not None and error.startswith(GRAMMAR_ERROR)
-
 
 class TextStream(Protocol):
     """Incremental detokenization plus stop-string matching for one request."""
@@ -421,7 +413,10 @@ class Engine:
 
     def _fail_grammar(self, req: Request, matcher: GrammarMatcher) -> None:
         why = matcher.error() or "no token is allowed"
-        self.scheduler.finish(req, FinishReason.ERROR, error=GRAMMAR_ERROR + why)
+        # the request's schema failed, not the engine: a client error
+        self.scheduler.finish(
+            req, FinishReason.ERROR, error=f"grammar error: {why}", bad_request=True
+        )
 
     def _fail_step(self, step: ScheduledStep, exc: BaseException) -> None:
         if not all(r.finished for r in step.requests):  # else: rows of requests that ended
@@ -463,6 +458,7 @@ class Engine:
             new_token_ids=list(new_tokens),
             new_text=new_text,
             error=req.error,
+            bad_request=req.bad_request,
             arrival_time=req.arrival_time,
             first_scheduled_time=req.first_scheduled_time,
             first_token_time=req.first_token_time,

@@ -358,8 +358,16 @@ class Scheduler:
             if not req.finished:
                 self.finish(req, FinishReason.ERROR, error=error)
 
-    def finish(self, req: Request, reason: FinishReason, error: str | None = None) -> None:
-        """Finish a request and return everything it holds to the pools. Idempotent."""
+    def finish(
+        self,
+        req: Request,
+        reason: FinishReason,
+        error: str | None = None,
+        *,
+        bad_request: bool = False,
+    ) -> None:
+        """Finish a request and return everything it holds to the pools. Idempotent.
+        ``bad_request``: the error is the request's own (e.g. its grammar failed)."""
         if req.finished:
             return
         self._admission_blocked = False  # a slot, blocks or the head of the queue moved
@@ -374,6 +382,7 @@ class Scheduler:
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
         req.error = error
+        req.bad_request = bad_request
         req.finished_time = time.monotonic()
 
 

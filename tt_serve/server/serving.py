@@ -25,7 +25,6 @@ from tt_serve.agents.grammar import GrammarError, compiler_for, json_schema_lark
 from tt_serve.agents.reasoning import THINK_CLOSE, prompt_opens_reasoning
 from tt_serve.agents.tool_parser import tool_schemas
 from tt_serve.engine.async_engine import AsyncEngine, OutputStream
-from tt_serve.engine.engine import is_grammar_error
 from tt_serve.sequence import FinishReason, RequestOutput
 from tt_serve.server import responses as r
 from tt_serve.server.jobs import Job, encode_prompts, make_jobs, submit
@@ -154,7 +153,7 @@ class OpenAIServing(ABC, Generic[BodyT]):
         async for out in outputs:
             self.metrics.observe(out, last_token_time)
             if out.finish_reason == FinishReason.ERROR:
-                if is_grammar_error(out.error):  # the request's schema, not the server, failed
+                if out.bad_request:  # the request's schema, not the server, failed
                     raise APIError(400, f"constrained decoding failed: {out.error}")
                 raise APIError(500, f"generation failed: {out.error}", type="server_error")
             yield out
