@@ -9,16 +9,14 @@ ledger line to ``bench/runs/lm-head-layout.jsonl``.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from bench.provenance import REPO_ROOT, git_info, machine_info
+from bench.provenance import REPO_ROOT, append_ledger
 from bench.timing import median_ms
 
 LEDGER = REPO_ROOT / "bench" / "runs" / "lm-head-layout.jsonl"
@@ -54,18 +52,13 @@ def main(argv: list[str] | None = None) -> int:
             f"[H,V] matmul {ms['matmul_hidden_major']:6.2f} ms, x{ratio:.2f}",
             flush=True,
         )
-    line = {
-        "bench": "lm_head_layout",
-        "timestamp": time.time(),
-        "git": git_info(),
-        "machine": machine_info(),
-        "params": {k: v for k, v in vars(a).items() if k != "ledger"},
-        "threads": torch.get_num_threads(),
-        "results_ms": results,
-    }
-    a.ledger.parent.mkdir(parents=True, exist_ok=True)
-    with a.ledger.open("a") as fh:
-        fh.write(json.dumps(line) + "\n")
+    append_ledger(
+        a.ledger,
+        "lm_head_layout",
+        params={k: v for k, v in vars(a).items() if k != "ledger"},
+        threads=torch.get_num_threads(),
+        results_ms=results,
+    )
     return 0
 
 

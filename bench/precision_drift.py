@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.provenance import REPO_ROOT, git_info, machine_info
+from bench.provenance import REPO_ROOT, append_ledger
 from tt_serve.demo import ensure_demo_model
 from tt_serve.model.interface import StateCopy, StepBatch, StepRow
 from tt_serve.model.ref import TorchBackend
@@ -121,17 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         "speed": {k: {m: float(np.median(v)) for m, v in s.items()} for k, s in speed.items()},
     }
     print(json.dumps(results, indent=1))
-    line = {
-        "bench": "precision_drift",
-        "timestamp": time.time(),
-        "git": git_info(),
-        "machine": machine_info(),
-        "params": {k: str(v) for k, v in vars(a).items() if k != "ledger"} | {"model": str(path)},
-        "results": results,
-    }
-    a.ledger.parent.mkdir(parents=True, exist_ok=True)
-    with a.ledger.open("a") as fh:
-        fh.write(json.dumps(line) + "\n")
+    params = {k: str(v) for k, v in vars(a).items() if k != "ledger"} | {"model": str(path)}
+    append_ledger(a.ledger, "precision_drift", params=params, results=results)
     return 0
 
 

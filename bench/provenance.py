@@ -146,3 +146,17 @@ def hit_rate(deltas: dict[str, float], prefix: str = "tt_serve:") -> float | Non
     if queries <= 0:
         return None
     return deltas.get(f"{prefix}prefix_cache_hits_total", 0.0) / queries
+
+
+def append_ledger(path: Path, bench: str, **fields: Any) -> dict[str, Any]:
+    """Append one ledger line to ``path``: ``bench``, a timestamp, git and machine provenance,
+    then ``fields``. Returns the line."""
+    import json
+    import time
+
+    line = {"bench": bench, "timestamp": time.time(), "git": git_info(), "machine": machine_info()}
+    line |= fields
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        fh.write(json.dumps(line) + "\n")
+    return line

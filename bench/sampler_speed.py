@@ -13,18 +13,16 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import statistics
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
-from bench.provenance import REPO_ROOT, git_info, machine_info
+from bench.provenance import REPO_ROOT, append_ledger
 from bench.timing import median_ms
 from tt_serve.engine import sampler as current
 from tt_serve.sequence import SamplingParams
@@ -98,17 +96,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"x{ms['ref'] / ms['this']:.1f}",
                 flush=True,
             )
-    line = {
-        "bench": "sampler_speed",
-        "timestamp": time.time(),
-        "git": git_info(),
-        "machine": machine_info(),
-        "params": {"ref": a.ref, "calls": a.calls, "rounds": a.rounds, "vocab": VOCAB},
-        "results_ms_per_row": results,
-    }
-    a.ledger.parent.mkdir(parents=True, exist_ok=True)
-    with a.ledger.open("a") as fh:
-        fh.write(json.dumps(line) + "\n")
+    append_ledger(
+        a.ledger,
+        "sampler_speed",
+        params={"ref": a.ref, "calls": a.calls, "rounds": a.rounds, "vocab": VOCAB},
+        results_ms_per_row=results,
+    )
     return 0
 
 
