@@ -190,6 +190,12 @@ in
     '';
     deviceArgmax = opt types.bool d.deviceArgmax
       "Pick greedy tokens on the device; only token ids come back to the host.";
+    deviceSampling = opt types.bool d.deviceSampling ''
+      Draw temperature / top-k / top-p / min-p tokens on the device from host-drawn uniforms
+      (the host sampler's exact rules); only ids come back. Off: every non-greedy row's logits
+      come to the host (the A/B control arm). With deviceArgmax off every token is picked on
+      the host, so this has no effect then.
+    '';
     deviceResident = opt types.bool d.deviceResident
       "Keep the decode loop's token buffer on the device. Requires deviceArgmax.";
     tracedPrefill = opt types.bool d.tracedPrefill

@@ -99,6 +99,12 @@ class ServeConfig:
     device_argmax: bool = _opt(
         True, "pick greedy tokens on the device (off: greedy from the logits on the host)"
     )
+    device_sampling: bool = _opt(
+        True,
+        "draw temperature / top-k / top-p / min-p tokens on the device from host-drawn uniforms "
+        "(off: their logits come to the host every step; with device argmax off every token is "
+        "picked on the host)",
+    )
     device_resident: bool = _opt(
         False, "pipelined decode: ids stay on the device between steps (needs device argmax)"
     )
@@ -439,6 +445,7 @@ _JSON_FIELDS: dict[str, tuple[str, tuple[type, ...]]] = {
     "deviceIds": ("device_ids", (list,)),
     "dtype": ("dtype", (str,)),
     "deviceArgmax": ("device_argmax", (bool,)),
+    "deviceSampling": ("device_sampling", (bool,)),
     "deviceResident": ("device_resident", (bool,)),
     "tracedPrefill": ("traced_prefill", (bool,)),
     "prefillChunk": ("prefill_chunk", (int,)),

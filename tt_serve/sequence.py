@@ -40,6 +40,10 @@ class Grammar(Protocol):
         ...
 
 
+MIN_TEMPERATURE = 1e-5
+"""Below this the scaled logits overflow float64; sampling is then greedy in all but name."""
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick tokens and when to stop. Greedy when ``temperature == 0``."""
@@ -68,6 +72,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def argmax(self) -> bool:
+        """The token is the argmax (greedy, or a temperature too small to draw with)."""
+        return self.greedy or self.temperature < MIN_TEMPERATURE
 
     @property
     def has_penalties(self) -> bool:
@@ -145,6 +154,8 @@ class RequestOutput:
     new_text: str = ""
     error: str | None = None
     bad_request: bool = False  # the error is the request's own (HTTP 400), not a server fault
+    picked_on_device: int = 0  # output tokens the backend picked (argmax or a device draw)
+    picked_on_host: int = 0  # output tokens sampled on the host from the logits
     # Server-side timing (monotonic seconds), for metrics.
     arrival_time: float = 0.0
     first_scheduled_time: float | None = None
@@ -185,6 +196,8 @@ class Request:
     first_token_time: float | None = None
     finished_time: float | None = None
     grammar_open: bool = False  # the grammar constrains the next token (see SamplingParams)
+    picked_on_device: int = 0  # tokens the backend picked (argmax or a device draw)
+    picked_on_host: int = 0  # tokens the engine picked from the logits
 
     @property
     def prompt_len(self) -> int:

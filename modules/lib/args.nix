@@ -35,6 +35,7 @@ rec {
       "--dtype" cfg.dtype
       "--precision" cfg.precision
       (flag "device-argmax" cfg.deviceArgmax)
+      (flag "device-sampling" cfg.deviceSampling)
       (flag "device-resident" cfg.deviceResident)
       (flag "traced-prefill" cfg.tracedPrefill)
       "--prefill-chunk" (toString cfg.prefillChunk)

@@ -11,6 +11,7 @@
   dtype = "auto";
   precision = "auto"; # auto: the ttnn default profile (bfloat16 today)
   deviceArgmax = true;
+  deviceSampling = true;
   deviceResident = false;
   tracedPrefill = false;
   prefillChunk = 256;

@@ -6,7 +6,7 @@ and the slot's state absorbs it (a chained hash). The sampled token mixes the st
 digest of every KV entry in [0, end) read back through the block table.
 
 ``PipelinedFakeBackend`` adds ``submit``: the "device" runs a step when it is submitted (in
-order, as real devices do) and keeps each slot's last greedy id, which fed rows read;
+order, as real devices do) and keeps each slot's last device-picked id, which fed rows read;
 the host sees the ids only through ``result()``, which must be called in submission order.
 Every rule of the pipelining contract in ``model/interface`` is asserted.
 """
@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from tt_serve.engine.sampler import draw
 from tt_serve.model.interface import (
     PAD_BLOCK,
     CopyKind,
@@ -97,7 +98,7 @@ class FakeBackend:
                 out.logits[i] = logits
                 out.logprobs.append(None)
             else:
-                tok = int(np.argmax(logits))
+                tok = int(np.argmax(logits)) if row.sampling is None else draw(logits, row.sampling)
                 out.token_ids.append(tok)
                 if row.top_logprobs:
                     x = logits.astype(np.float64)
@@ -145,7 +146,7 @@ class PipelinedFakeBackend(FakeBackend):
     ) -> None:
         super().__init__(vocab, fail_on)
         self.fail_read_on = fail_read_on or set()
-        self.dev_ids: dict[int, int] = {}  # slot -> the last greedy id, "on the device"
+        self.dev_ids: dict[int, int] = {}  # slot -> the last device-picked id, "on the device"
         self.resident: frozenset[int] = frozenset()
         self.submitted = 0
         self.unread: list[int] = []  # submitted, not yet read, in order

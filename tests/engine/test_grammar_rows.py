@@ -131,7 +131,9 @@ def test_grammar_error_fails_only_its_request() -> None:
 
 
 @pytest.mark.parametrize("constrained", [False, True])
-def test_pipelining_pauses_only_while_a_constrained_row_runs(constrained: bool) -> None:
+def test_a_constrained_row_does_not_stop_pipelining(constrained: bool) -> None:
+    """The host-picked (grammar) row sits out the step after each of its own and rejoins with
+    its id; the greedy row runs ahead on fed ids throughout."""
     eng = make(PipelinedFakeBackend(), max_batch=4)
     arrivals = [(0, "a", list(range(1, 20)), SamplingParams(max_tokens=40, temperature=0.0))]
     if constrained:
@@ -142,7 +144,4 @@ def test_pipelining_pauses_only_while_a_constrained_row_runs(constrained: bool) 
     n = eng.stats().pipelined_decode_steps
     if constrained:
         assert res["g"][0] == [9] * 10
-        # no pipelined step while "g" decodes (its 9 decode steps), then "a" pipelines again
-        assert 0 < n <= 39 - 9
-    else:
-        assert n >= 35
+    assert n >= 35

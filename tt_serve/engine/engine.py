@@ -5,8 +5,10 @@ prefix cache's only client; the engine moves data between it and the backend and
 decides anything about blocks or snapshots. If ``execute`` raises, exactly the requests of that
 batch fail (nothing of that step was registered or published) and the engine keeps serving.
 
-With a device-resident backend, plain greedy decode steps are pipelined: the next decode step
-is submitted before the previous one is read (the contract: ``model/interface.py``).
+With a device-resident backend, decode steps are pipelined: the next decode step is submitted
+before the previous one is read (the contract: ``model/interface.py``). Rows whose token the
+device picks (argmax or a device draw) run ahead on fed ids; a row the host picks (a grammar,
+penalties) sits out the step after its own and rejoins with its id.
 """
 
 from __future__ import annotations
@@ -22,7 +24,13 @@ import numpy as np
 
 from tt_serve.engine import sampler
 from tt_serve.engine.scheduler import ScheduledStep, Scheduler, SchedulerConfig
-from tt_serve.model.interface import Backend, PendingOutput, PipelinedBackend, StepOutput
+from tt_serve.model.interface import (
+    Backend,
+    PendingOutput,
+    PipelinedBackend,
+    StepOutput,
+    device_top_k_limit,
+)
 from tt_serve.sequence import (
     FinishReason,
     GrammarMatcher,
@@ -80,7 +88,7 @@ class EngineStats:
     decode_tokens_computed: int = 0
     pipelined_decode_steps: int = 0
     failed_steps: int = 0
-    sampled_rows_device: int = 0  # rows whose token the backend picked (device argmax)
+    sampled_rows_device: int = 0  # rows whose token the backend picked (argmax or a draw)
     sampled_rows_host: int = 0  # rows sampled on the host from logits
 
 
@@ -121,6 +129,8 @@ class Engine:
             num_snapshot_slots=config.num_snapshot_slots,
             prefix_caching=config.prefix_caching,
             salt=config.cache_salt,
+            uniform=self._uniform,
+            device_top_k=device_top_k_limit(backend),
         )
         backend.allocate(
             num_kv_blocks=config.num_kv_blocks,
@@ -193,6 +203,10 @@ class Engine:
         matcher = params.grammar.matcher() if params.grammar is not None else None
         self._tracked[request_id] = _Tracked(req, sampler.make_rng(params.seed), stream, matcher)
         self.scheduler.add(req)
+
+    def _uniform(self, req: Request) -> float:
+        """The next uniform of ``req``'s generator, for a token the device draws."""
+        return float(self._tracked[req.request_id].rng.random())
 
     def abort(self, request_id: str) -> bool:
         """Finish a request now, freeing its blocks, slot and pins. False if unknown."""
@@ -338,10 +352,13 @@ class Engine:
                 self.scheduler.finish(req, FinishReason.STOP)
 
     def _is_pipelinable(self, step: ScheduledStep) -> bool:
-        """A pure decode step of plain greedy requests (no state copies pending)."""
-        return not step.pre_copies and all(
-            row.num_tokens == 1 and self.scheduler.pipelinable(req)
-            for row, req in zip(step.batch.rows, step.requests, strict=True)
+        """A pure decode step (no state copies pending) with a row whose token the device picks
+        (so the next step has a row to feed)."""
+        rows = step.batch.rows
+        return (
+            not step.pre_copies
+            and all(row.num_tokens == 1 for row in rows)
+            and any(not row.want_logits for row in rows)
         )
 
     def drain(self) -> list[RequestOutput]:
@@ -363,8 +380,9 @@ class Engine:
     def _pick_tokens(
         self, step: ScheduledStep, output: StepOutput
     ) -> tuple[list[int | None], list[dict[int, float] | None]]:
-        """Each sampling row's token: the backend's (device argmax) or sampled here from the
-        row's logits (``want_logits``: temperature, penalties, or device argmax off)."""
+        """Each sampling row's token: the backend's (argmax or a device draw) or sampled here
+        from the row's logits (``want_logits``: penalties, a grammar, a top-k the device cannot
+        draw, or device argmax / sampling off)."""
         tokens: list[int | None] = []
         lps: list[dict[int, float] | None] = []
         for i, (row, req) in enumerate(zip(step.batch.rows, step.requests, strict=True)):
@@ -389,6 +407,7 @@ class Engine:
                 tokens.append(tok)
                 lps.append(sampler.top_logprobs(raw, tok, k) if k is not None else None)
                 self.sampled_rows_host += not req.finished
+                req.picked_on_host += not req.finished
             else:
                 tok_dev = output.token_ids[i]
                 if tok_dev is None:
@@ -397,6 +416,7 @@ class Engine:
                 got = output.logprobs[i] if i < len(output.logprobs) else None
                 lps.append(got if k is not None else None)
                 self.sampled_rows_device += not req.finished  # not a discarded pipelined row
+                req.picked_on_device += not req.finished
         return tokens, lps
 
     def _grammar_mask(self, t: _Tracked) -> np.ndarray | None:
@@ -459,6 +479,8 @@ class Engine:
             new_text=new_text,
             error=req.error,
             bad_request=req.bad_request,
+            picked_on_device=req.picked_on_device,
+            picked_on_host=req.picked_on_host,
             arrival_time=req.arrival_time,
             first_scheduled_time=req.first_scheduled_time,
             first_token_time=req.first_token_time,

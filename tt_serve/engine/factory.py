@@ -104,6 +104,7 @@ def build_engine(
             block_size=cfg.block_size,
             mixed_steps=cfg.mixed_steps,
             device_argmax=cfg.device_argmax,
+            device_sampling=cfg.device_sampling,
         ),
         num_kv_blocks=blocks,
         num_snapshot_slots=cfg.num_snapshot_slots,

@@ -1,7 +1,9 @@
-"""Host-side sampling for rows that are not plain greedy.
+"""Host-side sampling, and the reference every device draw equals.
 
-Greedy rows never reach this module: the backend picks them on the device (argmax) and returns
-ids only. Rows with temperature > 0, or with penalties, come here with their float32 logits.
+Greedy rows and plain temperature / top-k / top-p / min-p rows are picked on the device (argmax,
+or a draw by ``model.interface.RowSampling``) and return ids only; ``draw`` is the definition
+those device draws implement. Rows with penalties or a grammar, rows a backend cannot draw, and
+every row when device sampling is off come here with their float32 logits.
 Logprobs are always those of the model's raw distribution (log_softmax of the unprocessed
 logits), so a token's logprob does not depend on which path picked it. A constrained row's
 grammar bitmask is applied after the penalties and before any sampling rule, so every rule
@@ -17,12 +19,18 @@ from collections.abc import Sequence
 import numpy as np
 
 from tt_serve.logprobs import top_logprobs
+from tt_serve.model.interface import TOP_P_CANDIDATES, RowSampling
 from tt_serve.sequence import SamplingParams
 
-__all__ = ["apply_penalties", "apply_token_bitmask", "make_rng", "sample", "top_logprobs"]
-
-# Below this the scaled logits overflow float64; sampling is then greedy in all but name.
-MIN_TEMPERATURE = 1e-5
+__all__ = [
+    "apply_penalties",
+    "apply_token_bitmask",
+    "draw",
+    "make_rng",
+    "row_sampling",
+    "sample",
+    "top_logprobs",
+]
 
 
 def make_rng(seed: int | None) -> np.random.Generator:
@@ -79,8 +87,8 @@ def sample(
     output_ids: Sequence[int],
     bitmask: np.ndarray | None = None,
 ) -> int:
-    """Pick one token: penalties, the grammar's bitmask (if any), then greedy or temperature /
-    top-k / top-p / min-p."""
+    """Pick one token: penalties, the grammar's bitmask (if any), then argmax or ``draw`` with
+    one uniform from ``rng`` (drawn for every non-argmax token, as the device path does)."""
     logits = apply_penalties(raw_logits, params, prompt_ids, output_ids)
     # Extreme penalties can overflow to +-inf; keep the order, drop the infinities.
     big = float(np.finfo(np.float32).max)
@@ -89,30 +97,31 @@ def sample(
         # Banned tokens go to -inf, below every finite (even penalised) logit: probability 0
         # for every rule. An all-banned mask is the engine's to refuse (a grammar error).
         logits = apply_token_bitmask(logits, bitmask)
-    return _draw(logits, params, rng)
-
-
-def _draw(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
-    if params.greedy or params.temperature < MIN_TEMPERATURE:
+    if params.argmax:
         return int(np.argmax(logits))
-    ids, probs = _kept(logits.astype(np.float64) / params.temperature, params)
-    # Inverse-CDF draw with one uniform over the kept tokens in vocabulary order: reproducible
-    # from the seed alone.
+    return draw(logits, row_sampling(params, float(rng.random())))
+
+
+def row_sampling(params: SamplingParams, uniform: float) -> RowSampling:
+    """A non-argmax request's rules with this token's uniform (the device path's row input)."""
+    return RowSampling(params.temperature, params.top_k, params.top_p, params.min_p, uniform)
+
+
+def draw(logits: np.ndarray, s: RowSampling) -> int:
+    """The token ``s`` picks from ``logits`` [vocab]: the definition every device draw equals.
+
+    Inverse CDF with the row's uniform over the kept tokens in vocabulary order (float64), so a
+    draw is reproducible from the request's seed alone."""
+    ids, probs = _kept(logits.astype(np.float64) / s.temperature, s)
     cdf = np.cumsum(probs)
     total = cdf[-1] if cdf.size else 0.0
     if not np.isfinite(total) or total <= 0.0:
         return int(np.argmax(logits))
-    idx = int(np.searchsorted(cdf, rng.random() * total, side="right"))
+    idx = int(np.searchsorted(cdf, s.uniform * total, side="right"))
     return int(ids[min(idx, ids.size - 1)])
 
 
-TOP_P_CANDIDATES = (1024, 16384)
-"""Top-p looks for its nucleus among this many most likely tokens first (a linear-time
-partition and a sort of the candidates, not of the vocabulary), then among the next count; only
-a flatter distribution than that sorts everything."""
-
-
-def _kept(x: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+def _kept(x: np.ndarray, params: RowSampling) -> tuple[np.ndarray, np.ndarray]:
     """The tokens top-k, min-p and top-p keep (ids, ascending) and their unnormalised
     probabilities.
 

@@ -20,11 +20,12 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from tt_serve.cache import PAD_BLOCK, Admission, PrefixCache, SnapshotSave
 from tt_serve.config import ServeConfig
-from tt_serve.model.interface import StateCopy, StepBatch, StepRow
+from tt_serve.model.interface import RowSampling, StateCopy, StepBatch, StepRow
 from tt_serve.sequence import FinishReason, Request, RequestError, RequestStatus
 
 _D = ServeConfig()  # the defaults are ServeConfig's, stated there once
@@ -40,6 +41,9 @@ class SchedulerConfig:
     # False: greedy rows ask for logits and the engine picks argmax on the host (the control arm
     # of the device-argmax A/B).
     device_argmax: bool = _D.device_argmax
+    # False: every temperature / top-k / top-p / min-p row asks for logits and is drawn on the
+    # host (the control arm of the device-sampling A/B).
+    device_sampling: bool = _D.device_sampling
     max_prefill_streak: int = 2
 
     def __post_init__(self) -> None:
@@ -70,9 +74,22 @@ class ScheduledStep:
 class Scheduler:
     """The prefix cache's one client: admission, step planning, results, request ends."""
 
-    def __init__(self, config: SchedulerConfig, cache: PrefixCache) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        cache: PrefixCache,
+        *,
+        uniform: Callable[[Request], float],
+        device_top_k: int = 0,
+    ) -> None:
+        """``uniform(req)``: the next uniform of the request's own generator (one per token the
+        device draws; the engine's host sampler takes its uniforms from the same generator).
+        ``device_top_k``: the largest top-k the backend draws on the device (0: any, rows
+        without a top-k included); other non-argmax rows are drawn on the host."""
         self.config = config
         self.cache = cache
+        self._uniform = uniform
+        self._device_top_k = device_top_k
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         # One GDN state slot per possible running row, 0 .. max_batch - 1 (low ones first).
@@ -93,6 +110,8 @@ class Scheduler:
         num_snapshot_slots: int,
         prefix_caching: bool,
         salt: bytes,
+        uniform: Callable[[Request], float],
+        device_top_k: int = 0,
     ) -> Scheduler:
         """A scheduler over a new prefix cache of these sizes (the cache is its alone)."""
         cache = PrefixCache(
@@ -103,7 +122,7 @@ class Scheduler:
             enabled=prefix_caching,
             salt=salt,
         )
-        return cls(config, cache)
+        return cls(config, cache, uniform=uniform, device_top_k=device_top_k)
 
     @property
     def num_state_slots(self) -> int:
@@ -173,46 +192,62 @@ class Scheduler:
         end = min((start // c + 1) * c, req.prompt_len)
         if end - start > budget and not force:
             return None
-        return StepRow(
-            seq_id=req.seq_id,
-            token_ids=tuple(req.prompt_token_ids[start:end]),
-            start_pos=start,
-            block_table=req.block_table,
-            state_slot=req.state_slot,
-            sample=end == req.prompt_len,
-            want_logits=end == req.prompt_len and self._needs_logits(req),
-            top_logprobs=req.params.logprobs or 0,
+        last = end == req.prompt_len
+        return self._sampled(
+            req,
+            StepRow(
+                seq_id=req.seq_id,
+                token_ids=tuple(req.prompt_token_ids[start:end]),
+                start_pos=start,
+                block_table=req.block_table,
+                state_slot=req.state_slot,
+                sample=last,
+                want_logits=last and self.host_picks(req),
+                top_logprobs=req.params.logprobs or 0,
+            ),
         )
 
     def _decode_row(self, req: Request) -> StepRow:
-        return StepRow(
-            seq_id=req.seq_id,
-            token_ids=(req.all_token_ids[-1],),
-            start_pos=req.num_tokens - 1,
-            block_table=req.block_table,
-            state_slot=req.state_slot,
-            sample=True,
-            want_logits=self._needs_logits(req),
-            top_logprobs=req.params.logprobs or 0,
+        return self._sampled(
+            req,
+            StepRow(
+                seq_id=req.seq_id,
+                token_ids=(req.all_token_ids[-1],),
+                start_pos=req.num_tokens - 1,
+                block_table=req.block_table,
+                state_slot=req.state_slot,
+                sample=True,
+                want_logits=self.host_picks(req),
+                top_logprobs=req.params.logprobs or 0,
+            ),
         )
 
-    def _needs_logits(self, req: Request) -> bool:
-        """Whether the host picks this request's tokens (from the logits): also every token a
-        grammar constrains (its bitmask is applied on the host)."""
+    def _sampled(self, req: Request, row: StepRow) -> StepRow:
+        """The row with its device draw (this token's uniform) when the device draws it. Called
+        only for rows that will run: each call consumes one uniform of the request."""
         p = req.params
-        return not self.config.device_argmax or not p.greedy or p.has_penalties or req.grammar_open
+        if not row.sample or row.want_logits or p.argmax:
+            return row
+        s = RowSampling(p.temperature, p.top_k, p.top_p, p.min_p, self._uniform(req))
+        return replace(row, sampling=s)
 
-    def pipelinable(self, req: Request) -> bool:
-        """A decoding request whose next id the device can feed itself: greedy on the device, no
-        penalties, no logprobs (those need the host to see logits every step), no grammar (the
-        host must see each id before the next mask, and a gated one opens on an id)."""
+    def host_picks(self, req: Request) -> bool:
+        """Whether the host picks this request's next token from the logits: device argmax or
+        device sampling is off, penalties (host only), a grammar constrains it (its bitmask is
+        applied on the host), or the backend cannot draw its top-k."""
         p = req.params
-        return (
-            req.prefill_done
-            and not self._needs_logits(req)
-            and p.logprobs is None
-            and p.grammar is None
-        )
+        if not self.config.device_argmax or p.has_penalties or req.grammar_open:
+            return True
+        if p.argmax:
+            return False
+        limit = self._device_top_k
+        return not self.config.device_sampling or (limit > 0 and not 1 <= p.top_k <= limit)
+
+    def _may_pick_on_host(self, req: Request) -> bool:
+        """``host_picks`` for a token after one whose id is still unknown: a gated grammar may
+        open on that id."""
+        p = req.params
+        return self.host_picks(req) or (p.grammar is not None and p.grammar_after_token is not None)
 
     def schedule(self) -> ScheduledStep | None:
         """Plan the next step, or None when nothing can run."""
@@ -255,11 +290,15 @@ class Scheduler:
     def follow_up(self, prev: ScheduledStep, resident: frozenset[int]) -> ScheduledStep | None:
         """The decode step to submit while ``prev`` (a submitted, unread decode step) runs.
 
-        Its rows are fed rows (``model/interface.py``) at the position after ``prev``'s. None when the next step needs the host: a request is waiting and could be
-        admitted now, a prefill is pending, or a running request is not a plain greedy decode
-        whose id ``prev`` left on the device. A request ``prev`` finishes by length gets no row
-        (its lifetime reservation ends there); one ``prev`` finishes by a stop token or string
-        gets a row whose result the engine discards.
+        Per running request: one whose token ``prev`` picks on the device gets a fed row
+        (``model/interface.py``) at the position after ``prev``'s; one whose token ``prev`` leaves
+        to the host gets no row (its id is unknown until ``prev`` is read) and rejoins the step
+        after with that id; one ``prev`` skipped gets its ordinary decode row. None when the
+        next step needs the host: a request is waiting and could be admitted now, a prefill is
+        pending, a device-picked id was not left on the device, or no row would run. A request
+        ``prev`` finishes by length gets no row (its lifetime reservation ends there); one
+        ``prev`` finishes by a stop token or string gets a row whose result the engine
+        discards.
         """
         if (
             self.waiting
@@ -268,33 +307,42 @@ class Scheduler:
             and not self._admission_blocked
         ):
             return None
-        in_prev = {id(r) for r in prev.requests}
-        rows: list[StepRow] = []
-        reqs: list[Request] = []
+        in_prev = {id(r): row for r, row in zip(prev.requests, prev.batch.rows, strict=True)}
+        plan: list[tuple[Request, bool]] = []  # (request, fed)
         for req in self.running:
-            if (
-                id(req) not in in_prev
-                or not self.pipelinable(req)
-                or req.state_slot not in resident
-            ):
+            if not req.prefill_done:
                 return None
-            if len(req.output_token_ids) + 1 >= req.params.max_tokens:
+            before = in_prev.get(id(req))
+            if before is None:
+                plan.append((req, False))
                 continue
-            rows.append(
-                StepRow(
-                    seq_id=req.seq_id,
-                    token_ids=(),
-                    start_pos=req.num_tokens,
-                    block_table=req.block_table,
-                    state_slot=req.state_slot,
-                    sample=True,
-                    fed=True,
-                )
-            )
-            reqs.append(req)
-        if not rows:
+            if before.want_logits or len(req.output_token_ids) + 1 >= req.params.max_tokens:
+                continue
+            if req.state_slot not in resident:
+                return None
+            plan.append((req, True))
+        if not any(fed for _, fed in plan):
             return None
-        return ScheduledStep(_batch(rows), reqs)
+        # Rows are built only now: a device-drawn row consumes its request's next uniform.
+        rows = [self._fed_row(req) if fed else self._decode_row(req) for req, fed in plan]
+        return ScheduledStep(_batch(rows), [req for req, _ in plan])
+
+    def _fed_row(self, req: Request) -> StepRow:
+        host = self._may_pick_on_host(req)
+        return self._sampled(
+            req,
+            StepRow(
+                seq_id=req.seq_id,
+                token_ids=(),
+                start_pos=req.num_tokens,
+                block_table=req.block_table,
+                state_slot=req.state_slot,
+                sample=True,
+                want_logits=host,
+                top_logprobs=req.params.logprobs or 0,
+                fed=True,
+            ),
+        )
 
     # -- results -----------------------------------------------------------------------------
 

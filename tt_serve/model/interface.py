@@ -15,7 +15,9 @@ Pipelined decode (the one statement of the contract; other modules refer here). 
 ``PipelinedBackend`` with ``device_resident`` set also has ``submit``, which enqueues a step and
 returns a ``PendingOutput`` whose ``result()`` blocks for the ids. The engine may submit step
 n+1 before reading step n; a decode row of step n+1 then has ``fed=True`` and no token ids: its
-one input token is "the greedy id step n produced for this state slot, still on the device".
+one input token is "the id step n picked on the device for this state slot (argmax or a device
+draw), still on the device". Fed and host-token rows may share a step (a row whose id the host
+picks, e.g. under a grammar, skips the step after it and rejoins with its id).
   * A fed row is allowed only for a ``state_slot`` in the ``resident_slots`` of the step
     submitted immediately before, with no ``copy_states`` on that slot in between; a backend
     raises ValueError for any other use (``model/resident.py`` tracks this for every backend).
@@ -36,6 +38,41 @@ if TYPE_CHECKING:
     import numpy as np
 
 
+TOP_P_CANDIDATES = (1024, 16384)
+"""Top-p looks for its nucleus among this many most likely tokens first (a linear-time
+partition and a sort of the candidates, not of the vocabulary), then among the next count; only
+a flatter distribution than that sorts everything (host sampler and torch draws alike)."""
+
+
+@dataclass(frozen=True)
+class RowSampling:
+    """How the device draws a row's token when it is not greedy: exactly the host sampler's
+    rules (``engine/sampler.py``, the reference), so a draw is a pure function of the logits and
+    ``uniform``.
+
+    Scale the logits by 1 / ``temperature``; keep the ``top_k`` largest (0: all; every token tied
+    with the k-th stays); keep probabilities >= ``min_p`` x the largest; keep the smallest prefix
+    of the tokens by descending probability (ties by id) whose mass reaches ``top_p`` of what is
+    left; then pick, over the kept tokens in **id order**, the first whose cumulative probability
+    exceeds ``uniform`` x their total. ``uniform`` in [0, 1) is drawn on the host from the
+    request's own generator, one per token: a seeded request draws the same tokens whatever it
+    is batched with and whichever path (device or host) picks each token.
+    """
+
+    temperature: float
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    uniform: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0.0 or not 0.0 <= self.uniform < 1.0:
+            raise ValueError(
+                f"RowSampling needs temperature > 0 and uniform in [0, 1) (got "
+                f"{self.temperature}, {self.uniform})"
+            )
+
+
 @dataclass(frozen=True)
 class StepRow:
     """One sequence's slice of work in a step.
@@ -44,9 +81,11 @@ class StepRow:
     written through ``block_table`` (logical block i of the sequence is physical block
     ``block_table[i]``; padded with PAD_BLOCK) and the GDN layers read and update the state held
     in ``state_slot``. A row with ``sample`` set produces the next token from its last position:
-    by device argmax (greedy) unless ``want_logits`` asks for the raw logits so the engine can
-    sample on the host. ``top_logprobs`` > 0 asks for the log-probabilities of the chosen token
-    and the top-k tokens (greedy rows; host-sampled rows compute them from the logits).
+    on the device (argmax, or a draw by ``sampling`` when it is set) unless ``want_logits`` asks
+    for the raw logits so the engine can pick on the host. ``top_logprobs`` > 0 asks for the
+    log-probabilities of the raw distribution for the chosen token and the top-k tokens,
+    computed on the device for device-picked rows (host-picked rows compute them from the
+    logits).
     """
 
     seq_id: int
@@ -58,12 +97,17 @@ class StepRow:
     want_logits: bool = False
     top_logprobs: int = 0
     fed: bool = False
+    sampling: RowSampling | None = None
 
     def __post_init__(self) -> None:
-        if self.fed and (self.token_ids or not self.sample or self.want_logits):
+        if self.fed and (self.token_ids or not self.sample):
             raise ValueError(
-                f"fed row for seq {self.seq_id}: a fed row carries no token ids and samples "
-                "greedily on the device"
+                f"fed row for seq {self.seq_id}: a fed row carries no token ids and samples"
+            )
+        if self.sampling is not None and (self.want_logits or not self.sample):
+            raise ValueError(
+                f"row for seq {self.seq_id}: device sampling is for a sampling row whose token "
+                "the device picks (not want_logits)"
             )
 
     @property
@@ -90,8 +134,8 @@ class StepBatch:
 class StepOutput:
     """Per-row results, indexed like ``StepBatch.rows``.
 
-    ``token_ids[i]`` is the greedy (device-argmax) token of a sampling row, or None for rows
-    that do not sample or asked for logits. ``logprobs[i]`` maps token id -> logprob (the chosen
+    ``token_ids[i]`` is the device-picked token of a sampling row (argmax, or its
+    ``RowSampling`` draw), or None for rows that do not sample or asked for logits. ``logprobs[i]`` maps token id -> logprob (the chosen
     token plus the top-k) when asked. ``logits[i]`` holds float32 logits [vocab] for rows with
     ``want_logits``.
     """
@@ -160,9 +204,16 @@ class Backend(Protocol):
         ...
 
 
+def device_top_k_limit(backend: object) -> int:
+    """The largest top-k ``backend`` draws on the device: its ``max_device_top_k`` (ttnn: 32,
+    tt-metal's own limit), 0 for any top-k and rows without one (the torch backend, and a
+    backend that does not say)."""
+    return int(getattr(backend, "max_device_top_k", 0))
+
+
 class PendingOutput(Protocol):
-    """A submitted step. ``resident_slots``: state slots whose greedy id this step leaves on the
-    device, so the next step may have fed rows for them."""
+    """A submitted step. ``resident_slots``: state slots whose device-picked id this step leaves
+    on the device, so the next step may have fed rows for them."""
 
     @property
     def resident_slots(self) -> frozenset[int]: ...
@@ -176,7 +227,7 @@ class PendingOutput(Protocol):
 class PipelinedBackend(Backend, Protocol):
     """A backend that can run ahead of the host: ``submit`` returns before the ids are read.
 
-    ``device_resident`` says whether it keeps the sampled ids on the device for fed rows; the
+    ``device_resident`` says whether it keeps the picked ids on the device for fed rows; the
     engine pipelines decode steps only when it is set."""
 
     device_resident: bool

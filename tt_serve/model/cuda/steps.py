@@ -6,8 +6,10 @@ a chunk longer than the largest bucket, a table wider than the graphs') are left
 eager path. ``launch`` only enqueues device work and starts a non-blocking copy of the greedy
 ids into (pinned) host memory; ``PendingStep.result`` waits on an event for it.
 
-deviceResident: each program leaves its argmax in ``slot_ids[slot]`` on the device, where a fed
-decode row (``model/interface.py``) reads its input id.
+Rows with a ``RowSampling`` are drawn on the device from the program's logits right after the
+replay (``ref/sampling.py`` in its sync-free form: no host read, so the step stays in flight).
+deviceResident: each row's picked id (argmax or draw) is left in ``slot_ids[slot]`` on the
+device, where a fed decode row (``model/interface.py``) reads its input id.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from tt_serve.model.cuda.model import decode_program, prefill_program
 from tt_serve.model.cuda.programs import Programs
 from tt_serve.model.interface import StepOutput, StepRow
 from tt_serve.model.ref.model import HybridModel
+from tt_serve.model.ref.outputs import pick_on_device
 from tt_serve.model.ref.pending import PendingStep
 from tt_serve.model.ref.pools import Pools
 
@@ -154,11 +157,19 @@ class StaticSteps:
                 self.prefill_inputs[bucket].write(pv)
             logits, ids = self.programs.run((phase, bucket))
             # Graph outputs are overwritten by the next replay of this key: copy now.
-            parts.append(ids[: len(idx)].clone())
+            part = ids[: len(idx)].clone()
+            if any(r.sampling is not None for r in sel):
+                part = pick_on_device(logits[: len(idx)], sel, sync_free=True)
+                if self.slot_ids is not None:
+                    slots = torch.tensor([r.state_slot for r in sel], device=part.device)
+                    self.slot_ids.index_copy_(0, slots, part)
+            parts.append(part)
             for b, i in enumerate(idx):
                 pending.positions[i] = n + b
                 if rows[i].sample and (rows[i].want_logits or rows[i].top_logprobs > 0):
                     pending.logits[i] = logits[b : b + 1].clone()
+                    if rows[i].want_logits:
+                        pending.host_bytes += logits[b].numel() * logits.element_size()
             n += len(idx)
         if self.slot_ids is not None:  # greedy rows leave their id in slot_ids
             pending.resident_slots = frozenset(
@@ -172,6 +183,7 @@ class StaticSteps:
             host = torch.empty(ids_dev.shape, dtype=torch.long, pin_memory=cuda)
             host.copy_(ids_dev, non_blocking=cuda)
             pending.ids_host = host
+            pending.host_bytes += host.numel() * host.element_size()
             if cuda:
                 pending.event = torch.cuda.Event()
                 pending.event.record(torch.cuda.current_stream(ids_dev.device))

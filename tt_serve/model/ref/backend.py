@@ -22,7 +22,7 @@ import torch
 from tt_serve.model.dtypes import torch_dtype
 from tt_serve.model.interface import StateCopy, StepBatch, StepOutput
 from tt_serve.model.ref.model import HybridModel
-from tt_serve.model.ref.outputs import fill_logprobs
+from tt_serve.model.ref.outputs import fill_logprobs, pick_on_device
 from tt_serve.model.ref.pending import PendingStep
 from tt_serve.model.ref.plan import StepPlan
 from tt_serve.model.ref.pools import Pools
@@ -53,9 +53,12 @@ class TorchOptions(TypedDict, total=False):
 class TorchBackend:
     """Runs ``StepBatch``es on torch tensors; owns the KV pool and GDN state/snapshot slots.
 
-    Greedy tokens are chosen on the device (argmax) and only the ids cross to the host; logits
-    leave the device only for rows that ask for them (host sampling).
+    Tokens are picked on the device (argmax, or a ``RowSampling`` draw: ``ref/sampling.py``)
+    and only the ids cross to the host; logits leave the device only for rows that ask for them
+    (host sampling). ``host_bytes`` counts what crossed (ids, logprobs, logits).
     """
+
+    max_device_top_k = 0  # any top-k, and rows without one, are drawn on the device
 
     def __init__(
         self,
@@ -82,6 +85,7 @@ class TorchBackend:
         self.capture_graphs = options.get("capture_graphs", True)
         self.static: StaticSteps | None = None
         self.resident = ResidentSlots(self.device_resident)
+        self.host_bytes = 0  # device -> host bytes of step results (ids, logprobs, logits)
 
     @classmethod
     def from_pretrained(
@@ -205,6 +209,7 @@ class TorchBackend:
         if rest:
             self._eager(batch, rest, out)
         pending = self.static.launch(rows, work, out)
+        self.host_bytes += pending.host_bytes
         pending.resident_slots = self.resident.launched(pending.resident_slots)
         return pending
 
@@ -221,18 +226,22 @@ class TorchBackend:
                 return
             last = plan.last_tokens[torch.tensor(sampled, device=self.device)]
             logits = self.model.logits(hidden[last])  # [R, vocab] fp32
-            greedy = [n for n, j in enumerate(sampled) if not rows[j].want_logits]
+            picked = [n for n, j in enumerate(sampled) if not rows[j].want_logits]
             host = [n for n, j in enumerate(sampled) if rows[j].want_logits]
             if host:
                 host_logits = logits[torch.tensor(host, device=self.device)].cpu().numpy()
+                self.host_bytes += host_logits.nbytes
                 for m, n in enumerate(host):
                     out.logits[idx[sampled[n]]] = host_logits[m]
-            if greedy:
-                g = logits[torch.tensor(greedy, device=self.device)]
-                chosen = g.argmax(dim=-1)
-                for n, tok in zip(greedy, chosen.tolist(), strict=True):
+            if picked:
+                g = logits[torch.tensor(picked, device=self.device)]
+                chosen = pick_on_device(g, [rows[sampled[n]] for n in picked])
+                for n, tok in zip(picked, chosen.tolist(), strict=True):
                     out.token_ids[idx[sampled[n]]] = int(tok)
-                fill_logprobs(out, g, chosen, [idx[sampled[n]] for n in greedy], all_rows)
+                self.host_bytes += chosen.numel() * chosen.element_size()
+                self.host_bytes += fill_logprobs(
+                    out, g, chosen, [idx[sampled[n]] for n in picked], all_rows
+                )
 
     def execute_all_logits(self, batch: StepBatch) -> list[torch.Tensor]:
         """Run a step and return every row's logits at every position (fp32, on the host).

@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
-from tt_serve.model.interface import StepOutput, StepRow
+from tt_serve.model.interface import RowSampling, StepOutput, StepRow
+from tt_serve.model.ref.sampling import draw_rows
+
+
+def pick_on_device(
+    logits: torch.Tensor, rows: Sequence[StepRow], *, sync_free: bool = False
+) -> torch.Tensor:
+    """Each row's token from its logits [R, vocab]: argmax, or its ``RowSampling`` draw."""
+    chosen = logits.argmax(dim=-1)
+    drawn = [n for n, r in enumerate(rows) if r.sampling is not None]
+    if drawn:
+        specs: list[RowSampling] = [s for r in rows if (s := r.sampling) is not None]
+        sel = torch.tensor(drawn, device=logits.device)
+        chosen[sel] = draw_rows(logits[sel], specs, sync_free=sync_free)
+    return chosen
 
 
 def fill_logprobs(
@@ -13,16 +29,18 @@ def fill_logprobs(
     chosen: torch.Tensor,
     row_ids: list[int],
     rows: tuple[StepRow, ...],
-) -> None:
-    """Logprobs of the chosen token plus the top-k for rows asking for them.
+) -> int:
+    """Logprobs of the chosen token plus the top-k for rows asking for them, computed on the
+    device; returns the bytes that crossed to the host.
 
     logits [R, vocab] fp32 and chosen [R] belong to the rows ``row_ids`` (indices into rows).
     """
     k = max(rows[r].top_logprobs for r in row_ids)
     if k <= 0:
-        return
+        return 0
     lp = torch.log_softmax(logits, dim=-1)
-    chosen_lp = lp.gather(1, chosen[:, None])[:, 0].tolist()
+    chosen_lp_t = lp.gather(1, chosen[:, None])[:, 0]
+    chosen_lp = chosen_lp_t.tolist()
     top_v, top_i = lp.topk(min(k, lp.shape[-1]), dim=-1)
     top_v_l, top_i_l, chosen_l = top_v.tolist(), top_i.tolist(), chosen.tolist()
     for n, r in enumerate(row_ids):
@@ -33,3 +51,4 @@ def fill_logprobs(
         for t, v in zip(top_i_l[n][:want], top_v_l[n][:want], strict=True):
             d.setdefault(int(t), float(v))
         out.logprobs[r] = d
+    return sum(t.numel() * t.element_size() for t in (top_v, top_i, chosen_lp_t))

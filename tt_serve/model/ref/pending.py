@@ -27,6 +27,7 @@ class PendingStep:
     logits: dict[int, torch.Tensor] = field(default_factory=dict)  # row index -> [1, vocab]
     resident_slots: frozenset[int] = frozenset()
     done: bool = False
+    host_bytes: int = 0  # what ``result`` copies to the host (ids, requested logits)
 
     def result(self) -> StepOutput:
         if self.done:
