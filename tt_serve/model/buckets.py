@@ -26,4 +26,6 @@ def choose_bucket(n: int, buckets: Sequence[int]) -> int:
     for b in sorted(buckets):
         if b >= n:
             return b
+    if not buckets:
+        raise NoBucket(f"no bucket captured for {n}")  # e.g. decode graphs, prefill eager
     raise NoBucket(f"{n} exceeds the largest bucket {max(buckets)}")

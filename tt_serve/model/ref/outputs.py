@@ -14,12 +14,17 @@ def pick_on_device(
     logits: torch.Tensor, rows: Sequence[StepRow], *, sync_free: bool = False
 ) -> torch.Tensor:
     """Each row's token from its logits [R, vocab]: argmax, or its ``RowSampling`` draw."""
-    chosen = logits.argmax(dim=-1)
     drawn = [n for n, r in enumerate(rows) if r.sampling is not None]
-    if drawn:
-        specs: list[RowSampling] = [s for r in rows if (s := r.sampling) is not None]
-        sel = torch.tensor(drawn, device=logits.device)
-        chosen[sel] = draw_rows(logits[sel], specs, sync_free=sync_free)
+    if not drawn:
+        return logits.argmax(dim=-1)
+    specs: list[RowSampling] = [s for r in rows if (s := r.sampling) is not None]
+    ids = draw_rows(
+        logits if len(drawn) == len(rows) else logits[drawn], specs, sync_free=sync_free
+    )
+    if len(drawn) == len(rows):
+        return ids
+    chosen = logits.argmax(dim=-1)
+    chosen[torch.tensor(drawn, device=logits.device)] = ids
     return chosen
 
 

@@ -31,50 +31,60 @@ def draw_rows(
 ) -> torch.Tensor:
     """The drawn token of each row of ``logits`` [R, vocab] (fp32) under ``specs`` (one per
     row): long [R] on the logits' device."""
-    rows, vocab = logits.shape
+    rows = logits.shape[0]
     if rows != len(specs):
         raise ValueError(f"{rows} logit rows for {len(specs)} sampling specs")
     out = torch.empty(rows, dtype=torch.long, device=logits.device)
-    small = [] if sync_free else _topk_rows(logits, specs)
-    if small:
-        sel = torch.tensor(small, device=logits.device)
-        out[sel] = _draw_topk(logits[sel], [specs[i] for i in small])
-    done = set(small)
-    rest = [i for i in range(rows) if i not in done]
+    rest = list(range(rows))
+    if not sync_free:
+        small, top, cand = _untied_topk(logits, specs)
+        if small:
+            sel = torch.tensor(small, device=logits.device)
+            out[sel] = _draw_topk(top, cand, [specs[i] for i in small])
+            done = set(small)
+            rest = [i for i in rest if i not in done]
     if rest:
-        sel = torch.tensor(rest, device=logits.device)
-        out[sel] = _draw_full(logits[sel], [specs[i] for i in rest], sync_free=sync_free)
+        drawn = _draw_full(_take(logits, rest), [specs[i] for i in rest], sync_free=sync_free)
+        out[torch.tensor(rest, device=logits.device)] = drawn
     return out
 
 
-def _topk_rows(logits: torch.Tensor, specs: Sequence[RowSampling]) -> list[int]:
-    """Rows with 0 < top_k < vocab whose k-th value is tied with no token outside the top k."""
+def _take(t: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """Rows ``rows`` of ``t``; ``t`` itself when that is all of them (no [R, vocab] copy)."""
+    if rows == list(range(t.shape[0])):
+        return t
+    return t[torch.tensor(rows, device=t.device)]
+
+
+def _untied_topk(
+    logits: torch.Tensor, specs: Sequence[RowSampling]
+) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    """Rows with 0 < top_k < vocab whose k-th value is tied with no token outside the top k
+    (the (k+1)-th largest is smaller), with their top values and ids."""
     vocab = logits.shape[1]
     cand = [i for i, s in enumerate(specs) if 0 < s.top_k < vocab]
     if not cand:
-        return []
-    sel = torch.tensor(cand, device=logits.device)
+        return [], logits[:0], logits[:0].long()
     ks = torch.tensor([specs[i].top_k for i in cand], device=logits.device)
-    x = logits[sel]
-    kth = x.topk(int(ks.max()), dim=-1).values.gather(1, (ks - 1)[:, None])
-    untied = ((x >= kth).sum(dim=-1) == ks).tolist()
-    return [i for i, ok in zip(cand, untied, strict=True) if ok]
+    top, ids = _take(logits, cand).topk(int(ks.max()) + 1, dim=-1)
+    untied = (top.gather(1, ks[:, None]) < top.gather(1, (ks - 1)[:, None]))[:, 0].tolist()
+    keep = [n for n, ok in enumerate(untied) if ok]
+    pick = torch.tensor(keep, device=logits.device, dtype=torch.long)
+    return [cand[n] for n in keep], top[pick, :-1], ids[pick, :-1]
 
 
-def _draw_topk(logits: torch.Tensor, specs: Sequence[RowSampling]) -> torch.Tensor:
-    """Rows whose kept set lies in their top k: every step on [R, max k] candidates."""
-    dev = logits.device
+def _draw_topk(top: torch.Tensor, cand: torch.Tensor, specs: Sequence[RowSampling]) -> torch.Tensor:
+    """Rows whose kept set is their top k (values ``top``, ids ``cand``, by descending value):
+    every step on [R, max k] candidates."""
+    dev = top.device
     ks = torch.tensor([s.top_k for s in specs], device=dev)
-    kmax = int(ks.max())
-    top, cand = logits.topk(kmax, dim=-1)
-    ids, _ = cand.sort(dim=-1)  # candidates in id order (the draw's order)
-    vals = logits.gather(1, ids)
-    # A row keeps its own k largest (no ties outside them: ``_topk_rows``), also when k < kmax.
-    valid = vals >= top.gather(1, (ks - 1)[:, None])
-    x = vals.to(F64) / _col(specs, "temperature", dev)
-    x = torch.where(valid, x, -torch.inf)
-    probs, keep = _rules(x, valid, specs)
-    return ids.gather(1, _inverse_cdf(probs, keep, specs)[:, None])[:, 0]
+    ids, order = cand.sort(dim=-1)  # candidates in id order (the draw's order)
+    vals = top.gather(1, order)
+    # A row keeps its own k largest (none tied outside them), also when k < max k.
+    keep = vals >= top.gather(1, (ks - 1)[:, None])
+    x = torch.where(keep, vals.to(F64) / _col(specs, "temperature", dev), -torch.inf)
+    probs, kept = _rules(x, keep, specs, sync_free=True)
+    return ids.gather(1, _inverse_cdf(probs, kept, specs)[:, None])[:, 0]
 
 
 def _draw_full(
@@ -84,35 +94,42 @@ def _draw_full(
     dev = logits.device
     vocab = logits.shape[1]
     x = logits.to(F64) / _col(specs, "temperature", dev)
+    keep: torch.Tensor | None = None
     ks = [s.top_k if 0 < s.top_k < vocab else vocab for s in specs]
-    valid = torch.ones_like(x, dtype=torch.bool)
     if min(ks) < vocab:
         k = torch.tensor(ks, device=dev)
-        kth = x.topk(int(k.max()), dim=-1).values.gather(1, (k - 1).clamp(max=vocab - 1)[:, None])
-        valid = (x >= kth) | (k == vocab)[:, None]
-        x = torch.where(valid, x, -torch.inf)
-    probs, keep = _rules(x, valid, specs, sync_free=sync_free)
+        kth = x.topk(int(k.max()), dim=-1).values.gather(1, (k - 1)[:, None])
+        keep = (x >= kth) | (k == vocab)[:, None]
+        x = torch.where(keep, x, -torch.inf)
+    probs, keep = _rules(x, keep, specs, sync_free=sync_free)
     return _inverse_cdf(probs, keep, specs)
 
 
 def _rules(
-    x: torch.Tensor, valid: torch.Tensor, specs: Sequence[RowSampling], *, sync_free: bool = True
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Unnormalised probabilities and the kept mask after min-p and top-p (columns in id
-    order; ``valid``: what top-k kept)."""
+    x: torch.Tensor,
+    keep: torch.Tensor | None,
+    specs: Sequence[RowSampling],
+    *,
+    sync_free: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Unnormalised probabilities (zero where dropped) and the kept mask (None: every column)
+    after min-p and top-p; columns in id order, ``keep``: what top-k kept."""
     dev = x.device
     probs = torch.exp(x - x.max(dim=-1, keepdim=True).values)  # the largest is exactly 1
-    keep = valid
-    min_p = _col(specs, "min_p", dev)
-    keep = keep & ((probs >= min_p) | (min_p <= 0))
-    probs = torch.where(keep, probs, 0.0)
+    if any(s.min_p > 0.0 for s in specs):
+        min_p = _col(specs, "min_p", dev)
+        above = probs >= min_p
+        keep = above if keep is None else keep & above
+        probs = torch.where(above, probs, 0.0)
     nucleus = [i for i, s in enumerate(specs) if s.top_p < 1.0]
     if nucleus:
-        sel = torch.tensor(nucleus, device=dev)
         top_p = _col([specs[i] for i in nucleus], "top_p", dev)
-        cut = _nucleus(probs[sel], top_p, sync_free=sync_free)
-        keep = keep.index_put((sel,), keep[sel] & cut)
-        probs = torch.where(keep, probs, 0.0)
+        cut = _nucleus(_take(probs, nucleus), top_p, sync_free=sync_free)
+        if len(nucleus) < len(specs):
+            sel = torch.tensor(nucleus, device=dev)
+            cut = torch.ones_like(probs, dtype=torch.bool).index_put((sel,), cut)
+        keep = cut if keep is None else keep & cut
+        probs = torch.where(cut, probs, 0.0)
     return probs, keep
 
 
@@ -123,27 +140,26 @@ def _nucleus(probs: torch.Tensor, top_p: torch.Tensor, *, sync_free: bool) -> to
     out = torch.zeros_like(probs, dtype=torch.bool)
     todo = list(range(probs.shape[0]))
     vocab = probs.shape[1]
-    if not sync_free:
-        for m in TOP_P_CANDIDATES:
-            if not todo or vocab <= 2 * m:
-                break
-            sel = torch.tensor(todo, device=probs.device)
-            vals, cand = probs[sel].topk(m + 1, dim=-1)
-            floor = vals[:, m]
-            cand, _ = cand[:, :m].sort(dim=-1)  # id order, then a stable sort by probability
-            order = probs[sel].gather(1, cand).argsort(dim=-1, descending=True, stable=True)
-            cand = cand.gather(1, order)
-            cvals = probs[sel].gather(1, cand)
-            cut = torch.searchsorted(cvals.cumsum(dim=-1), target[sel]) + 1
-            last = cvals.gather(1, (cut - 1).clamp(max=m - 1))
-            ok = ((cut < m) & (last > floor[:, None]))[:, 0]
-            for n in ok.nonzero()[:, 0].tolist():
-                row = todo[n]
+    for m in () if sync_free else TOP_P_CANDIDATES:
+        if not todo or vocab <= 2 * m:
+            break
+        sel = torch.tensor(todo, device=probs.device)
+        vals, cand = _take(probs, todo).topk(m + 1, dim=-1)
+        floor = vals[:, m:]
+        cand, order = cand[:, :m].sort(dim=-1)  # id order, then a stable sort by probability
+        cvals = vals[:, :m].gather(1, order)
+        rank = cvals.argsort(dim=-1, descending=True, stable=True)
+        cand, cvals = cand.gather(1, rank), cvals.gather(1, rank)
+        cut = torch.searchsorted(cvals.cumsum(dim=-1), target[sel]) + 1
+        last = cvals.gather(1, (cut - 1).clamp(max=m - 1))
+        ok = ((cut < m) & (last > floor))[:, 0].tolist()
+        for n, row in enumerate(todo):
+            if ok[n]:
                 out[row, cand[n, : int(cut[n, 0])]] = True
-            todo = [r for n, r in enumerate(todo) if not bool(ok[n])]
+        todo = [row for n, row in enumerate(todo) if not ok[n]]
     if todo:
         sel = torch.tensor(todo, device=probs.device)
-        p = probs[sel]
+        p = _take(probs, todo)
         order = p.argsort(dim=-1, descending=True, stable=True)
         cut = torch.searchsorted(p.gather(1, order).cumsum(dim=-1), target[sel]) + 1
         ranked = torch.arange(vocab, device=probs.device)[None, :] < cut
@@ -152,7 +168,7 @@ def _nucleus(probs: torch.Tensor, top_p: torch.Tensor, *, sync_free: bool) -> to
 
 
 def _inverse_cdf(
-    probs: torch.Tensor, keep: torch.Tensor, specs: Sequence[RowSampling]
+    probs: torch.Tensor, keep: torch.Tensor | None, specs: Sequence[RowSampling]
 ) -> torch.Tensor:
     """Column of the first kept token whose cumulative probability exceeds uniform x total
     (the last kept one when rounding puts the threshold at the total)."""
@@ -161,6 +177,8 @@ def _inverse_cdf(
     threshold = _col(specs, "uniform", dev) * cdf[:, -1:]
     col = torch.searchsorted(cdf, threshold, right=True)[:, 0]
     width = probs.shape[1]
+    if keep is None:
+        return col.clamp(max=width - 1)
     last = width - 1 - keep.flip(-1).to(torch.int8).argmax(dim=-1)
     return torch.where(col < width, col, last)
 
