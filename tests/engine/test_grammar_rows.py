@@ -4,6 +4,8 @@ constrained row costs the rest of the batch (device argmax kept, pipelining paus
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -114,6 +116,27 @@ def test_gate_opens_on_its_token() -> None:
     cut = toks.index(gate) + 1
     assert got[:cut] == toks[:cut] and got[cut:] == [5] * (10 - cut)
     assert grammar.matchers[0].accepted == got[cut:]
+
+
+def test_gate_opens_on_a_fed_id_while_pipelining() -> None:
+    """Pipelined: the gated row's next token follows an id still on the device, so its fed rows
+    ask for logits (the gate may have opened); a greedy neighbour keeps running ahead."""
+    greedy = SamplingParams(max_tokens=12, temperature=0.0)
+    free = drive(make(FakeBackend()), [(0, "r", list(range(3, 30)), greedy)])["r"][0]
+    gate = free[3]
+    grammar = SetGrammar([{5}])
+    params = replace(greedy, grammar=grammar, grammar_after_token=gate)
+    arrivals = [
+        (0, "r", list(range(3, 30)), params),
+        (0, "n", list(range(40, 60)), SamplingParams(max_tokens=30, temperature=0.0)),
+    ]
+    sync = drive(make(FakeBackend(), max_batch=4), arrivals)
+    eng = make(PipelinedFakeBackend(), max_batch=4)
+    piped = drive(eng, arrivals)
+    assert piped["r"][0] == sync["r"][0] and piped["n"][0] == sync["n"][0]
+    cut = free.index(gate) + 1
+    assert piped["r"][0][cut:] == [5] * (12 - cut)
+    assert eng.stats().pipelined_decode_steps >= 20
 
 
 def test_grammar_error_fails_only_its_request() -> None:

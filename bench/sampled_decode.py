@@ -1,0 +1,115 @@
+"""Sampled decode: device draws vs host draws vs greedy, side by side in one process.
+
+Three arms on the same model, interleaved over rounds: ``greedy`` (temperature 0, the device
+argmax), ``device`` (temperature 0.7, top-p 0.9, top-k 20 drawn on the device, ids only cross)
+and ``host`` (the same requests with ``device_sampling=False``: every row's fp32 logits cross to
+the host sampler each step, the path before device sampling). N concurrent seeded requests of
+``--prompt-len`` token-id prompts and ``--tokens`` output tokens each, for every N in
+``--batches``. Per arm: output tok/s (median over rounds), the backend's device -> host bytes per
+output token and per decode step, and whether the two sampled arms gave identical tokens (they
+must: same uniforms, same rules). One ledger line to ``bench/runs/sampled-decode.jsonl``.
+
+    python -m bench.sampled_decode --batches 8,32 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.provenance import REPO_ROOT, append_ledger
+from tt_serve import LLM
+from tt_serve.demo import ensure_demo_model
+from tt_serve.model.ref import TorchBackend
+from tt_serve.sequence import SamplingParams
+
+LEDGER = REPO_ROOT / "bench" / "runs" / "sampled-decode.jsonl"
+SAMPLED: dict[str, Any] = dict(temperature=0.7, top_p=0.9, top_k=20)
+ARMS = ("greedy", "device", "host")
+
+
+def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    r = random.Random(seed)
+    return [[r.randrange(3, vocab) for _ in range(length)] for _ in range(n)]
+
+
+def _params(arm: str, n: int, tokens: int) -> list[SamplingParams]:
+    setting = dict(temperature=0.0) if arm == "greedy" else SAMPLED
+    return [
+        SamplingParams(max_tokens=tokens, ignore_eos=True, seed=1000 + i, **setting)
+        for i in range(n)
+    ]
+
+
+def _run(llm: LLM, prompts: list[list[int]], params: list[SamplingParams]) -> dict[str, Any]:
+    be = llm.engine.backend
+    assert isinstance(be, TorchBackend)
+    before = be.host_bytes
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    seconds = time.perf_counter() - start
+    tokens = sum(len(o.token_ids) for o in outs)
+    return {
+        "tok_s": tokens / seconds,
+        "bytes_per_token": (be.host_bytes - before) / tokens,
+        "ids": [o.token_ids for o in outs],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.sampled_decode", description=__doc__)
+    ap.add_argument("--model", type=Path, default=None, help="checkpoint folder (demo model)")
+    ap.add_argument("--batches", default="8,32", help="concurrent requests, comma-separated")
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--ledger", type=Path, default=LEDGER)
+    a = ap.parse_args(argv)
+    path = a.model or ensure_demo_model(log=lambda s: None)
+    batches = [int(b) for b in a.batches.split(",")]
+    llms = {
+        arm: LLM(path, max_batch_size=max(batches), device_sampling=arm != "host") for arm in ARMS
+    }
+    vocab = llms["greedy"].engine.config.vocab_size
+    results: dict[str, Any] = {}
+    for n in batches:
+        prompts = _prompts(n, a.prompt_len, vocab, seed=n)
+        runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
+        for _ in range(a.rounds):
+            for arm in ARMS:
+                runs[arm].append(_run(llms[arm], prompts, _params(arm, n, a.tokens)))
+        row: dict[str, Any] = {}
+        for arm in ARMS:
+            tok_s = statistics.median(r["tok_s"] for r in runs[arm])
+            per_token = statistics.median(r["bytes_per_token"] for r in runs[arm])
+            row[arm] = {
+                "tok_s": round(tok_s, 1),
+                "tok_s_rounds": [round(r["tok_s"], 1) for r in runs[arm]],
+                "bytes_per_token": round(per_token, 1),
+                "bytes_per_decode_step": round(per_token * n),
+            }
+        row["device_over_host"] = round(row["device"]["tok_s"] / row["host"]["tok_s"], 3)
+        row["device_over_greedy"] = round(row["device"]["tok_s"] / row["greedy"]["tok_s"], 3)
+        row["sampled_tokens_equal"] = all(
+            d["ids"] == h["ids"] for d, h in zip(runs["device"], runs["host"], strict=True)
+        )
+        results[f"batch_{n}"] = row
+        print(f"batch {n}: {row}")
+    params = {
+        "model": str(a.model or "demo"),
+        "batches": batches,
+        "prompt_len": a.prompt_len,
+        "tokens": a.tokens,
+        "rounds": a.rounds,
+        "sampled": SAMPLED,
+    }
+    append_ledger(a.ledger, "sampled_decode", params=params, results=results)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
