@@ -46,6 +46,22 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     return probs @ v
 
 
+def attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
+    """A prefill chunk's causal attention over its whole history, through torch's fused SDPA
+    kernel (flash attention on the CPU: no [heads, n, end] score matrix; K/V heads shared by
+    their query group in the kernel, ``enable_gqa``).
+
+    q [n, heads, hd] at positions start .. start + n - 1; k, v [kvh, end, hd] -> [n, heads, hd].
+    """
+    n, end = q.shape[0], k.shape[1]
+    qpos = torch.arange(start, start + n, device=q.device)
+    mask = torch.arange(end, device=q.device)[None, :] <= qpos[:, None]  # [n, end]
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None], k[None], v[None], attn_mask=mask, enable_gqa=True
+    )
+    return out[0].transpose(0, 1)
+
+
 def project_qkv(
     x: torch.Tensor, w: AttentionWeights, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -88,13 +104,8 @@ def attention_forward(
         end = sp.start_pos + sp.n
         keys = gather_blocks(k_pool, sp.block_table[None])[0, :, :end].to(x.dtype)
         vals = gather_blocks(v_pool, sp.block_table[None])[0, :, :end].to(x.dtype)
-        qs = q[sp.offset : sp.offset + sp.n].reshape(sp.n, kvh, rep, hd).permute(1, 2, 0, 3)
-        qpos = torch.arange(sp.start_pos, end, device=x.device)
-        mask = torch.arange(end, device=x.device)[None, :] <= qpos[:, None]  # [n, end]
-        o = attend(qs.reshape(kvh, rep * sp.n, hd), keys, vals, mask.repeat(rep, 1))
-        out[sp.offset : sp.offset + sp.n] = (
-            o.reshape(kvh, rep, sp.n, hd).permute(2, 0, 1, 3).reshape(sp.n, w.num_heads, hd)
-        )
+        qs = q[sp.offset : sp.offset + sp.n]
+        out[sp.offset : sp.offset + sp.n] = attend_chunk(qs, keys, vals, sp.start_pos)
     if plan.num_decode:
         b = plan.num_decode
         keys = gather_blocks(k_pool, plan.dec_tables).to(x.dtype)
