@@ -415,6 +415,39 @@ def test_topk_height_rule_reads_the_padded_shape() -> None:
     _trips("topk.dim", lambda: limits.topk(routing, 8, 1))
 
 
+def test_topk_index_dtype_labels_and_limits() -> None:
+    """Index outputs: UINT16 below a 65536-wide padded row of a bf16 input, UINT32 for a wider
+    row or a float32 input (the sampler's LM-head chunks); labels (``indices_tensor``) must
+    match the input, be 32-bit where 32-bit indices are required and exclude ``stable``; k is
+    bounded by the row width and, on one core, by L1."""
+    chunk = T((1, 32, 31040), "bfloat16")
+    assert limits.topk(chunk, 32, -1) == "uint16"
+    assert limits.topk(T((1, 32, 248320), "bfloat16"), 32, -1) == "uint32"
+    f32 = T((1, 32, 256), "float32")
+    assert limits.topk(f32, 32, -1) == "uint32"
+    labels = T((1, 32, 256), "uint32")
+    assert limits.topk(f32, 32, -1, indices=labels) == "uint32"
+    _trips("topk.indices", lambda: limits.topk(f32, 32, -1, indices=T((1, 32, 256), "uint16")))
+    _trips("topk.indices", lambda: limits.topk(f32, 32, -1, indices=T((1, 32, 128), "uint32")))
+    _trips("topk.stable", lambda: limits.topk(f32, 32, -1, indices=labels, stable=True))
+    _trips("topk.k", lambda: limits.topk(T((1, 32, 16), "float32"), 32, -1))
+    limits.topk(f32, 32, -1, l1_bytes=WORMHOLE.l1_bytes)
+    wide = T((1, 32, 1 << 16), "float32")
+    _trips("topk.l1", lambda: limits.topk(wide, 8192, -1, l1_bytes=WORMHOLE.l1_bytes))
+
+
+def test_binary_broadcast_rule() -> None:
+    """binary_ng: right-aligned dims equal or 1 (the sampler's column x row compare matrices
+    [R, 32, 1] vs [R, 1, 32] broadcast both ways); anything else is refused."""
+    assert limits.binary((32, 32, 1), (32, 1, 32)) == (32, 32, 32)
+    assert limits.binary((1, 32, 32), (1, 32, 1)) == (1, 32, 32)
+    _trips("binary.broadcast", lambda: limits.binary((1, 32, 32), (1, 16, 32)))
+    ops = Ops(FakeTTNN())
+    ops.open_device(0, trace_region_size=0, l1_small_size=0)
+    a, b = ops.zeros([1, 32, 32], "float32"), ops.zeros([1, 16, 32], "float32")
+    _trips("binary.broadcast", lambda: ops.le(a, b))
+
+
 def test_argmax_paths() -> None:
     """Greedy ids over the 9B vocab: multi-core on ROW_MAJOR input, single-core on TILE."""
     logits = (1, 16, VOCAB)

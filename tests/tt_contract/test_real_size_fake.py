@@ -102,3 +102,7 @@ def test_snapshot_copies(size: rs.RealSize) -> None:
 
 def test_paused_slot(size: rs.RealSize) -> None:
     rs.check_paused_slot(fake_ops(), size, 16)
+
+
+def test_sampled_decode(size: rs.RealSize) -> None:
+    rs.check_sampled_decode(fake_ops(WORMHOLE), size, 32)

@@ -18,6 +18,7 @@ per-layer check, which calls the layer functions eagerly. The torch reference
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,8 +28,10 @@ import torch
 from tests import numerics as nm
 from tests.tt_contract import harness as h
 from tt_serve.config import ServeConfig
+from tt_serve.engine.sampler import _kept, draw
+from tt_serve.logprobs import top_logprobs
 from tt_serve.model.buckets import choose_bucket
-from tt_serve.model.interface import StateCopy, StepBatch, StepRow
+from tt_serve.model.interface import RowSampling, StateCopy, StepBatch, StepRow
 from tt_serve.model.ref import TorchBackend
 from tt_serve.model.ref.attention import AttentionWeights as RefAttention
 from tt_serve.model.ref.attention import attention_forward
@@ -493,5 +496,68 @@ def check_paused_slot(ops: Ops, size: RealSize, max_batch: int) -> None:
         rows = [s.decode() for s in seqs]
         want = step_logits(ref, rows)
         check_logits(be, rows, step_logits(be, rows), want, size, "resumed")
+    finally:
+        be.close()
+
+
+# Draw settings of the sampled decode check (the engine's common ones), one per twin pair.
+SAMPLED = (
+    RowSampling(0.7, top_k=20),
+    RowSampling(1.0, top_k=20, top_p=0.8),
+    RowSampling(1.0, top_k=32, top_p=0.95),
+    RowSampling(0.7, top_k=32, min_p=0.1),
+)
+# On a card the device's draw may differ from the host's on its own logits where bf16 rounding
+# moves a cumulative-mass boundary or a tie: a wrong id order or mask misses about half the
+# draws, so three quarters separates them. With fp32 numerics every draw must agree.
+DEVICE_DRAW_AGREEMENT = 0.75
+# Logprob tolerance on a card: bf16 logits (relative 2^-9 of |logit| <= ~30) through an fp32
+# log-normaliser.
+DEVICE_LOGPROB_TOL = 0.1
+
+
+def check_sampled_decode(ops: Ops, size: RealSize, max_batch: int) -> None:
+    """One decode step with all ``max_batch`` rows active, in twin pairs: slots 2j and 2j+1 hold
+    the same sequence, so they have the same logits; slot 2j wants them, slot 2j+1 is drawn on
+    the device (``SAMPLED`` settings, seeded uniforms, top-5 logprobs). Each draw must lie in
+    the host's kept set of its twin's logits and equal ``sampler.draw`` of them (every draw on
+    fp32 numerics, ``DEVICE_DRAW_AGREEMENT`` of them on a card); device logprobs must match
+    ``top_logprobs`` of the twin's logits; the step reads back the ids, the candidates and only
+    the twins' logits rows."""
+    be = serve_backend(ops, size, max_batch)
+    try:
+        rng = np.random.default_rng(17)
+        pairs = max_batch // 2
+        seqs = sequences(size, list(range(max_batch)), [40] * max_batch, seed=41)
+        for j in range(pairs):
+            seqs[2 * j + 1].tokens = seqs[2 * j].tokens
+        for seq in seqs:
+            be.execute(StepBatch((seq.prefill(32, logits=False),)))
+        specs = [
+            dataclasses.replace(SAMPLED[j % len(SAMPLED)], uniform=float(rng.random()))
+            for j in range(pairs)
+        ]
+        rows = []
+        for j in range(pairs):
+            twin, drawn = seqs[2 * j].decode(), seqs[2 * j + 1].decode(logits=False)
+            rows += [twin, dataclasses.replace(drawn, top_logprobs=5, sampling=specs[j])]
+        before = be.ops.bytes_read
+        out = be.execute(StepBatch(tuple(rows)))
+        vocab = size.spec.vocab_size
+        assert be.ops.bytes_read - before == max_batch * 4 + 2 * 32 * 32 * 4 + pairs * vocab * 4
+        agree = 0
+        for j in range(pairs):
+            logits, tok = out.logits[2 * j], out.token_ids[2 * j + 1]
+            assert tok is not None
+            kept, _ = _kept(logits.astype(np.float64) / specs[j].temperature, specs[j])
+            assert tok in kept, f"pair {j}: draw {tok} outside the kept set"
+            agree += tok == draw(logits, specs[j])
+            want, got = top_logprobs(logits, tok, 5), out.logprobs[2 * j + 1]
+            assert got is not None and tok in got
+            tol = (vocab + 4 * float(np.abs(logits).max())) * float(np.finfo(np.float32).eps)
+            tol = tol if size.bar.fp32 else DEVICE_LOGPROB_TOL
+            assert abs(got[tok] - want[tok]) <= tol, f"pair {j}: logprob {got[tok]} vs {want[tok]}"
+        floor = pairs if size.bar.fp32 else DEVICE_DRAW_AGREEMENT * pairs
+        assert agree >= floor, f"{agree}/{pairs} device draws equal the host's"
     finally:
         be.close()

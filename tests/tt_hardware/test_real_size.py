@@ -71,3 +71,7 @@ def test_snapshot_copies(size: rs.RealSize, ops: Ops) -> None:
 
 def test_paused_slot(size: rs.RealSize, ops: Ops) -> None:
     rs.check_paused_slot(ops, size, 16)
+
+
+def test_sampled_decode(size: rs.RealSize, ops: Ops) -> None:
+    rs.check_sampled_decode(ops, size, 32)

@@ -7,16 +7,20 @@ length) therefore always finds a captured bucket and never falls back to an eage
 decode row s: the batch has exactly num_state_slots rows) and each multi-token row as one
 prefill replay; ``execute`` is ``submit(batch).result()``.
 
-Reads: right after the decode replay (before anything of a later step is enqueued) ``submit``
-starts a non-blocking read of its device-argmax ids (uint32) and records an event;
-``PendingStep.result`` waits on that event. Device commands run in order, so the read returns
-this step's ids even when the next step's replay, submitted before ``result``, overwrites the
-buffer. Rows that need logits (``want_logits``, ``top_logprobs``) and prefill rows are read
-blocking inside ``submit`` (the engine does not pipeline them).
+Picks: every sampling row's token is picked inside the program (argmax, or a ``RowSampling``
+draw with 1 <= top_k <= ``max_device_top_k``: ``sampling.py``), and its logprobs come from the
+sampling candidates on the device. Reads: right after the decode replay (before anything of a
+later step is enqueued) ``submit`` starts non-blocking reads of the picked ids (and of the
+candidates' ids and logprobs when a row asks for logprobs) and records an event;
+``PendingStep.result`` waits on it. Device commands run in order, so the reads return this
+step's values even when the next step's replay, submitted before ``result``, overwrites the
+buffers. Logits leave the device only for ``want_logits`` rows, one row each, read blocking
+inside ``submit`` (the engine picks those on the host and does not pipeline them); prefill picks
+are read at once too. ``ops.bytes_read`` counts every byte read.
 
-deviceResident (fed rows: ``model/interface.py``): the decode program's ids input is fed from the
-previous replay's output buffer by one device copy of the whole buffer, so a decode step is
-all-fed or all-host.
+deviceResident (fed rows: ``model/interface.py``): a fed row's input id is the previous decode
+replay's pick for its slot, chosen per row inside the decode program (``TTModel._decode_ids``),
+so fed and host-token rows may share a step.
 """
 
 from __future__ import annotations
@@ -29,7 +33,6 @@ from typing import TYPE_CHECKING, TypedDict, Unpack
 
 import numpy as np
 
-from tt_serve.logprobs import top_logprobs
 from tt_serve.model.buckets import choose_bucket
 from tt_serve.model.interface import StateCopy, StepBatch, StepOutput, StepRow
 from tt_serve.model.resident import ResidentSlots
@@ -45,10 +48,11 @@ from tt_serve.model.tt.inputs import (
 )
 from tt_serve.model.tt.model import TTModel
 from tt_serve.model.tt.ops import Ops
-from tt_serve.model.tt.pending import PendingStep
+from tt_serve.model.tt.pending import PendingStep, PickReads
 from tt_serve.model.tt.pools import DevicePools
 from tt_serve.model.tt.precision import Precision
 from tt_serve.model.tt.programs import Programs
+from tt_serve.model.tt.sampling import CANDIDATES
 from tt_serve.model.tt.weights import default_cache_dir, load_device_weights, to_numpy
 
 if TYPE_CHECKING:
@@ -66,14 +70,19 @@ class TTOptions(TypedDict, total=False):
     precision: Precision  # [Precision()] the weight profile (``Precision.named``)
     traced_decode: bool  # [True] replay the captured decode trace (False: eager, for debugging)
     traced_prefill: bool  # [True] replay captured prefill traces (False: run them eagerly)
-    device_resident: bool  # [False] greedy ids stay on the device for fed rows
+    device_resident: bool  # [False] picked ids stay on the device for fed rows
     max_prefill_chunk: int  # [DEFAULT_PREFILL_CHUNK] the largest prefill bucket
     max_model_len: int | None  # [None: the model's own] sizes the traces' page tables
     weight_cache_dir: Path | None  # [None: no cache; from_pretrained uses the default dir]
 
 
 class TTBackend:
-    """Greedy tokens are picked on the device; logits leave it only for rows that ask."""
+    """Tokens are picked on the device (argmax or a draw); logits leave it only for rows that
+    ask."""
+
+    # Draws of top_k in 1..32 happen on the device (tt-metal's models sample after a topk with
+    # k <= 32); the engine picks other sampling rows on the host.
+    max_device_top_k = CANDIDATES
 
     def __init__(
         self,
@@ -250,22 +259,22 @@ class TTBackend:
         return self.submit(batch).result()
 
     def submit(self, batch: StepBatch) -> PendingStep:
-        """Run a step; only the decode replay's greedy ids may still be in flight on return.
+        """Run a step; only the decode replay's picks may still be in flight on return.
 
         Raises ValueError (before any device work) for an empty row, a fed row this backend
-        cannot feed, or a decode step that mixes fed and host rows."""
+        cannot feed, or a draw this backend does not make on the device."""
         pools = self._pools()
         rows = batch.rows
         for row in rows:
             if row.num_tokens == 0:
                 raise ValueError(f"row for seq {row.seq_id} has no tokens")
+            if row.sampling is not None and not 1 <= row.sampling.top_k <= CANDIDATES:
+                raise ValueError(
+                    f"row for seq {row.seq_id}: device draws need 1 <= top_k <= "
+                    f"{CANDIDATES} (got {row.sampling.top_k}); pick it on the host"
+                )
         decode = [i for i, r in enumerate(rows) if r.num_tokens == 1]
         fed = self.resident.check(rows)
-        if fed and fed != len(decode):
-            raise ValueError(
-                "fed rows mixed with host-token rows in one decode step: the decode ids buffer "
-                "is fed from the device whole, so a decode step is all-fed or all-host"
-            )
         out = StepOutput(token_ids=[None] * len(rows), logprobs=[None] * len(rows))
         pending = PendingStep(out)
         if decode:
@@ -286,64 +295,57 @@ class TTBackend:
             self._work_slot = row.state_slot
         bufs.write(self.ops, self._prefill_values(row, bucket))
         self.programs.run(("prefill", bucket))
-        if row.sample:
-            self._collect(bufs, [(i, 0, row)], out)
+        if not row.sample:
+            return
+        if row.want_logits:
+            out.logits[i] = self._read_logits(bufs, 0)
+            return
+        reads = self._start_reads(bufs, [(i, 0, row)])
+        PendingStep(out, ops=self.ops, reads=reads).result()
 
     def _decode(
         self, rows: tuple[StepRow, ...], idx: list[int], out: StepOutput, from_fed: bool
     ) -> PendingStep:
         assert self.decode_bufs is not None and self.pools is not None
         bufs = self.decode_bufs
-        # deviceResident (fed rows): step n's output buffer feeds step n+1 on the device and
-        # only positions and tables upload.
-        values = self._decode_values([rows[i] for i in idx])
+        # Fed rows take their id from step n's out_ids inside the program; every input
+        # (the fed rows' placeholder ids and flags too) uploads.
+        bufs.write(self.ops, self._decode_values([rows[i] for i in idx]))
         if from_fed:
-            self.ops.copy(bufs.out_ids, bufs.ids)
             self.device_fed_decodes += 1
-        bufs.write(self.ops, values, skip=("ids",) if from_fed else ())
         self.programs.run(self._decode_key())
         # (row index, decode batch row, row); resident slots stay engine slot numbers.
         picks = [(i, self.pools.row(rows[i].state_slot), rows[i]) for i in idx if rows[i].sample]
-        greedy = [(i, b, r) for i, b, r in picks if not r.want_logits]
+        device = [(i, b, r) for i, b, r in picks if not r.want_logits]
         resident = (
-            frozenset(r.state_slot for _, _, r in greedy) if self.device_resident else frozenset()
+            frozenset(r.state_slot for _, _, r in device) if self.device_resident else frozenset()
         )
-        if not picks:
-            return PendingStep(out, resident_slots=resident)
-        if any(r.want_logits or r.top_logprobs > 0 for _, _, r in picks):
-            # Rows that need logits are not pipelined by the engine: read them now.
-            self._collect(bufs, picks, out)
-            return PendingStep(out, resident_slots=resident)
         # Started before anything of the next step is enqueued: the in-order device reads this
-        # replay's ids although the next replay overwrites out_ids.
-        read = self.ops.read_start(bufs.out_ids)
-        return PendingStep(
-            out,
-            resident_slots=resident,
-            ops=self.ops,
-            read=read,
-            rows=tuple((i, b) for i, b, _ in greedy),
+        # replay's picks although the next replay overwrites the buffers.
+        reads = self._start_reads(bufs, device) if device else None
+        for i, b, r in picks:
+            if r.want_logits:  # host-picked rows are not pipelined by the engine: read now
+                out.logits[i] = self._read_logits(bufs, b)
+        return PendingStep(out, resident_slots=resident, ops=self.ops, reads=reads)
+
+    def _start_reads(self, bufs: InputBuffers, picks: list[tuple[int, int, StepRow]]) -> PickReads:
+        """Non-blocking reads of the picked ids (and of the candidates' ids and logprobs when a
+        row wants logprobs) for (row index, buffer row, row)."""
+        ops = self.ops
+        logprobs = any(r.top_logprobs > 0 for _, _, r in picks)
+        return PickReads(
+            ids=ops.read_start(bufs.out_ids),
+            top_ids=ops.read_start(bufs.out_top_ids) if logprobs else None,
+            top_logprobs=ops.read_start(bufs.out_top_logprobs) if logprobs else None,
+            rows=tuple((i, b, r.top_logprobs) for i, b, r in picks),
         )
 
-    def _collect(
-        self, bufs: InputBuffers, picks: list[tuple[int, int, StepRow]], out: StepOutput
-    ) -> None:
-        """Read ids (and logits only if a row needs them) for (row index, buffer row, row)."""
-        if not picks:
-            return
-        ids = self.ops.read(bufs.out_ids).reshape(-1).astype(np.int64)
-        logits = None
-        if any(r.want_logits or r.top_logprobs > 0 for _, _, r in picks):
-            logits = self.ops.read(bufs.out_logits).reshape(len(ids), -1)
-        for i, b, row in picks:
-            if row.want_logits:
-                assert logits is not None
-                out.logits[i] = logits[b].astype(np.float32)
-                continue
-            out.token_ids[i] = int(ids[b])
-            if row.top_logprobs > 0:
-                assert logits is not None
-                out.logprobs[i] = top_logprobs(logits[b], int(ids[b]), row.top_logprobs)
+    def _read_logits(self, bufs: InputBuffers, b: int) -> np.ndarray:
+        """Buffer row ``b``'s float32 logits [vocab], one row copied (row-major: no tile
+        padding crosses to the host)."""
+        ops, vocab = self.ops, self.spec.vocab_size
+        row = ops.to_row_major(ops.slice(bufs.out_logits, [0, b, 0], [1, b + 1, vocab]))
+        return ops.read(row).reshape(-1).astype(np.float32)
 
     def flush_state(self) -> None:
         """Write the GDN state a prefill left in the working buffers back to its slot (done

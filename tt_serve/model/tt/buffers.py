@@ -3,8 +3,8 @@
 
 Allocated once, before any capture; refreshed in place with ``copy_host_to_device_tensor``
 before every replay, never rebound (a trace keeps reading the addresses it was captured with).
-Outputs (greedy ids, logits) are written by the program itself with a device copy, so no buffer
-is allocated behind a capture.
+Outputs (picked ids, logits, the sampling candidates' ids and logprobs) are written by the
+program itself with a device copy, so no buffer is allocated behind a capture.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import numpy as np
 
 from tt_serve.model.tt.inputs import DecodeValues, PrefillValues
 from tt_serve.model.tt.ops import ROW_MAJOR, TILE, Ops, Tensor
+from tt_serve.model.tt.sampling import CANDIDATES
 
 # field -> (dtype, layout); "act" is the activation dtype of the precision config.
 PREFILL_FIELDS: dict[str, tuple[str, str]] = {
@@ -28,6 +29,7 @@ PREFILL_FIELDS: dict[str, tuple[str, str]] = {
     "gate_mask": ("float32", TILE),
     "conv_select": ("act", TILE),
     "last_select": ("act", TILE),
+    "sampling": ("float32", TILE),
 }
 DECODE_FIELDS: dict[str, tuple[str, str]] = {
     "ids": ("uint32", ROW_MAJOR),
@@ -37,6 +39,8 @@ DECODE_FIELDS: dict[str, tuple[str, str]] = {
     "page_table": ("int32", ROW_MAJOR),
     "gate_mask": ("float32", TILE),
     "conv_mask": ("act", TILE),
+    "sampling": ("float32", TILE),
+    "fed": ("float32", TILE),
 }
 
 
@@ -48,6 +52,8 @@ class InputBuffers:
     kinds: dict[str, tuple[str, str]]
     out_ids: Tensor  # [1, N] uint32 ROW_MAJOR
     out_logits: Tensor  # [1, N, vocab] float32
+    out_top_ids: Tensor  # [1, N, CANDIDATES] uint32: the sampling candidates' ids
+    out_top_logprobs: Tensor  # [1, N, CANDIDATES] float32: their raw logprobs
 
     def __getattr__(self, name: str) -> Tensor:
         tensors = self.__dict__.get("tensors", {})
@@ -74,6 +80,8 @@ class InputBuffers:
             kinds=resolved,
             out_ids=ops.zeros([1, rows], "uint32", ROW_MAJOR),
             out_logits=ops.zeros([1, rows, vocab], "float32", TILE),
+            out_top_ids=ops.zeros([1, rows, CANDIDATES], "uint32", TILE),
+            out_top_logprobs=ops.zeros([1, rows, CANDIDATES], "float32", TILE),
         )
 
     def write(

@@ -75,6 +75,7 @@ class DataType(Enum):
     BFLOAT4_B = "bfloat4_b"
     FLOAT32 = "float32"
     UINT32 = "uint32"
+    UINT16 = "uint16"
     INT32 = "int32"
 
 
@@ -83,7 +84,7 @@ class Layout(Enum):
     ROW_MAJOR = "row_major"
 
 
-INT_TYPES = (DataType.UINT32, DataType.INT32)
+INT_TYPES = (DataType.UINT32, DataType.UINT16, DataType.INT32)
 
 
 @dataclass(eq=False)
@@ -209,6 +210,7 @@ class FakeTTNN:
         self._in_flight: list[Buffer] = []  # host buffers of non-blocking reads
         self.bfloat16, self.bfloat8_b = DataType.BFLOAT16, DataType.BFLOAT8_B
         self.float32, self.uint32, self.int32 = DataType.FLOAT32, DataType.UINT32, DataType.INT32
+        self.uint16 = DataType.UINT16
         self.TILE_LAYOUT, self.ROW_MAJOR_LAYOUT = Layout.TILE, Layout.ROW_MAJOR
         self.DRAM_MEMORY_CONFIG = SimpleNamespace(sharded=False)
         self.ShardStrategy = SimpleNamespace(HEIGHT="height", WIDTH="width", BLOCK="block")
@@ -305,7 +307,7 @@ class FakeTTNN:
 
         def replay() -> None:
             for buf, new in zip(targets, _flat(compute()), strict=True):
-                buf.data = new.detach().clone()
+                buf.data = new.detach().to(buf.data.dtype, copy=True)  # as _new stores it
 
         trace.steps.append((replay, in_bufs))
         _detach_closure(compute)
@@ -728,10 +730,15 @@ class FakeTTNN:
         return self._single("rms_norm", [x, weight], fn, x.dtype)
 
     def _binary(self, name: str, a: Any, b: Any, f: Callable[[Any, Any], torch.Tensor]) -> Tensor:
+        """An eltwise binary op (binary_ng): TILE operands broadcast as ``limits.binary``
+        allows; comparisons give 0/1 in the first tensor's dtype."""
         ts = [t for t in (a, b) if isinstance(t, Tensor)]
         for t in ts:
             if t.layout is not Layout.TILE:
                 raise ContractViolation("tile", f"{name} on a ROW_MAJOR tensor")
+        if len(ts) == 2:
+            with self._rules():
+                limits.binary(ts[0].shape, ts[1].shape)
 
         def val(v: Any) -> Any:
             return v.buffer.data if isinstance(v, (Tensor, Ref)) else v
@@ -750,6 +757,18 @@ class FakeTTNN:
     def ge(self, a: Any, b: Any) -> Tensor:
         return self._binary("ge", a, b, lambda x, y: (x >= y).float())
 
+    def gt(self, a: Any, b: Any) -> Tensor:
+        return self._binary("gt", a, b, lambda x, y: (x > y).float())
+
+    def le(self, a: Any, b: Any) -> Tensor:
+        return self._binary("le", a, b, lambda x, y: (x <= y).float())
+
+    def lt(self, a: Any, b: Any) -> Tensor:
+        return self._binary("lt", a, b, lambda x, y: (x < y).float())
+
+    def eq(self, a: Any, b: Any) -> Tensor:
+        return self._binary("eq", a, b, lambda x, y: (x == y).float())
+
     def _unary(self, name: str, x: Tensor, f: Callable[[torch.Tensor], torch.Tensor]) -> Tensor:
         return self._single(name, [x], lambda: f(x.buffer.data), x.dtype)
 
@@ -761,6 +780,12 @@ class FakeTTNN:
 
     def softplus(self, x: Tensor, *, beta: float, threshold: float) -> Tensor:
         return self._unary("softplus", x, lambda d: F.softplus(d, beta=beta, threshold=threshold))
+
+    def exp(self, x: Tensor) -> Tensor:
+        return self._unary("exp", x, torch.exp)
+
+    def log(self, x: Tensor) -> Tensor:
+        return self._unary("log", x, torch.log)
 
     def rsqrt(self, x: Tensor) -> Tensor:
         return self._unary("rsqrt", x, torch.rsqrt)
@@ -774,18 +799,52 @@ class FakeTTNN:
     def softmax(self, x: Tensor, dim: int = -1, *, numeric_stable: bool = True) -> Tensor:
         return self._unary("softmax", x, lambda d: torch.softmax(d, dim))
 
-    def topk(self, x: Tensor, k: int, dim: int, largest: bool, sorted: bool) -> list[Tensor]:
+    def topk(
+        self,
+        x: Tensor,
+        k: int,
+        dim: int = -1,
+        largest: bool = True,
+        sorted: bool = True,
+        *,
+        indices_tensor: Tensor | None = None,
+        stable: bool = False,
+    ) -> list[Tensor]:
+        """Values (x's dtype) and indices (``limits.topk``'s dtype; the labels of
+        ``indices_tensor`` when given), both TILE, sorted. Ties: ``stable`` puts the lowest index
+        first (as the 0.81.1 docstring says); otherwise the fake orders them highest index
+        first, a legal outcome of an unstable sort that differs from the stable one, so code
+        that needs an order among ties must ask for it."""
+        if not largest or not sorted:
+            raise ContractViolation("not_modelled", "topk: only largest=True, sorted=True")
+        labels = indices_tensor.info() if indices_tensor is not None else None
         with self._rules():
-            limits.topk(x.info(), k, dim)
-        vals = self._unary("topk", x, lambda d: d.topk(k, dim, largest, sorted).values)
-        idx = self._single(
-            "topk_idx",
-            [x],
-            lambda: x.buffer.data.topk(k, dim, largest, sorted).indices,
-            DataType.UINT32,
-            Layout.TILE,
-        )
-        return [vals, idx]
+            kind = limits.topk(
+                x.info(), k, dim, indices=labels, stable=stable, l1_bytes=self.chip.l1_bytes
+            )
+        shape = (*x.shape[:-1], k)
+
+        def pick() -> tuple[torch.Tensor, torch.Tensor]:
+            d = x.buffer.data
+            if d.is_meta:
+                return torch.empty(shape, device="meta"), torch.empty(shape, device="meta")
+            width = d.shape[-1]
+            src = d if stable else d.flip(-1)
+            order = torch.sort(src, dim=-1, descending=True, stable=True).indices[..., :k]
+            pos = order if stable else width - 1 - order
+            idx = pos if indices_tensor is None else indices_tensor.buffer.data.gather(-1, pos)
+            return d.gather(-1, pos), idx
+
+        outs: list[Tensor] = []
+
+        def write(res: tuple[torch.Tensor, torch.Tensor]) -> list[Buffer]:
+            outs.append(self._out(res[0], x.dtype, Layout.TILE))
+            outs.append(self._out(res[1], DataType(kind), Layout.TILE))
+            return [o.buffer for o in outs]
+
+        ins = [x] + ([indices_tensor] if indices_tensor is not None else [])
+        self._op("topk", ins, pick, write)
+        return outs
 
     def argmax(self, x: Tensor, dim: int | None = None) -> Tensor:
         if x.dtype not in (DataType.BFLOAT16, DataType.FLOAT32):

@@ -11,10 +11,14 @@ Prefill runs one row per replay through a bucket of T tokens (T >= the row's n t
 padding tokens compute garbage that nothing reads: their GDN gates are zeroed (beta = g = 0 leaves
 the recurrent state untouched), the conv state is taken at the last *valid* token by a one-hot
 selector, their K/V land in the padding block, and the sampled logits come from the last valid
-token, again by a one-hot selector. Decode runs every GDN state slot as one batch row (engine
+token, again by a one-hot selector. A sampling row's draw rules reach the device as ``sampling.sampling_planes`` (argmax
+rows and idle rows get neutral values and no draw flag). Decode runs every GDN state slot as one
+batch row (engine
 slot s in row s, so the batch is exactly the engine's max_batch rows); slots without work this
 step are idle: masks that keep their GDN state, ``cur_pos = -1`` (paged SDPA decode skips the
-row), ``write_pos = -1`` (paged_update_cache skips the row) and an all-padding page table.
+row), ``write_pos = -1`` (paged_update_cache skips the row) and an all-padding page table. A fed
+row's ``fed`` flag makes the program take its id from the previous replay's output instead of
+``ids``.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from tt_serve.model.buckets import doubling
-from tt_serve.model.interface import PAD_BLOCK, StepRow
+from tt_serve.model.interface import PAD_BLOCK, RowSampling, StepRow
+from tt_serve.model.tt.sampling import sampling_planes
 
 TILE_SIZE = 32
 
@@ -104,6 +109,7 @@ class PrefillValues:
     gate_mask: np.ndarray  # [1, T, Hv] 1 on valid tokens
     conv_select: np.ndarray  # [1, K-1, K-1+T] one-hot rows of [history; x] kept as conv state
     last_select: np.ndarray  # [1, 1, T] one-hot of the last valid token
+    sampling: np.ndarray  # [SAMPLING_PLANES, 1, CANDIDATES] the row's draw rules
 
 
 def prefill_values(
@@ -145,6 +151,7 @@ def prefill_values(
         gate_mask=mask,
         conv_select=select,
         last_select=last,
+        sampling=sampling_planes([row.sampling]),
     )
 
 
@@ -159,6 +166,8 @@ class DecodeValues:
     page_table: np.ndarray  # [S, W] int32
     gate_mask: np.ndarray  # [1, S, Hv]
     conv_mask: np.ndarray  # [S, 1, 1, 1]
+    sampling: np.ndarray  # [SAMPLING_PLANES, S, CANDIDATES] each row's draw rules
+    fed: np.ndarray  # [1, S] float32: 1 = the id comes from the previous replay's out_ids
     active: tuple[int, ...]  # slots that run
 
 
@@ -170,7 +179,7 @@ def decode_values(
     num_v_heads: int,
 ) -> DecodeValues:
     """Values for a decode batch of ``num_rows`` rows (state slots 0..num_rows-1). A fed row's
-    id is 0 here: the backend feeds the ids input from the device instead."""
+    id is 0 here and its ``fed`` flag set: the program reads the id from the device instead."""
     n = num_rows
     ids = np.zeros((1, n), dtype=np.uint32)
     cur = np.full(n, -1, dtype=np.int32)
@@ -179,6 +188,8 @@ def decode_values(
     positions = np.zeros((1, n), dtype=np.uint32)
     mask = np.zeros((1, n, num_v_heads), dtype=np.float32)
     conv = np.zeros((n, 1, 1, 1), dtype=np.float32)
+    fed = np.zeros((1, n), dtype=np.float32)
+    specs: list[RowSampling | None] = [None] * n
     for row in rows:
         r = row.state_slot
         if not 0 <= r < n:
@@ -191,6 +202,8 @@ def decode_values(
         table[r] = padded_table(row.block_table, width)
         mask[0, r] = 1.0
         conv[r] = 1.0
+        fed[0, r] = float(row.fed)
+        specs[r] = row.sampling
     return DecodeValues(
         ids=ids,
         positions=positions,
@@ -199,5 +212,7 @@ def decode_values(
         page_table=table,
         gate_mask=mask,
         conv_mask=conv,
+        sampling=sampling_planes(specs),
+        fed=fed,
         active=tuple(r.state_slot for r in rows),
     )

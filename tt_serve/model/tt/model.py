@@ -3,8 +3,10 @@
 Two programs, each a pure function of persistent buffers so it can be captured as a trace:
 ``prefill`` runs one row of a bucket through every layer (state in the working buffers) and
 ``decode`` runs every state slot as one batch row (slot s in row s; state in the pools). Both
-end by picking the greedy token on the device (argmax to uint32) and copying ids and logits
-into their output buffers.
+end by picking each row's token on the device (argmax to uint32, or a ``RowSampling`` draw,
+``sampling.py``) and copying ids, logits and the candidates' ids and logprobs into their output
+buffers. Decode takes each row's input id from the host or, for a fed row, from the previous
+replay's ``out_ids`` (a per-row select inside the trace).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from tt_serve.model.tt.moe import ExpertGroup, MoeWeights, expert_groups, moe_fo
 from tt_serve.model.tt.ops import ROW_MAJOR, Ops, Tensor
 from tt_serve.model.tt.pools import DevicePools
 from tt_serve.model.tt.precision import FIDELITY, Precision
+from tt_serve.model.tt.sampling import candidate_logprobs, candidates, draw
 
 # Chunked (prefill) SDPA: q/k chunk 64 as qwen36 and tt_transformers below 2048 tokens; a chunk
 # start (a multiple of the block size) must be a multiple of both, so 32 when the block is not.
@@ -63,8 +66,11 @@ class TTModel:
         # for bf16 weights and the one-hot / rotation matmuls.
         self.kernels = {d: ops.compute_config(f, fp32_acc=acc) for d, (f, acc) in FIDELITY.items()}
         self.exact = self.kernels["bfloat16"]
+        self.sampling_compute = ops.compute_config("HiFi4", fp32_acc=True)  # float32 masses
         self.embed, self.norm = w["embed"], w["norm"]
         self.lm_head = self._split_head(w["lm_head"], spec.vocab_size)
+        widths = [int(t.shape[1]) for t in self.lm_head]
+        self.head_offsets = [sum(widths[:i]) for i in range(len(widths))]
         self.layers = [self._layer(spec, w, i) for i in range(spec.num_layers)]
         self.rot = ops.upload(rotation_matrix(spec.head_dim, spec.rotary_dim), "bfloat16")
         self.cos_table: Tensor = None
@@ -200,10 +206,24 @@ class TTModel:
         ops = self.ops
         normed = ops.rms_norm(h, self.norm, self.spec.rms_norm_eps)
         head = self.kernels[self.precision.lm_head]
-        parts = [ops.linear(normed, chunk, head) for chunk in self.lm_head]
-        logits = ops.typecast(parts[0] if len(parts) == 1 else ops.concat(parts, -1), "float32")
+        parts = [ops.typecast(ops.linear(normed, c, head), "float32") for c in self.lm_head]
+        logits = parts[0] if len(parts) == 1 else ops.concat(parts, -1)
         ops.copy(logits, inp.out_logits)
-        ops.copy(ops.argmax(logits), inp.out_ids)
+        cand = candidates(ops, parts, self.head_offsets)
+        ops.copy(
+            draw(ops, cand, inp.sampling, ops.argmax(logits), self.sampling_compute), inp.out_ids
+        )
+        ops.copy(cand.ids, inp.out_top_ids)
+        ops.copy(candidate_logprobs(ops, logits, cand), inp.out_top_logprobs)
+
+    def _decode_ids(self, inp: InputBuffers) -> Tensor:
+        """Each row's input id: the previous replay's pick for a fed row, else the host's
+        (a select in float32, exact for ids below 2^24: ``where`` takes TILE operands, the
+        embedding UINT32 ROW_MAJOR ids)."""
+        ops = self.ops
+        prev = ops.typecast(ops.to_tile(inp.out_ids), "float32")
+        host = ops.typecast(ops.to_tile(inp.ids), "float32")
+        return ops.to_row_major(ops.typecast(ops.where(inp.fed, prev, host), "uint32"))
 
     def prefill(self, inp: InputBuffers, pools: DevicePools) -> None:
         """One bucket of one row through all layers; state in ``pools.*_work``."""
@@ -235,7 +255,7 @@ class TTModel:
         """One token for every pool row, i.e. state slot (idle slots are masked); pools updated in
         place."""
         ops, eps = self.ops, self.spec.rms_norm_eps
-        x = ops.embedding(inp.ids, self.embed)  # [1, S, H]
+        x = ops.embedding(self._decode_ids(inp), self.embed)  # [1, S, H]
         rope = self.rope(inp, x.shape[1], head_major=False)
         for layer in self.layers:
             h = ops.rms_norm(x, layer.input_norm, eps)

@@ -25,6 +25,8 @@ import numpy as np
 Tensor = Any
 TILE = "tile"
 ROW_MAJOR = "row_major"
+# bytes per element of what a read copies (float tensors are typecast to float32 first)
+READ_ELEMENT_BYTES = {"float32": 4, "uint32": 4, "int32": 4, "uint16": 2}
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,7 @@ class Ops:
         self.ttnn = ttnn_module
         self.device: Any = None
         self.trace_region_size = 0  # what the open device reserved for traces
+        self.bytes_read = 0  # device -> host bytes copied by read / read_start (padded buffers)
 
     @classmethod
     def load(cls) -> Ops:
@@ -89,6 +92,7 @@ class Ops:
             "bfloat4_b": t.bfloat4_b,
             "float32": t.float32,
             "uint32": t.uint32,
+            "uint16": t.uint16,
             "int32": t.int32,
         }
         return table[name]
@@ -124,7 +128,9 @@ class Ops:
 
     def read(self, t: Tensor) -> np.ndarray:
         """Device tensor -> numpy (float32 for float dtypes; numpy has no bfloat16). Blocking."""
-        host = self.ttnn.from_device(self._readable(t))
+        src = self._readable(t)
+        self.bytes_read += self._buffer_bytes(src)
+        host = self.ttnn.from_device(src)
         return self._host_numpy(host)
 
     def read_start(self, t: Tensor) -> PendingRead:
@@ -134,7 +140,9 @@ class Ops:
         even when later commands (a trace replay) overwrite it before the host looks. A typecast
         copy (float tensors) is not kept alive: anything reusing its memory runs after the read,
         and a buffer kept past the next replay would break the trace allocation rule."""
-        host = self.ttnn.from_device(self._readable(t), blocking=False)
+        src = self._readable(t)
+        self.bytes_read += self._buffer_bytes(src)
+        host = self.ttnn.from_device(src, blocking=False)
         event = self.ttnn.record_event(self.device, cq_id=0)
         return PendingRead(host=host, event=event)
 
@@ -149,6 +157,11 @@ class Ops:
         if t.dtype in (self.ttnn.bfloat16, self.ttnn.bfloat8_b, self.ttnn.bfloat4_b):
             return self.ttnn.typecast(t, self.ttnn.float32)
         return t
+
+    def _buffer_bytes(self, t: Tensor) -> int:
+        """What a read of ``t`` copies: its whole (tile-padded) buffer."""
+        size = next(b for name, b in READ_ELEMENT_BYTES.items() if t.dtype == self.dtype(name))
+        return int(np.prod(list(t.padded_shape))) * size
 
     def _host_numpy(self, host: Tensor) -> np.ndarray:
         if host.layout == self.ttnn.TILE_LAYOUT:
@@ -284,11 +297,34 @@ class Ops:
         in place (elementwise, so it may be one of the inputs)."""
         return self.ttnn.where(predicate, true_value, false_value, output_tensor=out)
 
-    def ge(self, a: Tensor, b: Tensor) -> Tensor:
+    def exp(self, x: Tensor) -> Tensor:
+        return self.ttnn.exp(x)
+
+    def log(self, x: Tensor) -> Tensor:
+        return self.ttnn.log(x)
+
+    def ge(self, a: Tensor, b: Tensor | float) -> Tensor:
         return self.ttnn.ge(a, b)
 
-    def topk(self, x: Tensor, k: int) -> tuple[Tensor, Tensor]:
-        values, indices = self.ttnn.topk(x, k, -1, True, True)
+    def gt(self, a: Tensor, b: Tensor | float) -> Tensor:
+        return self.ttnn.gt(a, b)
+
+    def le(self, a: Tensor, b: Tensor | float) -> Tensor:
+        return self.ttnn.le(a, b)
+
+    def lt(self, a: Tensor, b: Tensor | float) -> Tensor:
+        return self.ttnn.lt(a, b)
+
+    def eq(self, a: Tensor, b: Tensor | float) -> Tensor:
+        return self.ttnn.eq(a, b)
+
+    def topk(
+        self, x: Tensor, k: int, *, labels: Tensor | None = None, stable: bool = False
+    ) -> tuple[Tensor, Tensor]:
+        """The k largest along the last dim, sorted: values and their positions (``labels``:
+        the labels at those positions instead, ttnn's ``indices_tensor``). ``stable``: ties
+        lowest position first (not allowed with labels); otherwise their order is unspecified."""
+        values, indices = self.ttnn.topk(x, k, -1, True, True, indices_tensor=labels, stable=stable)
         return values, indices
 
     def argmax(self, logits: Tensor) -> Tensor:

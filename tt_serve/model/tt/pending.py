@@ -1,22 +1,37 @@
-"""PendingStep: a step the tt backend has submitted; ``result`` waits for its decode ids.
+"""PendingStep: a step the tt backend has submitted; ``result`` waits for its device picks.
 
-``submit`` leaves at most one device read in flight per step: the greedy ids of the decode
-replay (``out_ids``), started right after the replay. Everything else the step needs from the
-host (prefill ids, logits, logprobs) was read blocking before ``submit`` returned, so
-``result`` only waits on that read's event and fills the greedy rows' tokens.
+``submit`` leaves at most one group of device reads in flight per step, started right after the
+decode replay: the picked ids (``out_ids``) and, when a row asks for logprobs, the sampling
+candidates' ids and logprobs (``out_top_ids``, ``out_top_logprobs``: [rows, 32] each, not the
+logits). Everything else the step needs from the host (logits of ``want_logits`` rows, prefill
+picks) was read before ``submit`` returned, so ``result`` only waits on those reads' event and
+fills the device-picked rows' tokens and logprobs.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
 from tt_serve.model.interface import StepOutput
 from tt_serve.model.tt.ops import Ops, PendingRead
+from tt_serve.model.tt.sampling import logprob_dict
+
+
+@dataclass(frozen=True)
+class PickReads:
+    """Reads in flight of one program's picks; ``rows``: (row index, buffer row, top_logprobs)
+    of its device-picked rows. The candidate reads are there when some row wants logprobs."""
+
+    ids: PendingRead
+    top_ids: PendingRead | None
+    top_logprobs: PendingRead | None
+    rows: tuple[tuple[int, int, int], ...]
 
 
 class PendingStep:
-    """A submitted step. ``rows`` lists (row index, ``out_ids`` column) of its greedy decode
-    rows."""
+    """A submitted step whose device-picked rows' results may still be on their way."""
 
     def __init__(
         self,
@@ -24,14 +39,13 @@ class PendingStep:
         *,
         resident_slots: frozenset[int] = frozenset(),
         ops: Ops | None = None,
-        read: PendingRead | None = None,
-        rows: tuple[tuple[int, int], ...] = (),
+        reads: PickReads | None = None,
     ) -> None:
-        if read is not None and ops is None:
-            raise ValueError("a pending read needs the ops that started it")
+        if reads is not None and ops is None:
+            raise ValueError("pending reads need the ops that started them")
         self._out = out
         self._resident = resident_slots
-        self._ops, self._read, self._rows = ops, read, rows
+        self._ops, self._reads = ops, reads
 
     @property
     def resident_slots(self) -> frozenset[int]:
@@ -39,15 +53,24 @@ class PendingStep:
 
     @property
     def done(self) -> bool:
-        return self._read is None
+        return self._reads is None
 
     def result(self) -> StepOutput:
-        """Wait for the decode ids (once) and return the step's output."""
-        if self._read is None:
+        """Wait for the picks (once) and return the step's output."""
+        reads = self._reads
+        if reads is None:
             return self._out
         assert self._ops is not None
-        ids = self._ops.read_finish(self._read).reshape(-1).astype(np.int64)
-        self._read = None
-        for i, column in self._rows:
-            self._out.token_ids[i] = int(ids[column])
+        finish = self._ops.read_finish
+        ids = finish(reads.ids).reshape(-1).astype(np.int64)
+        top_ids = top_lp = None
+        if reads.top_ids is not None and reads.top_logprobs is not None:
+            top_ids = finish(reads.top_ids).reshape(ids.shape[0], -1).astype(np.int64)
+            top_lp = finish(reads.top_logprobs).reshape(ids.shape[0], -1)
+        self._reads = None
+        for i, b, k in reads.rows:
+            self._out.token_ids[i] = int(ids[b])
+            if k > 0:
+                assert top_ids is not None and top_lp is not None
+                self._out.logprobs[i] = logprob_dict(int(ids[b]), top_ids[b], top_lp[b], k)
         return self._out
