@@ -25,7 +25,7 @@ from types import SimpleNamespace
 from typing import IO, Any
 
 from tt_serve.config import DEFAULT_BATCH, ServeConfig
-from tt_serve.model.interface import StateCopy, StepBatch, StepRow
+from tt_serve.model.interface import RowSampling, StateCopy, StepBatch, StepRow
 from tt_serve.model.spec import FULL_ATTENTION, ModelSpec
 from tt_serve.model.tt.backend import TTBackend
 from tt_serve.model.tt.devices import DeviceSpec, device_spec
@@ -40,6 +40,9 @@ SAFETY_FRACTION = 0.02
 """DRAM kept free when the KV pool is sized from memory (allocator fragmentation, buffers the
 device model does not see): 2% of the chip's DRAM, about 0.6 GB on a P150 and 0.24 GB on an N150."""
 DECODE_STEPS = 8
+READBACK_SAMPLING = RowSampling(0.7, top_k=20, top_p=0.95, uniform=0.5)
+"""The sampled decode steps of the workload (Qwen's recommended settings; the uniform does not
+change a shape): every row drawn on the device with 5 logprobs, then every row host-picked."""
 TRACE_HEADROOM = 1.5
 """An automatic trace region is this many times the traces' estimated size (``memory.
 trace_bytes`` is an estimate until it is measured on a card), in whole ``TRACE_REGION_STEP``s."""
@@ -135,6 +138,9 @@ class Plan:
     trace_reserved: int = 0  # the trace region is reserved in every DRAM bank
     max_context: int = 0
     max_batch: int | None = None
+    # device -> host bytes of one decode step at max_batch: greedy, device-sampled (5 logprobs),
+    # host-sampled (every row's logits)
+    readback: dict[str, int] = field(default_factory=dict)
     limit_rule: str | None = None
     limit_message: str | None = None
     hint: str | None = None
@@ -263,11 +269,15 @@ def _weight_bytes(
 class _Run:
     fake: FakeTTNN
     backend: TTBackend | None = None
+    readback: dict[str, int] = field(default_factory=dict)
 
 
-def _workload(be: TTBackend, log: OpLog, chunk: int, rows: int, kv_blocks: int) -> None:
-    """Two prefill chunks of one sequence, DECODE_STEPS decode steps of every slot, and one
-    snapshot save / restore / reset."""
+def _workload(
+    be: TTBackend, log: OpLog, chunk: int, rows: int, kv_blocks: int, readback: dict[str, int]
+) -> None:
+    """Two prefill chunks of one sequence, DECODE_STEPS greedy decode steps of every slot, one
+    device-sampled and one host-sampled step, and one snapshot save / restore / reset;
+    ``readback``: the device -> host bytes of a decode step of each kind."""
     assert be.pools is not None
     bs = be.pools.block_size
     blocks = max(1, be.width)
@@ -285,7 +295,19 @@ def _workload(be: TTBackend, log: OpLog, chunk: int, rows: int, kv_blocks: int) 
     for step in range(DECODE_STEPS):
         p = min(pos + step, blocks * bs - 1)
         batch = tuple(StepRow(s + 1, (5,), p, table, s, True) for s in range(rows))
+        before = be.ops.bytes_read
         be.execute(StepBatch(batch))
+        readback["greedy"] = be.ops.bytes_read - before
+    p = min(pos + DECODE_STEPS, blocks * bs - 1)
+    drawn = tuple(
+        StepRow(s + 1, (5,), p, table, s, True, top_logprobs=5, sampling=READBACK_SAMPLING)
+        for s in range(rows)
+    )
+    host = tuple(StepRow(s + 1, (5,), p, table, s, True, want_logits=True) for s in range(rows))
+    for mode, batch in (("device_sampled", drawn), ("host_sampled", host)):
+        before = be.ops.bytes_read
+        be.execute(StepBatch(batch))
+        readback[mode] = be.ops.bytes_read - before
     log.phase = "copy"
     if be.pools.num_snapshots:
         be.copy_states([StateCopy.save(0, 0), StateCopy.restore(0, 0), StateCopy.reset(0)])
@@ -333,7 +355,7 @@ def _run(
             num_snapshot_slots=req.snapshot_slots,
         )
         if workload:
-            _workload(be, log, req.prefill_chunk, req.max_batch_size, kv_blocks)
+            _workload(be, log, req.prefill_chunk, req.max_batch_size, kv_blocks, run.readback)
     except ContractViolation as exc:
         raise PlanError(exc.rule, str(exc).split("] ", 1)[-1]) from None
     return run
@@ -529,6 +551,7 @@ def plan(spec: ModelSpec, req: PlanRequest, ops_out: IO[str] | None = None) -> P
     result.dram_left = fake.dram.bank_bytes * banks - result.dram_peak
     result.trace_reserved = req.trace_region_size * banks
     result.max_context = min(result.kv_tokens, per_seq * req.block_size)
+    result.readback = dict(run.readback)
     enough = sized_trace_region(result.trace_needed)
     if enough < req.trace_region_size and not result.trace_auto:
         freed = (req.trace_region_size - enough) * banks
@@ -564,6 +587,12 @@ def _gb(n: int) -> str:
     return f"{n / 1e9:.2f} GB"
 
 
+def _size(n: int) -> str:
+    return (
+        f"{n} B" if n < 10_000 else f"{n / 1e3:.1f} kB" if n < 10_000_000 else f"{n / 1e6:.1f} MB"
+    )
+
+
 def format_plan(p: Plan, req: PlanRequest) -> Iterator[str]:
     yield (
         f"plan: {p.device} ({p.chips} chip{'s' if p.chips > 1 else ''}, {p.chip}), precision "
@@ -597,6 +626,10 @@ def format_plan(p: Plan, req: PlanRequest) -> Iterator[str]:
         f"(every bank), peak use {_gb(p.dram_peak)}, left {_gb(p.dram_left)}"
     )
     yield f"  context      up to {p.max_context} tokens for one sequence"
+    if p.readback:
+        yield "  readback     per decode step: " + ", ".join(
+            f"{mode.replace('_', '-')} {_size(n)}" for mode, n in p.readback.items()
+        )
     if p.max_batch is not None:
         yield f"  max_batch    up to {p.max_batch} fits"
     yield "  fits"
