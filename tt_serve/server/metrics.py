@@ -89,7 +89,8 @@ class _EngineCollector(Collector):
         )
         sampled = CounterMetricFamily(
             f"{P}sampled_rows",
-            "Batch rows whose next token was picked on the device (argmax) or on the host.",
+            "Batch rows whose next token was picked on the device (argmax or a device draw) or "
+            "on the host (from the logits).",
             labels=["where"],
         )
         sampled.add_metric(["device"], s.sampled_rows_device)
