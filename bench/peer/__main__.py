@@ -1,0 +1,5 @@
+import sys
+
+from bench.peer.harness import main
+
+sys.exit(main())
