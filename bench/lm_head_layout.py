@@ -1,7 +1,8 @@
-"""The torch backend's LM-head layout, side by side: ``F.linear(x, W)`` on the checkpoint's
-[vocab, H] weight against ``x @ W_t`` on a contiguous [H, vocab] copy (what ``ref/model.py``
-keeps), at the row counts a decode step has, interleaved over rounds in one process. One
-ledger line to ``bench/runs/lm-head-layout.jsonl``.
+"""The torch backend's LM-head kernel, side by side: ``F.linear(x, W)`` on the checkpoint's
+[vocab, H] weight, ``x @ W_t`` on a contiguous [H, vocab] copy, and the weight reordered once
+into oneDNN's blocked layout (``ref/model.py`` ``LmHead`` on the CPU), at the row counts a
+decode step has, interleaved over rounds in one process. One ledger line to
+``bench/runs/lm-head-layout.jsonl``.
 
     OMP_NUM_THREADS=2 python -m bench.lm_head_layout [--hidden 256 --vocab 248320]
 """
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 
 from bench.provenance import REPO_ROOT, append_ledger
 from bench.timing import median_ms
+from tt_serve.model.ref.model import LmHead
 
 LEDGER = REPO_ROOT / "bench" / "runs" / "lm-head-layout.jsonl"
 
@@ -33,12 +35,14 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     w = torch.randn(a.vocab, a.hidden)
     w_t = w.t().contiguous()
+    packed = LmHead(w)
     results = {}
     for rows in a.rows:
         x = torch.randn(rows, a.hidden)
         arms: dict[str, Callable[[], object]] = {
             "linear_vocab_major": lambda x=x: F.linear(x, w),
             "matmul_hidden_major": lambda x=x: x @ w_t,
+            "onednn_packed": lambda x=x: packed(x),
         }
         got: dict[str, list[float]] = {k: [] for k in arms}
         for r in range(a.rounds):
@@ -46,10 +50,12 @@ def main(argv: list[str] | None = None) -> int:
                 got[name].append(median_ms(arms[name], a.calls))
         ms = {k: statistics.median(v) for k, v in got.items()}
         ratio = ms["linear_vocab_major"] / ms["matmul_hidden_major"]
-        results[str(rows)] = {**ms, "speedup": ratio}
+        packed_ratio = ms["matmul_hidden_major"] / ms["onednn_packed"]
+        results[str(rows)] = {**ms, "speedup": ratio, "packed_over_matmul": packed_ratio}
         print(
             f"rows {rows:3d}: [V,H] linear {ms['linear_vocab_major']:6.2f} ms, "
-            f"[H,V] matmul {ms['matmul_hidden_major']:6.2f} ms, x{ratio:.2f}",
+            f"[H,V] matmul {ms['matmul_hidden_major']:6.2f} ms, "
+            f"oneDNN packed {ms['onednn_packed']:6.2f} ms (x{packed_ratio:.2f} vs matmul)",
             flush=True,
         )
     append_ledger(

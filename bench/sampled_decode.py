@@ -7,9 +7,12 @@ the host sampler each step, the path before device sampling). N concurrent seede
 ``--prompt-len`` token-id prompts and ``--tokens`` output tokens each, for every N in
 ``--batches``. Per arm: output tok/s (median over rounds), the backend's device -> host bytes per
 output token and per decode step, and whether the two sampled arms gave identical tokens (they
-must: same uniforms, same rules). One ledger line to ``bench/runs/sampled-decode.jsonl``.
+must: same uniforms, same rules). With ``--ttnn-plan MODEL`` it also plans MODEL on the
+shape-only ttnn device model (``tt-serve plan``) at every N and records the device -> host
+bytes of a greedy, a device-sampled and a host-sampled decode step there (no timing: there is
+no card). One ledger line to ``bench/runs/sampled-decode.jsonl``.
 
-    python -m bench.sampled_decode --batches 8,32 --rounds 3
+    python -m bench.sampled_decode --batches 8,32 --rounds 3 --ttnn-plan qwen3.5-9b
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -60,6 +64,21 @@ def _run(llm: LLM, prompts: list[list[int]], params: list[SamplingParams]) -> di
     }
 
 
+def _ttnn_readback(model: str, device: str, batches: list[int]) -> dict[str, Any]:
+    """Bytes per decode step of each kind on the shape-only plan, per max batch."""
+    from tt_serve.model.published import write_published_config
+    from tt_serve.model.spec import ModelSpec
+    from tt_serve.model.tt import planner
+
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = ModelSpec.from_hf_dir(write_published_config(model, Path(tmp)))
+    out: dict[str, Any] = {}
+    for n in batches:
+        p = planner.plan(spec, planner.PlanRequest(device=device, max_batch_size=n))
+        out[f"batch_{n}"] = p.readback if p.ok else {"limit": p.limit_rule}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.sampled_decode", description=__doc__)
     ap.add_argument("--model", type=Path, default=None, help="checkpoint folder (demo model)")
@@ -67,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--ttnn-plan", default=None, help="a published model to plan, e.g. qwen3.5-9b")
+    ap.add_argument("--ttnn-device", default="p150", help="the device description it plans on")
     ap.add_argument("--ledger", type=Path, default=LEDGER)
     a = ap.parse_args(argv)
     path = a.model or ensure_demo_model(log=lambda s: None)
@@ -99,7 +120,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         results[f"batch_{n}"] = row
         print(f"batch {n}: {row}")
+    if a.ttnn_plan:
+        results["ttnn_plan"] = _ttnn_readback(a.ttnn_plan, a.ttnn_device, batches)
+        print(f"ttnn plan: {results['ttnn_plan']}")
     params = {
+        "ttnn_plan": a.ttnn_plan,
+        "ttnn_device": a.ttnn_device,
         "model": str(a.model or "demo"),
         "batches": batches,
         "prompt_len": a.prompt_len,

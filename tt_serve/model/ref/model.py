@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.utils.mkldnn
 import torch.nn.functional as F
 
 from tt_serve.model.ref.attention import AttentionWeights, attention_forward
@@ -46,12 +47,7 @@ class HybridModel:
         w = {n: t.to(device) for n, t in weights.items()}
         self.embed = w["embed_tokens.weight"]
         self.final_norm = w["norm.weight"]
-        # The LM head as [H, vocab], contiguous: a decode step multiplies a few rows by it, and
-        # CPU GEMV kernels read that layout at close to memory bandwidth where F.linear on the
-        # [vocab, H] checkpoint layout runs at about half (2.2x slower at 1 row, 2x at 2 on 2
-        # cores; from 4 rows on the two are within +-15%: bench/runs/lm-head-layout.jsonl).
-        # A tied model keeps the embedding too (one more [vocab, H] copy).
-        self.lm_head_t = w["lm_head.weight"].t().contiguous()
+        self.lm_head = LmHead(w["lm_head.weight"])
         self.inv_freq = rope_inv_freq(spec.rotary_dim, spec.rope_theta, device)
         self.layers = [self._layer(spec, w, i) for i in range(spec.num_layers)]
 
@@ -153,4 +149,35 @@ class HybridModel:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] -> fp32 logits [N, vocab]."""
-        return (hidden @ self.lm_head_t).float()
+        return self.lm_head(hidden)
+
+
+class LmHead:
+    """The [vocab, H] projection a decode step multiplies a few rows by, at the kernel that is
+    fastest for few rows on the device.
+
+    On the CPU the weight is reordered once into oneDNN's blocked layout (``MkldnnLinear``): a
+    GEMM on it then neither repacks the 254 MB weight per call nor falls into the small-M cliff
+    of the plain kernels (2 cores, 248,320 x 256 fp32: about 1.2x faster than ``h @ W.T`` on a
+    contiguous [H, vocab] copy at 1 row, 1.7-2.2x at 2 to 16 rows, even at 32:
+    ``python -m bench.lm_head_layout``, bench/runs/lm-head-layout.jsonl). Elsewhere (CUDA) the
+    weight is kept [H, vocab] contiguous. fp32 stays fp32: only the summation order differs
+    (<= 1e-6 on the logits). A tied model keeps the embedding too (one more [vocab, H] copy)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.packed: torch.nn.Module | None = None
+        if weight.device.type == "cpu" and torch.backends.mkldnn.is_available():
+            linear = torch.nn.Linear(
+                weight.shape[1], weight.shape[0], bias=False, dtype=weight.dtype
+            )
+            linear.weight = torch.nn.Parameter(weight, requires_grad=False)
+            self.packed = torch.utils.mkldnn.to_mkldnn(linear, weight.dtype)
+            self.weight_t = None
+        else:
+            self.weight_t = weight.t().contiguous()
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            return self.packed(hidden.contiguous().to_mkldnn()).to_dense().float()
+        assert self.weight_t is not None
+        return (hidden @ self.weight_t).float()
