@@ -178,7 +178,11 @@ in
     backend = opt (types.enum [ "torch" "ttnn" ]) d.backend
       "torch: CPU/CUDA reference backend; ttnn: Tenstorrent devices.";
     device = opt types.str d.device "torch backend device: cpu, cuda or cuda:N.";
-    deviceIds = opt (types.listOf types.int) d.deviceIds "Tenstorrent device ids (ttnn); one device today (tensor parallel over a mesh is not built yet).";
+    deviceIds = opt (types.listOf types.int) d.deviceIds "Tenstorrent device ids (ttnn), opened as one mesh.";
+    mesh = opt types.str d.mesh ''
+      ttnn: the mesh shape "ROWSxCOLS" the deviceIds form ("1x2" on N300, "1x4" on 4xP150,
+      "1x8" or "2x4" on T3K, "8x4" on Galaxy); "": 1 x the number of deviceIds.
+    '';
     dtype = opt (types.enum [ "auto" "float32" "bfloat16" ]) d.dtype ''
       Compute dtype: auto = float32 for torch on the CPU, bfloat16 elsewhere. float32 is
       refused on backend = "ttnn" (use precision for its weights).

@@ -83,7 +83,14 @@ class ServeConfig:
     port: int = _opt(8000, "port to listen on")
     backend: str = _opt("torch", "torch (CPU/CUDA) or ttnn (Tenstorrent)", choices=BACKENDS)
     device: str = _opt("cpu", "torch backend device: cpu, cuda or cuda:N")
-    device_ids: tuple[int, ...] = _opt((0,), "ttnn backend: the Tenstorrent device id (one today)")
+    device_ids: tuple[int, ...] = _opt(
+        (0,), "ttnn backend: the Tenstorrent device ids the server opens as one mesh"
+    )
+    mesh: str = _opt(
+        "",
+        "ttnn backend: the mesh shape ROWSxCOLS the device ids form (1x2 on N300, 1x4 on 4xP150, "
+        "1x8 or 2x4 on T3K, 8x4 on Galaxy); empty: 1 x the number of ids",
+    )
     dtype: str = _opt(
         "auto",
         "compute dtype: auto = float32 for torch on the CPU, bfloat16 elsewhere",
@@ -262,6 +269,8 @@ def validate(cfg: ServeConfig) -> list[str]:
     )
     where = f"got backend {cfg.backend}, device {cfg.device}"
     ids = ",".join(str(i) for i in cfg.device_ids)
+    mesh = parse_mesh(cfg.mesh) if cfg.mesh else None
+    chips = mesh[0] * mesh[1] if mesh is not None else 0
     rules: list[tuple[bool, str]] = [
         (1 <= cfg.port <= 65535, f"{p}.port must be in 1..65535 (got {cfg.port})."),
         (cfg.backend in BACKENDS, f"{p}.backend must be one of torch, ttnn (got {cfg.backend})."),
@@ -275,9 +284,23 @@ def validate(cfg: ServeConfig) -> list[str]:
             f'on backend ttnn (got "{ids}").',
         ),
         (
-            not ttnn or len(cfg.device_ids) <= 1,
-            f"{p}.deviceIds must name one device on backend ttnn (got {len(cfg.device_ids)}): "
-            "the ttnn backend runs on one chip; tensor parallel over a mesh is not built yet.",
+            not cfg.mesh or mesh is not None,
+            f'{p}.mesh must be "ROWSxCOLS" with positive integers, e.g. "1x4" (got "{cfg.mesh}").',
+        ),
+        (
+            not cfg.mesh or ttnn,
+            f'{p}.mesh shapes a Tenstorrent mesh; it needs {p}.backend = "ttnn" '
+            f"(got backend {cfg.backend}).",
+        ),
+        (
+            not ttnn or mesh is None or mesh[0] * mesh[1] == len(cfg.device_ids),
+            f'{p}.mesh = "{cfg.mesh}" has {chips} chips but {p}.deviceIds names '
+            f'{len(cfg.device_ids)} ("{ids}"): give one device id per chip.',
+        ),
+        (
+            not ttnn or mesh is None or mesh[0] == 1,
+            f'{p}.mesh = "{cfg.mesh}" is a 2-D mesh; tensor parallel runs on 1xN meshes '
+            '(e.g. "1x8" on T3K, "1x4" on 4xP150); 2-D meshes (Galaxy) are not built yet.',
         ),
         (
             cfg.dtype in DTYPES,
@@ -372,14 +395,18 @@ def validate(cfg: ServeConfig) -> list[str]:
             cfg.log_level in LOG_LEVELS,
             f"{p}.logLevel must be one of {', '.join(LOG_LEVELS)} (got {cfg.log_level}).",
         ),
-        *_replica_rules(cfg, accelerated, where),
+        *_replica_rules(cfg, accelerated, where, chips),
     ]
     return [message for ok, message in rules if not ok]
 
 
-def _replica_rules(cfg: ServeConfig, accelerated: bool, where: str) -> list[tuple[bool, str]]:
-    """Drain bound and replica topology (appended to validate()'s rules, same order in Nix)."""
+def _replica_rules(
+    cfg: ServeConfig, accelerated: bool, where: str, chips: int
+) -> list[tuple[bool, str]]:
+    """Drain bound and replica topology (appended to validate()'s rules, same order in Nix);
+    ``chips``: the chips of ``cfg.mesh`` (0 when it is unset or malformed)."""
     p = NIX_PREFIX
+    ttnn = cfg.backend == "ttnn"
     n, base, q = len(cfg.instances), cfg.worker_base_port, cfg.router_prometheus_port
     last = base + n - 1
     groups = ";".join(",".join(str(i) for i in g) for g in cfg.instances)
@@ -405,9 +432,14 @@ def _replica_rules(cfg: ServeConfig, accelerated: bool, where: str) -> list[tupl
             f'{p}.instances must not use a device twice (got "{groups}").',
         ),
         (
-            n == 0 or not accelerated or all(len(g) == 1 for g in cfg.instances),
-            f"{p}.instances must give each worker one device on backend ttnn or a CUDA "
-            f'{p}.device ({where}; got "{groups}").',
+            n == 0 or not accelerated or ttnn or all(len(g) == 1 for g in cfg.instances),
+            f"{p}.instances must give each worker one device on a CUDA {p}.device "
+            f'({where}; got "{groups}").',
+        ),
+        (
+            n == 0 or not ttnn or not chips or all(len(g) == chips for g in cfg.instances),
+            f'{p}.instances must give each worker one device per chip of {p}.mesh = "{cfg.mesh}" '
+            f'({chips}) on backend ttnn (got "{groups}").',
         ),
         (
             n == 0 or (base >= 1 and last <= 65535),
@@ -430,6 +462,23 @@ def _multiple(value: int, of: int) -> bool:
     return of > 0 and value % of == 0
 
 
+MESH_PATTERN = re.compile(r"([1-9][0-9]*)x([1-9][0-9]*)")
+
+
+def parse_mesh(text: str) -> tuple[int, int] | None:
+    """``ROWSxCOLS`` -> (rows, cols); None when malformed."""
+    m = MESH_PATTERN.fullmatch(text)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def mesh_shape(cfg: ServeConfig) -> tuple[int, int]:
+    """The mesh the ttnn backend opens: ``cfg.mesh``, or 1 x the number of device ids."""
+    shape = parse_mesh(cfg.mesh) if cfg.mesh else (1, len(cfg.device_ids))
+    if shape is None:
+        raise ValueError(f"mesh {cfg.mesh!r} is not ROWSxCOLS")
+    return shape
+
+
 def _distinct(cfg: ServeConfig) -> bool:
     return len(set(cfg.device_ids)) == len(cfg.device_ids)
 
@@ -443,6 +492,7 @@ _JSON_FIELDS: dict[str, tuple[str, tuple[type, ...]]] = {
     "backend": ("backend", (str,)),
     "device": ("device", (str,)),
     "deviceIds": ("device_ids", (list,)),
+    "mesh": ("mesh", (str,)),
     "dtype": ("dtype", (str,)),
     "deviceArgmax": ("device_argmax", (bool,)),
     "deviceSampling": ("device_sampling", (bool,)),

@@ -32,6 +32,7 @@ rec {
       "--backend" cfg.backend
       "--device" cfg.device
       "--device-ids" (builtins.concatStringsSep "," (map toString cfg.deviceIds))
+      "--mesh" cfg.mesh
       "--dtype" cfg.dtype
       "--precision" cfg.precision
       (flag "device-argmax" cfg.deviceArgmax)
@@ -53,6 +54,7 @@ rec {
     ]
     ++ optional (cfg.model != null) [ "--model" cfg.model ]
     ++ optional (cfg.servedModelName != null) [ "--served-model-name" cfg.servedModelName ]
+
     ++ optional (cfg.apiKeyFile != null) [ "--api-key-file" cfg.apiKeyFile ];
 
   # The API key reaches the service as a systemd credential (LoadCredential=api-key:<file>),

@@ -8,6 +8,7 @@
   backend = "torch";
   device = "cpu";
   deviceIds = [ 0 ];
+  mesh = ""; # "": 1 x the number of deviceIds
   dtype = "auto";
   precision = "auto"; # auto: the ttnn default profile (bfloat16 today)
   deviceArgmax = true;

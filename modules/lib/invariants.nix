@@ -29,6 +29,9 @@ let
   distinct = l: builtins.length (builtins.attrNames (builtins.listToAttrs
     (map (i: { name = toString i; value = true; }) l))) == builtins.length l;
   pc = cfg.prefixCaching;
+  meshMatch = if cfg.mesh == "" then null else builtins.match "([1-9][0-9]*)x([1-9][0-9]*)" cfg.mesh;
+  chips = if meshMatch == null then 0
+    else builtins.fromJSON (builtins.elemAt meshMatch 0) * builtins.fromJSON (builtins.elemAt meshMatch 1);
 
   rule = assertion: message: { inherit assertion message; };
 
@@ -51,8 +54,14 @@ in
     "${p}.device must be cpu, cuda or cuda:N (got ${cfg.device}).")
   (rule (!ttnn || (cfg.deviceIds != [ ] && all (i: i >= 0) cfg.deviceIds && distinct cfg.deviceIds))
     "${p}.deviceIds must be a non-empty list of distinct non-negative integers on backend ttnn (got \"${ids}\").")
-  (rule (!ttnn || builtins.length cfg.deviceIds <= 1)
-    "${p}.deviceIds must name one device on backend ttnn (got ${s (builtins.length cfg.deviceIds)}): the ttnn backend runs on one chip; tensor parallel over a mesh is not built yet.")
+  (rule (cfg.mesh == "" || meshMatch != null)
+    "${p}.mesh must be \"ROWSxCOLS\" with positive integers, e.g. \"1x4\" (got \"${cfg.mesh}\").")
+  (rule (cfg.mesh == "" || ttnn)
+    "${p}.mesh shapes a Tenstorrent mesh; it needs ${p}.backend = \"ttnn\" (got backend ${cfg.backend}).")
+  (rule (!ttnn || meshMatch == null || chips == builtins.length cfg.deviceIds)
+    "${p}.mesh = \"${cfg.mesh}\" has ${s chips} chips but ${p}.deviceIds names ${s (builtins.length cfg.deviceIds)} (\"${ids}\"): give one device id per chip.")
+  (rule (!ttnn || meshMatch == null || builtins.elemAt meshMatch 0 == "1")
+    "${p}.mesh = \"${cfg.mesh}\" is a 2-D mesh; tensor parallel runs on 1xN meshes (e.g. \"1x8\" on T3K, \"1x4\" on 4xP150); 2-D meshes (Galaxy) are not built yet.")
   (rule (elem cfg.dtype dtypes)
     "${p}.dtype must be one of auto, float32, bfloat16 (got ${cfg.dtype}).")
   (rule (!ttnn || cfg.dtype != "float32")
@@ -102,8 +111,10 @@ in
   (rule (all (g: g != [ ] && all (i: i >= 0) g) cfg.instances)
     "${p}.instances must be non-empty device groups of non-negative integers (got \"${groups}\").")
   (rule (distinct flat) "${p}.instances must not use a device twice (got \"${groups}\").")
-  (rule (n == 0 || !accelerated || all (g: builtins.length g == 1) cfg.instances)
-    "${p}.instances must give each worker one device on backend ttnn or a CUDA ${p}.device (${where}; got \"${groups}\").")
+  (rule (n == 0 || !accelerated || ttnn || all (g: builtins.length g == 1) cfg.instances)
+    "${p}.instances must give each worker one device on a CUDA ${p}.device (${where}; got \"${groups}\").")
+  (rule (n == 0 || !ttnn || chips == 0 || all (g: builtins.length g == chips) cfg.instances)
+    "${p}.instances must give each worker one device per chip of ${p}.mesh = \"${cfg.mesh}\" (${s chips}) on backend ttnn (got \"${groups}\").")
   (rule (n == 0 || (base >= 1 && last <= 65535))
     "${p}.workerBasePort (${s base}) leaves no room for ${s n} workers: ports ${s base}..${s last} must be in 1..65535.")
   (rule (n == 0 || !(inWorkers cfg.port))

@@ -9,6 +9,7 @@ import pytest
 from tests.engine.fake_backend import FakeBackend
 from tt_serve.engine.engine import Engine, EngineConfig
 from tt_serve.engine.scheduler import SchedulerConfig
+from tt_serve.model.interface import CopyKind, StateCopy
 from tt_serve.sequence import RequestError, RequestOutput, SamplingParams
 
 BS, C = 16, 64
@@ -251,3 +252,45 @@ def test_validation_names_the_limit(prompt: list[int], params: SamplingParams, n
         e.add_request("x", prompt, params)
     assert_idle(e)
     assert e.scheduler.cache.num_free_blocks == e.scheduler.cache.num_usable_blocks
+
+
+class FailingRestore(FakeBackend):
+    """Fails the first snapshot restore (as a mesh does when one chip's copy fails)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = False
+
+    def copy_states(self, ops: list[StateCopy] | tuple[StateCopy, ...]) -> None:
+        if not self.failed and any(op.kind is CopyKind.RESTORE for op in ops):
+            self.failed = True
+            raise RuntimeError("injected restore fault on chip 1")
+        super().copy_states(ops)
+
+
+def test_a_failed_restore_fails_only_its_request() -> None:
+    """Request "hit" restores a snapshot while "other" is decoding in the same step: the
+    restore fails, "hit" fails with the error, "other" gets its tokens as if alone, nothing
+    leaks, and "hit" then runs warm."""
+    head = toks(200, 7)
+    eng = make_engine()
+    eng.backend = be = FailingRestore()
+    be.allocate(num_kv_blocks=512, block_size=BS, num_state_slots=8, num_snapshot_slots=32)
+    first = run(eng, [head + [1, 2, 3]])[0]
+    eng.add_request("other", toks(40, 8), SamplingParams(max_tokens=12, temperature=0.0))
+    eng.step()  # "other" prefilled and decoding
+    eng.add_request("hit", head + [4, 5, 6], GREEDY)
+    done: dict[str, RequestOutput] = {}
+    while eng.has_unfinished():
+        for o in eng.step():
+            if o.finished:
+                done[o.request_id] = o
+    assert be.failed and first.finish_reason == "length"
+    assert done["hit"].finish_reason == "error" and "restore fault" in (done["hit"].error or "")
+    alone = run(make_engine(), [toks(40, 8)], SamplingParams(max_tokens=12, temperature=0.0))
+    assert done["other"].token_ids == alone[0].token_ids
+    assert eng.num_failed_steps == 0
+    assert_idle(eng)
+    warm = run(eng, [head + [4, 5, 6]])[0]
+    assert warm.cached_tokens > 0
+    assert warm.token_ids == run(make_engine(caching=False), [head + [4, 5, 6]])[0].token_ids

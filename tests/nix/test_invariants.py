@@ -26,6 +26,14 @@ TRUTH_TABLE: list[tuple[str, dict[str, Any], bool]] = [
     ("resident-with-argmax-ttnn", {**TTNN, "deviceResident": True}, True),
     ("resident-on-cpu", {"deviceResident": True}, False),
     ("resident-on-cuda", {"deviceResident": True, "device": "cuda:1"}, True),
+    ("mesh-1x1", {**TTNN, "mesh": "1x1"}, True),
+    ("mesh-malformed", {**TTNN, "mesh": "4"}, False),
+    ("mesh-zero-rows", {**TTNN, "mesh": "0x4", "deviceIds": [0, 1, 2, 3]}, False),
+    ("mesh-on-torch", {"mesh": "1x1"}, False),
+    ("mesh-size-mismatch", {**TTNN, "mesh": "1x2"}, False),
+    ("mesh-1x4", {**TTNN, "mesh": "1x4", "deviceIds": [0, 1, 2, 3]}, True),
+    ("mesh-default-four-ids", {**TTNN, "deviceIds": [0, 1, 2, 3]}, True),
+    ("mesh-2d", {**TTNN, "mesh": "2x4", "deviceIds": list(range(8))}, False),
     ("ttnn-batch-32", {**TTNN, "maxBatchSize": 32}, True),
     ("ttnn-batch-33", {**TTNN, "maxBatchSize": 33}, False),
     ("ttnn-batch-0", {**TTNN, "maxBatchSize": 0}, True),
@@ -64,7 +72,6 @@ TRUTH_TABLE: list[tuple[str, dict[str, Any], bool]] = [
     ("ttnn-block-48", {**TTNN, "blockSize": 48, "prefixCaching": {"enable": False}}, False),
     ("ttnn-duplicate-ids", {**TTNN, "deviceIds": [0, 0]}, False),
     ("ttnn-no-ids", {**TTNN, "deviceIds": []}, False),
-    ("ttnn-four-ids", {**TTNN, "deviceIds": [0, 1, 2, 3]}, False),
     ("ttnn-one-id", {**TTNN, "deviceIds": [3]}, True),
     ("token-budget-below-chunk", {"maxNumBatchedTokens": 128}, False),
     ("ttnn-float32", {**TTNN, "dtype": "float32"}, False),
@@ -96,7 +103,17 @@ TRUTH_TABLE: list[tuple[str, dict[str, Any], bool]] = [
     ("replica-negative-id", {"instances": [[-1]]}, False),
     ("replica-device-twice", {"instances": [[0], [1, 0]]}, False),
     ("ttnn-four-replicas", {**TTNN, "instances": [[0], [1], [2], [3]]}, True),
-    ("ttnn-replica-group-of-two", {**TTNN, "instances": [[0, 1], [2]]}, False),
+    ("ttnn-replica-group-of-two", {**TTNN, "instances": [[0, 1], [2]]}, True),
+    (
+        "ttnn-replica-meshes",
+        {**TTNN, "mesh": "1x2", "deviceIds": [0, 1], "instances": [[0, 1], [2, 3]]},
+        True,
+    ),
+    (
+        "ttnn-replica-not-a-mesh",
+        {**TTNN, "mesh": "1x2", "deviceIds": [0, 1], "instances": [[0, 1], [2]]},
+        False,
+    ),
     ("cuda-replica-group-of-two", {"device": "cuda", "instances": [[0, 1]]}, False),
     ("cpu-replica-group-of-two", {"instances": [[0, 1], [2]]}, True),
     ("replica-ports-overflow", {"instances": [[0], [1]], "workerBasePort": 65535}, False),
@@ -110,6 +127,8 @@ TRUTH_TABLE: list[tuple[str, dict[str, Any], bool]] = [
         "many-wrong-replicas",
         {
             **TTNN,
+            "mesh": "1x2",
+            "deviceIds": [0, 1],
             "drainTimeout": -1,
             "routerPolicy": "sticky",
             "instances": [[0, 1], [1], []],
@@ -223,9 +242,21 @@ def test_replica_rule_order() -> None:
 
 NEW_RULE_MESSAGES = {
     "replica-device-twice": [f'{P}.instances must not use a device twice (got "0;1,0").'],
-    "ttnn-replica-group-of-two": [
-        f"{P}.instances must give each worker one device on backend ttnn or a CUDA {P}.device "
-        '(got backend ttnn, device cpu; got "0,1;2").'
+    "ttnn-replica-not-a-mesh": [
+        f'{P}.instances must give each worker one device per chip of {P}.mesh = "1x2" (2) on '
+        'backend ttnn (got "0,1;2").'
+    ],
+    "cuda-replica-group-of-two": [
+        f"{P}.instances must give each worker one device on a CUDA {P}.device "
+        '(got backend torch, device cuda; got "0,1").'
+    ],
+    "mesh-2d": [
+        f'{P}.mesh = "2x4" is a 2-D mesh; tensor parallel runs on 1xN meshes (e.g. "1x8" on '
+        'T3K, "1x4" on 4xP150); 2-D meshes (Galaxy) are not built yet.'
+    ],
+    "mesh-size-mismatch": [
+        f'{P}.mesh = "1x2" has 2 chips but {P}.deviceIds names 1 ("0"): give one device id '
+        "per chip."
     ],
     "router-port-on-a-worker": [
         f"{P}.port (8101) is the router's and must not be one of the workers' ports 8100..8101."

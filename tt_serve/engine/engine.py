@@ -17,7 +17,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
@@ -28,6 +28,7 @@ from tt_serve.model.interface import (
     Backend,
     PendingOutput,
     PipelinedBackend,
+    StepBatch,
     StepOutput,
     device_top_k_limit,
 )
@@ -257,9 +258,16 @@ class Engine:
         step = self.scheduler.schedule()  # 1. schedule
         if step is None:
             return self._collect()
-        try:  # 2. state copies + execute (or submit, when the step may run ahead)
-            if step.pre_copies:
-                self.backend.copy_states(step.pre_copies)
+        if step.pre_copies:  # 2. state copies ...
+            try:
+                step = self._pre_copies(step)
+            except Exception as exc:  # a copy no running request owns: the whole step fails
+                self._fail_step(step, exc)
+                return self._collect()
+            if not step.requests:
+                self.scheduler.commit(step)
+                return self._collect()
+        try:  # ... + execute (or submit, when the step may run ahead)
             if self._pipelined is not None and self._is_pipelinable(step):
                 self._inflight = _InFlight(step, self._pipelined.submit(step.batch))
                 return self._collect()
@@ -270,6 +278,32 @@ class Engine:
         saved = self._update(step, tokens, logprobs)  # 3. update
         self.scheduler.commit(step, saved=saved)  # 4. commit
         return self._collect()
+
+    def _pre_copies(self, step: ScheduledStep) -> ScheduledStep:
+        """Apply the step's state copies one by one (each is one request's restore or reset): a
+        copy that fails (a snapshot restore that failed on one chip of a mesh) fails only the
+        request owning the slot, whose row leaves the step; the others run."""
+        owners = {req.state_slot: req for req in self.scheduler.running}
+        failed: set[int] = set()
+        for op in step.pre_copies:
+            try:
+                self.backend.copy_states([op])
+            except Exception as exc:
+                req = owners.get(op.slot)
+                if req is None:
+                    raise
+                log.error("state copy %s failed for request %s: %r", op, req.request_id, exc)
+                failed.add(id(req))
+                self.scheduler.finish(
+                    req, FinishReason.ERROR, error=f"backend error: state copy failed: {exc}"
+                )
+        keep = [i for i, req in enumerate(step.requests) if id(req) not in failed]
+        return replace(
+            step,
+            batch=StepBatch(tuple(step.batch.rows[i] for i in keep)),
+            requests=[step.requests[i] for i in keep],
+            pre_copies=[],
+        )
 
     def _step_pipelined(self, prev: _InFlight, *, run_ahead: bool = True) -> list[RequestOutput]:
         """Submit the follow-up of ``prev`` (if ``run_ahead`` and the scheduler has one), then
