@@ -13,6 +13,7 @@ from tt_serve.model.interface import Backend
 from tt_serve.model.ref import TorchBackend
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.backend import TTBackend
+from tt_serve.model.tt.fake_mesh import FakeMeshTTNN
 from tt_serve.model.tt.fake_ttnn import FakeTTNN
 from tt_serve.model.tt.ops import Ops
 from tt_serve.model.weights import load_weights
@@ -75,3 +76,18 @@ def generate(eng: Engine, prompts: list[list[int]], n: int) -> list[tuple[list[i
 def prompt(n: int, seed: int, vocab: int = 4096) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     return [int(t) for t in torch.randint(3, vocab, (n,), generator=g)]
+
+
+def mesh_fake(n: int, **kw: Any) -> FakeMeshTTNN:
+    """The contract fake of a 1 x ``n`` mesh of P150 chips (each its own FakeTTNN)."""
+    kw.setdefault("require_sdpa_program_config", True)
+    return FakeMeshTTNN(num_devices=n, **kw)
+
+
+def mesh_backend(path: Path, n: int, fake_mesh: FakeMeshTTNN | None = None, **kw: Any) -> TTBackend:
+    """The tt backend tensor-parallel over a fake 1 x ``n`` mesh."""
+    ops = Ops(fake_mesh or mesh_fake(n))
+    ops.open_mesh((1, n), trace_region_size=TRACE_REGION, l1_small_size=0)
+    spec = ModelSpec.from_hf_dir(path)
+    kw.setdefault("max_prefill_chunk", CHUNK)
+    return TTBackend(spec, load_weights(path, spec), ops=ops, **kw)

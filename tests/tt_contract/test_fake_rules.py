@@ -36,7 +36,10 @@ def _captured(ops: Ops, program: Callable[[], None]) -> object:
 
 
 def test_fake_implements_every_ttnn_name_ops_uses() -> None:
-    fake = FakeTTNN()
+    """The mesh fake (a FakeTTNN per chip plus the mesh and CCL names) has every name."""
+    from tt_serve.model.tt.fake_mesh import FakeMeshTTNN
+
+    fake = FakeMeshTTNN(num_devices=2)
     calls, attrs = extract()
     for path in [c.path for c in calls] + attrs:
         obj: object = fake

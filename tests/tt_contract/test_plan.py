@@ -79,9 +79,14 @@ def test_plan_json_and_ops(q9: Path, tmp_path: Path) -> None:
 
 
 def test_plan_multichip_is_per_chip(q9: Path) -> None:
+    """A 2-chip device is planned tensor parallel: per-chip weights are half the split ones
+    plus the replicated embedding and norms."""
     spec = ModelSpec.from_hf_dir(q9)
     p = planner.plan(spec, planner.PlanRequest(device="p300", max_batch_size=1, kv_blocks=64))
-    assert p.ok and p.chips == 2 and any("one chip" in n for n in p.notes)
+    one = planner.plan(spec, planner.PlanRequest(device="p150", max_batch_size=1, kv_blocks=64))
+    assert p.ok and p.chips == 2 and any("1 x 2 mesh" in n for n in p.notes)
+    split = sum(v for k, v in one.weights.items() if k not in ("embed", "norms"))
+    assert sum(p.weights.values()) < one.weights["embed"] + one.weights["norms"] + split / 1.9
 
 
 def test_plan_pools_from_serve_config(q9: Path) -> None:

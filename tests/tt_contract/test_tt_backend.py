@@ -361,9 +361,10 @@ def test_from_config_maps_the_serve_config(
     be = TTBackend.from_config(fixed, spec, max_model_len=512, ops=Ops(h.fake()))
     assert be.ops.trace_region_size == 96 << 20
     be.close()
-    two = ServeConfig(model=str(dense_dir), backend="ttnn", device_ids=(0, 1))
-    with pytest.raises(ValueError, match="one device"):
-        TTBackend.from_config(two, spec, max_model_len=512)
+    with pytest.raises(ValueError, match=r"mesh 1 x 4 needs 4 device ids"):
+        TTBackend.from_pretrained(
+            dense_dir, trace_region_size=1 << 20, device_ids=(0, 1), mesh=(1, 4), ops=Ops(h.fake())
+        )
 
 
 def test_sdpa_calls_carry_program_and_compute_configs(dense_dir: Path) -> None:

@@ -21,6 +21,14 @@ are read at once too. ``ops.bytes_read`` counts every byte read.
 deviceResident (fed rows: ``model/interface.py``): a fed row's input id is the previous decode
 replay's pick for its slot, chosen per row inside the decode program (``TTModel._decode_ids``),
 so fed and host-token rows may share a step.
+
+Mesh (``mesh=(1, N)``, tensor parallel): the ops open a MeshDevice and the programs run SPMD on
+every chip (``parallel.py`` splits every layer, ``ccl.py`` reduces); pools, working state and
+snapshots are sharded by heads. Picks, candidates and fed ids are replicated on every chip (the
+final pick runs on the gathered candidates on each chip), so chip 0's copy is what is read and
+what a fed row's next decode takes, as tt-metal reads ``get_device_tensors(tok)[0]``; logits
+stay vocabulary-sharded and are read with a concat composer. A state copy runs on every chip;
+one that fails on any chip raises :class:`StateCopyError` for the whole call.
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ from tt_serve.model.tt.inputs import (
 )
 from tt_serve.model.tt.model import TTModel
 from tt_serve.model.tt.ops import Ops
+from tt_serve.model.tt.parallel import TensorParallel
 from tt_serve.model.tt.pending import PendingStep, PickReads
 from tt_serve.model.tt.pools import DevicePools
 from tt_serve.model.tt.precision import Precision
@@ -62,6 +71,13 @@ if TYPE_CHECKING:
 
 DEFAULT_L1_SMALL = 32768
 DEFAULT_PREFILL_CHUNK = 2048
+DEFAULT_CCL_LINKS = 1  # tt_transformers get_num_links: 1 on N300/T3K, 2 on P150x4 (both work)
+
+
+class StateCopyError(RuntimeError):
+    """A snapshot save/restore/reset failed on the device (on a mesh: on some chip, the others
+    may have run theirs). The slot's state is undefined; the engine fails the step's requests,
+    which frees their slots, blocks and snapshots, and a slot is reset or restored before reuse."""
 
 
 class TTOptions(TypedDict, total=False):
@@ -73,6 +89,7 @@ class TTOptions(TypedDict, total=False):
     device_resident: bool  # [False] picked ids stay on the device for fed rows
     max_prefill_chunk: int  # [DEFAULT_PREFILL_CHUNK] the largest prefill bucket
     max_model_len: int | None  # [None: the model's own] sizes the traces' page tables
+    ccl_links: int  # [DEFAULT_CCL_LINKS] Ethernet links each collective uses on a mesh
     weight_cache_dir: Path | None  # [None: no cache; from_pretrained uses the default dir]
 
 
@@ -99,8 +116,11 @@ class TTBackend:
         self.max_model_len = options.get("max_model_len")
         source = weights if callable(weights) else (lambda: to_numpy(weights))
         cache_dir = options.get("weight_cache_dir")
-        dev_w = load_device_weights(ops, spec, self.precision, source, cache_dir)
-        self.model = TTModel(ops, spec, dev_w, self.precision)
+        # Before any weight is converted: a split that does not divide fails here.
+        self.tp = TensorParallel.for_mesh(spec, ops.mesh) if ops.mesh else TensorParallel(spec, 1)
+        dev_w = load_device_weights(ops, spec, self.precision, source, cache_dir, self.tp)
+        links = options.get("ccl_links", DEFAULT_CCL_LINKS)
+        self.model = TTModel(ops, spec, dev_w, self.precision, self.tp, links)
         self.programs = Programs(ops)
         # Decode is always traced on a device (an eager step dispatches ~1.5-2k ops from the
         # host); prefill tracing is the ``--traced-prefill`` choice.
@@ -126,21 +146,37 @@ class TTBackend:
         trace_region_size: int,
         spec: ModelSpec | None = None,
         device_ids: tuple[int, ...] = (0,),
+        mesh: tuple[int, int] | None = None,
         ops: Ops | None = None,
         **options: Unpack[TTOptions],
     ) -> TTBackend:
         """Open the device with a ``trace_region_size``-byte trace region, convert (or load
         cached) weights for a checkpoint folder; ``spec`` is read from its config.json unless
-        the caller already has it, ``ops`` is the real ttnn unless given."""
+        the caller already has it, ``ops`` is the real ttnn unless given. ``mesh`` (rows, cols):
+        a MeshDevice over ``device_ids`` (None: one device, or (1, len(device_ids)))."""
         from tt_serve.model.weights import load_weights
 
-        if len(device_ids) != 1:
-            raise ValueError(f"the ttnn backend runs on one device; got device ids {device_ids}")
         model_spec = spec or ModelSpec.from_hf_dir(path)
+        shape = mesh or (1, len(device_ids))
+        if shape[0] * shape[1] != len(device_ids):
+            raise ValueError(
+                f"mesh {shape[0]} x {shape[1]} needs {shape[0] * shape[1]} device ids; got "
+                f"{device_ids}"
+            )
+        if shape != (1, 1):
+            TensorParallel.for_mesh(model_spec, shape)  # before the device opens
         ops = ops or Ops.load()
-        ops.open_device(
-            device_ids[0], trace_region_size=trace_region_size, l1_small_size=DEFAULT_L1_SMALL
-        )
+        if shape == (1, 1):
+            ops.open_device(
+                device_ids[0], trace_region_size=trace_region_size, l1_small_size=DEFAULT_L1_SMALL
+            )
+        else:
+            ops.open_mesh(
+                shape,
+                trace_region_size=trace_region_size,
+                l1_small_size=DEFAULT_L1_SMALL,
+                device_ids=device_ids,
+            )
         options["weight_cache_dir"] = options.get("weight_cache_dir") or default_cache_dir()
         return cls(model_spec, lambda: to_numpy(load_weights(path, model_spec)), ops=ops, **options)
 
@@ -150,9 +186,14 @@ class TTBackend:
     ) -> TTBackend:
         """The backend ``cfg`` describes (the one mapping of config to ttnn options). A
         ``trace_region_size`` of 0 is sized, before the device opens, from the traces this
-        configuration captures on the shape-only model of a chip of the device's arch."""
+        configuration captures on the shape-only model of a chip of the device's arch (on a
+        mesh: of the same mesh of such chips, each chip's region); the mesh is
+        ``config.mesh_shape(cfg)``."""
         if cfg.model is None:
             raise ValueError("TTBackend.from_config needs cfg.model (a checkpoint folder)")
+        from tt_serve.config import mesh_shape
+
+        mesh = mesh_shape(cfg)  # config.py owns "ROWSxCOLS" / 1 x len(device_ids)
         ops = ops or Ops.load()
         region = cfg.trace_region_size
         if region == 0:
@@ -160,13 +201,17 @@ class TTBackend:
 
             chip = single_chip_for_arch(ops.arch_name())
             plan_cfg = dataclasses.replace(cfg, max_model_len=max_model_len)
-            region = trace_region_for(spec, PlanRequest.from_config(plan_cfg, chip.name))
+            req = PlanRequest.from_config(plan_cfg, chip.name)
+            if mesh != (1, 1):
+                req = dataclasses.replace(req, mesh=mesh)
+            region = trace_region_for(spec, req)
         return cls.from_pretrained(
             cfg.model,
             trace_region_size=region,
             ops=ops,
             spec=spec,
             device_ids=cfg.device_ids,
+            mesh=mesh,
             precision=Precision.named(cfg.resolved_precision),
             traced_prefill=cfg.traced_prefill,
             device_resident=cfg.device_resident,
@@ -194,13 +239,14 @@ class TTBackend:
             block_size=block_size,
             num_state_slots=num_state_slots,
             num_snapshot_slots=num_snapshot_slots,
+            tp=self.tp,
         )
         limit = spec.max_position_embeddings
         per_seq = -(-min(self.max_model_len or limit, limit) // block_size)
         self.width = min(num_kv_blocks, per_seq)
         self.buckets = make_buckets(block_size, self.max_prefill_chunk)
         self.model.upload_rope(self.width * block_size, self.precision.activations)
-        act, vocab = self.precision.activations, spec.vocab_size
+        act, vocab = self.precision.activations, self.tp.vocab  # out_logits: the chip's shard
         pools = self.pools
         for bucket in self.buckets:
             idle = self._prefill_values(StepRow(-1, (0,) * bucket, 0, (), 0, False), bucket)
@@ -231,18 +277,17 @@ class TTBackend:
             bucket=bucket,
             block_size=self.pools.block_size,
             width=self.width,
-            num_v_heads=s.linear_num_value_heads,
+            num_v_heads=self.tp.v_heads,
             conv_state_len=s.conv_state_len,
         )
 
     def _decode_values(self, rows: list[StepRow]) -> DecodeValues:
-        s = self.spec
         assert self.pools is not None
         return decode_values(
             rows,
             num_rows=self.pools.num_slots,
             width=self.width,
-            num_v_heads=s.linear_num_value_heads,
+            num_v_heads=self.tp.v_heads,
         )
 
     def _decode_key(self) -> tuple[str, int]:
@@ -343,9 +388,9 @@ class TTBackend:
     def _read_logits(self, bufs: InputBuffers, b: int) -> np.ndarray:
         """Buffer row ``b``'s float32 logits [vocab], one row copied (row-major: no tile
         padding crosses to the host)."""
-        ops, vocab = self.ops, self.spec.vocab_size
+        ops, vocab = self.ops, self.tp.vocab
         row = ops.to_row_major(ops.slice(bufs.out_logits, [0, b, 0], [1, b + 1, vocab]))
-        return ops.read(row).reshape(-1).astype(np.float32)
+        return ops.read_concat(row, -1).reshape(-1).astype(np.float32)
 
     def flush_state(self) -> None:
         """Write the GDN state a prefill left in the working buffers back to its slot (done
@@ -355,9 +400,22 @@ class TTBackend:
             self._work_slot = None
 
     def copy_states(self, ops: list[StateCopy] | tuple[StateCopy, ...]) -> None:
+        """Every copy on every chip, or :class:`StateCopyError` (the slots it touched lose
+        their resident ids either way). Out-of-range slots raise ValueError before any copy."""
         self.flush_state()
-        self._pools().copy_states(self.ops, ops)
-        self.resident.forget(ops)
+        failure = None
+        try:
+            self._pools().copy_states(self.ops, ops)
+        except (ValueError, AssertionError):
+            raise  # a bad request or a broken device rule (the fake's ContractViolation)
+        except Exception as exc:
+            failure = f"state copies {list(ops)} failed: {exc}"
+        finally:
+            self.resident.forget(ops)
+        if failure is not None:
+            # Raised outside the handler: no chained traceback keeps the copies' temporaries
+            # (slices of the pools, on the chips that ran them) alive past this call.
+            raise StateCopyError(failure)
 
     def device_description(self) -> DeviceSpec:
         """The one-chip description matching the opened device's worker grid (the planner sizes

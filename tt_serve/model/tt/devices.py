@@ -95,6 +95,9 @@ class DeviceSpec:
     dispatch: str = ""  # ttnn's default dispatch: "worker-row" | "worker-col" | "eth"
     other_meshes: tuple[tuple[int, int], ...] = field(default=())  # other shapes tt-metal opens
     description: str = ""
+    # Ethernet links a collective uses between neighbours (models/tt_transformers/tt/ccl.py
+    # get_num_links: N300/T3K 1, P150x4/P150x8/P300 2, TG/BHGLX 4 on the longer axis; 0: none)
+    ccl_links: int = 0
 
     @property
     def num_chips(self) -> int:
@@ -289,6 +292,7 @@ N300 = DeviceSpec(
     mesh=(1, 2),  # MESH_DEVICE "N300": (1, 2)
     dispatch="eth",
     description="Wormhole n300: two chips on one card (one PCIe-attached, one over ethernet)",
+    ccl_links=1,
 )
 T3K = DeviceSpec(
     name="t3k",
@@ -297,6 +301,7 @@ T3K = DeviceSpec(
     dispatch="eth",
     other_meshes=((2, 4),),
     description="Wormhole T3000 (LoudBox/QuietBox): 4 x n300 = 8 chips",
+    ccl_links=1,
 )
 GALAXY = DeviceSpec(
     name="galaxy",
@@ -305,6 +310,7 @@ GALAXY = DeviceSpec(
     dispatch="worker-row",
     other_meshes=((4, 8),),
     description="Wormhole Galaxy: 32 chips",
+    ccl_links=4,
 )
 P100 = DeviceSpec(
     name="p100",
@@ -326,6 +332,7 @@ P300 = DeviceSpec(
     mesh=(1, 2),  # MESH_DEVICE "P300": (1, 2)
     dispatch="worker-col",
     description="Blackhole p300: two chips on one card",
+    ccl_links=2,
 )
 P150X4 = DeviceSpec(
     name="p150x4",
@@ -333,6 +340,7 @@ P150X4 = DeviceSpec(
     mesh=(1, 4),  # MESH_DEVICE "P150x4": (1, 4)
     dispatch="worker-col",
     description="Blackhole QuietBox: 4 x p150",
+    ccl_links=2,
 )
 P150X8 = DeviceSpec(
     name="p150x8",
@@ -340,6 +348,7 @@ P150X8 = DeviceSpec(
     mesh=(1, 8),  # MESH_DEVICE "P150x8": (1, 8)
     dispatch="worker-col",
     description="Blackhole LoudBox: 8 x p150",
+    ccl_links=2,
 )
 BH_GALAXY = DeviceSpec(
     name="bh_galaxy",
@@ -347,6 +356,7 @@ BH_GALAXY = DeviceSpec(
     mesh=(8, 4),  # MESH_DEVICE "BHGLX": (8, 4)
     dispatch="worker-col",
     description="Blackhole Galaxy: 32 chips",
+    ccl_links=4,
 )
 
 DEVICES: dict[str, DeviceSpec] = {

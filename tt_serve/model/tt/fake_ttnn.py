@@ -435,6 +435,15 @@ class FakeTTNN:
     def execute_trace(
         self, device: FakeDevice, trace_id: int, *, cq_id: int = 0, blocking: bool = True
     ) -> None:
+        trace = self.check_replay(trace_id)
+        if self.shape_only:  # outputs keep their shapes; nothing to recompute
+            return
+        for replay, _ in trace.steps:
+            replay()
+
+    def check_replay(self, trace_id: int) -> Trace:
+        """The rules a replay of ``trace_id`` must pass (a mesh checks them on every chip, then
+        replays the steps its chips recorded together once)."""
         self._no_host_io("execute_trace")
         trace = self._traces[trace_id]
         if trace.released:
@@ -447,10 +456,7 @@ class FakeTTNN:
             raise ContractViolation(
                 "alloc", f"{len(late)} device buffer(s) allocated after capture are alive at replay"
             )
-        if self.shape_only:  # outputs keep their shapes; nothing to recompute
-            return
-        for replay, _ in trace.steps:
-            replay()
+        return trace
 
     def release_trace(self, device: FakeDevice, trace_id: int) -> None:
         self._traces[trace_id].released = True

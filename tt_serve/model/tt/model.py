@@ -11,6 +11,7 @@ replay's ``out_ids`` (a per-row select inside the trace).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,14 +25,16 @@ from tt_serve.model.tt.attention import (
     attention_prefill,
 )
 from tt_serve.model.tt.buffers import InputBuffers
+from tt_serve.model.tt.ccl import TensorParallelCCL
 from tt_serve.model.tt.gdn import KERNEL_CHUNK, GdnWeights, gdn_decode, gdn_prefill
 from tt_serve.model.tt.inputs import gdn_const_tiles, rope_tables, rotation_matrix
 from tt_serve.model.tt.layers import swiglu
 from tt_serve.model.tt.moe import ExpertGroup, MoeWeights, expert_groups, moe_forward
 from tt_serve.model.tt.ops import ROW_MAJOR, Ops, Tensor
+from tt_serve.model.tt.parallel import TensorParallel
 from tt_serve.model.tt.pools import DevicePools
 from tt_serve.model.tt.precision import FIDELITY, Precision
-from tt_serve.model.tt.sampling import candidate_logprobs, candidates, draw
+from tt_serve.model.tt.sampling import candidate_logprobs, candidates, draw, mesh_candidates
 
 # Chunked (prefill) SDPA: q/k chunk 64 as qwen36 and tt_transformers below 2048 tokens; a chunk
 # start (a multiple of the block size) must be a multiple of both, so 32 when the block is not.
@@ -56,19 +59,32 @@ class Layer:
 
 
 class TTModel:
-    """Device weights plus the two traceable programs; all sequence state lives in pools."""
+    """Device weights plus the two traceable programs; all sequence state lives in pools.
+
+    On a mesh (``tp``) the programs are SPMD: every chip runs them on its shards with the
+    per-chip head counts of ``parallel.TensorParallel``; each row-parallel projection's partial
+    sums are all-reduced before the residual add (``ccl.py``), so the residual stream is
+    replicated, and the LM head is vocabulary-sharded (``_head``)."""
 
     def __init__(
-        self, ops: Ops, spec: ModelSpec, w: dict[str, Tensor], precision: Precision
+        self,
+        ops: Ops,
+        spec: ModelSpec,
+        w: dict[str, Tensor],
+        precision: Precision,
+        tp: TensorParallel | None = None,
+        num_links: int = 1,
     ) -> None:
         self.ops, self.spec, self.precision = ops, spec, precision
+        self.tp = tp or TensorParallel(spec, 1)
+        self.ccl = TensorParallelCCL(ops, self.tp.degree, num_links)
         # One compute kernel config per weight dtype (math fidelity to match), one exact (HiFi4)
         # for bf16 weights and the one-hot / rotation matmuls.
         self.kernels = {d: ops.compute_config(f, fp32_acc=acc) for d, (f, acc) in FIDELITY.items()}
         self.exact = self.kernels["bfloat16"]
         self.sampling_compute = ops.compute_config("HiFi4", fp32_acc=True)  # float32 masses
         self.embed, self.norm = w["embed"], w["norm"]
-        self.lm_head = self._split_head(w["lm_head"], spec.vocab_size)
+        self.lm_head = self._split_head(w["lm_head"], self.tp.vocab)
         widths = [int(t.shape[1]) for t in self.lm_head]
         self.head_offsets = [sum(widths[:i]) for i in range(len(widths))]
         self.layers = [self._layer(spec, w, i) for i in range(spec.num_layers)]
@@ -82,12 +98,15 @@ class TTModel:
             ops.compute_config("HiFi2"),
         )
         self._sdpa_prefill: dict[int, SdpaConfigs] = {}
-        self.conv_config: Any = ops.conv_program_config(_channel_chunk(spec.conv_dim))
+        self.conv_config: Any = ops.conv_program_config(_channel_chunk(self.tp.conv_dim))
+        # Each chip's first vocabulary id [1, 1, 1] (its candidates' ids become global).
+        self.vocab_base: Tensor = None
+        if self.tp.degree > 1:
+            bases = np.arange(self.tp.degree, dtype=np.float32) * self.tp.vocab
+            self.vocab_base = ops.upload(bases.reshape(1, 1, -1), "float32", shard_dim=-1)
         # fused_recurrent_gated_delta_rule puts one core per (row, value head) and refuses more
         # than the grid (its program factory's TT_FATAL): decode runs it in row groups.
-        self.gdn_rows_per_call = max(
-            1, ops.num_worker_cores() // max(spec.linear_num_value_heads, 1)
-        )
+        self.gdn_rows_per_call = max(1, ops.num_worker_cores() // max(self.tp.v_heads, 1))
 
     def _split_head(self, head: Tensor, vocab: int) -> list[Tensor]:
         """[H, vocab] -> column chunks of at most LM_HEAD_CHUNK (tile-aligned); the whole
@@ -114,8 +133,8 @@ class TTModel:
                 o=w[p + "o"],
                 q_norm=w[p + "q_norm"],
                 k_norm=w[p + "k_norm"],
-                num_heads=spec.num_attention_heads,
-                num_kv_heads=spec.num_kv_heads,
+                num_heads=self.tp.heads,
+                num_kv_heads=self.tp.kv_heads,
                 head_dim=spec.head_dim,
                 eps=spec.rms_norm_eps,
                 compute=k[prec.attention],
@@ -133,8 +152,8 @@ class TTModel:
                 taps=(w[p + "tap0"], w[p + "tap1"], w[p + "tap2"], w[p + "tap3"]),
                 dt_bias=w[p + "dt_bias"],
                 neg_a=w[p + "neg_a"],
-                num_k_heads=spec.linear_num_key_heads,
-                num_v_heads=spec.linear_num_value_heads,
+                num_k_heads=self.tp.k_heads,
+                num_v_heads=self.tp.v_heads,
                 head_k_dim=spec.linear_key_head_dim,
                 head_v_dim=spec.linear_value_head_dim,
                 eps=spec.rms_norm_eps,
@@ -203,18 +222,32 @@ class TTModel:
         return swiglu(self.ops, x, *layer.mlp, layer.mlp_compute)
 
     def _head(self, h: Tensor, inp: InputBuffers) -> None:
+        """Logits (each chip its vocabulary shard on a mesh) and the picks: on one chip the
+        argmax and the two-stage candidates over the LM-head chunks; on a mesh each chip's
+        local candidates with global ids, gathered, then the final pick on every chip
+        (``sampling.mesh_candidates``) and the log-normaliser summed across chips."""
         ops = self.ops
         normed = ops.rms_norm(h, self.norm, self.spec.rms_norm_eps)
         head = self.kernels[self.precision.lm_head]
         parts = [ops.typecast(ops.linear(normed, c, head), "float32") for c in self.lm_head]
         logits = parts[0] if len(parts) == 1 else ops.concat(parts, -1)
         ops.copy(logits, inp.out_logits)
-        cand = candidates(ops, parts, self.head_offsets)
-        ops.copy(
-            draw(ops, cand, inp.sampling, ops.argmax(logits), self.sampling_compute), inp.out_ids
-        )
+        across: Callable[[Tensor], Tensor] | None = None
+        if self.tp.degree == 1:
+            cand = candidates(ops, parts, self.head_offsets)
+            greedy = ops.argmax(logits)
+        else:
+            local = candidates(ops, parts, self.head_offsets, base=self.vocab_base)
+            cand, greedy = mesh_candidates(ops, local, lambda t: self.ccl.all_gather(t, -1))
+            across = self._sum_across
+        ops.copy(draw(ops, cand, inp.sampling, greedy, self.sampling_compute), inp.out_ids)
         ops.copy(cand.ids, inp.out_top_ids)
-        ops.copy(candidate_logprobs(ops, logits, cand), inp.out_top_logprobs)
+        ops.copy(candidate_logprobs(ops, logits, cand, across), inp.out_top_logprobs)
+
+    def _sum_across(self, t: Tensor) -> Tensor:
+        """[1, R, 1] partial sums -> their sum over the chips, gathered on dim 0: a tile-padded
+        last dim would take the composite gather, unsafe under trace (limits.all_gather_async)."""
+        return self.ops.sum(self.ccl.all_gather(t, 0), 0)
 
     def _decode_ids(self, inp: InputBuffers) -> Tensor:
         """Each row's input id: the previous replay's pick for a fed row, else the host's
@@ -228,6 +261,7 @@ class TTModel:
     def prefill(self, inp: InputBuffers, pools: DevicePools) -> None:
         """One bucket of one row through all layers; state in ``pools.*_work``."""
         ops, eps = self.ops, self.spec.rms_norm_eps
+        self.ccl.restart()
         sdpa = self.sdpa_prefill(pools.block_size)
         x = ops.embedding(inp.ids, self.embed)  # [1, T, H]
         rope = self.rope(inp, x.shape[1], head_major=True)
@@ -247,14 +281,16 @@ class TTModel:
                 )
             else:
                 h = attention_prefill(ops, h, layer.mixer, inp, pools.k[j], pools.v[j], rope, sdpa)
-            x = ops.add(x, h)
-            x = ops.add(x, self._mlp(ops.rms_norm(x, layer.post_norm, eps), layer))
+            x = ops.add(x, self.ccl.all_reduce(h))
+            mlp = self._mlp(ops.rms_norm(x, layer.post_norm, eps), layer)
+            x = ops.add(x, self.ccl.all_reduce(mlp))
         self._head(ops.matmul(inp.last_select, x, self.exact), inp)  # the last valid token only
 
     def decode(self, inp: InputBuffers, pools: DevicePools) -> None:
         """One token for every pool row, i.e. state slot (idle slots are masked); pools updated in
         place."""
         ops, eps = self.ops, self.spec.rms_norm_eps
+        self.ccl.restart()
         x = ops.embedding(self._decode_ids(inp), self.embed)  # [1, S, H]
         rope = self.rope(inp, x.shape[1], head_major=False)
         for layer in self.layers:
@@ -268,8 +304,9 @@ class TTModel:
                 h = attention_decode(
                     ops, h, layer.mixer, inp, pools.k[j], pools.v[j], rope, self.sdpa_decode
                 )
-            x = ops.add(x, h)
-            x = ops.add(x, self._mlp(ops.rms_norm(x, layer.post_norm, eps), layer))
+            x = ops.add(x, self.ccl.all_reduce(h))
+            mlp = self._mlp(ops.rms_norm(x, layer.post_norm, eps), layer)
+            x = ops.add(x, self.ccl.all_reduce(mlp))
         self._head(x, inp)
 
 

@@ -45,6 +45,7 @@ class Ops:
         self.device: Any = None
         self.trace_region_size = 0  # what the open device reserved for traces
         self.bytes_read = 0  # device -> host bytes copied by read / read_start (padded buffers)
+        self.mesh: tuple[int, int] | None = None  # the opened MeshDevice's shape (open_mesh)
 
     @classmethod
     def load(cls) -> Ops:
@@ -70,10 +71,44 @@ class Ops:
         self.trace_region_size = trace_region_size
         return self.device
 
+    def open_mesh(
+        self,
+        shape: tuple[int, int],
+        *,
+        trace_region_size: int,
+        l1_small_size: int,
+        device_ids: Sequence[int] = (),
+    ) -> Any:
+        """A MeshDevice of ``shape`` (rows, cols) over ``device_ids`` (empty: the first chips).
+        The fabric is brought up first, as tt-metal's mesh fixture does (CCLs need it):
+        ``FABRIC_1D``, the config qwen36 and tt_transformers use for 1 x N meshes; the
+        collectives then run ``Topology.Linear`` (notes/ttnn-mesh.md 1.4, 7)."""
+        t = self.ttnn
+        t.set_fabric_config(t.FabricConfig.FABRIC_1D)
+        self.device = t.open_mesh_device(
+            mesh_shape=t.MeshShape(*shape),
+            l1_small_size=l1_small_size,
+            trace_region_size=trace_region_size,
+            physical_device_ids=list(device_ids),
+        )
+        self.mesh = (int(shape[0]), int(shape[1]))
+        self.trace_region_size = trace_region_size
+        return self.device
+
+    @property
+    def num_chips(self) -> int:
+        """Chips the programs run on (1 for a single device)."""
+        return 1 if self.mesh is None else self.mesh[0] * self.mesh[1]
+
     def close_device(self) -> None:
-        if self.device is not None:
+        if self.device is None:
+            return
+        if self.mesh is not None:
+            self.ttnn.close_mesh_device(self.device)
+            self.ttnn.set_fabric_config(self.ttnn.FabricConfig.DISABLED)
+        else:
             self.ttnn.close_device(self.device)
-            self.device = None
+        self.device = None
 
     def num_worker_cores(self) -> int:
         """Cores of the compute-with-storage grid: the bound one-core-per-item ops check."""
@@ -101,16 +136,33 @@ class Ops:
         return self.ttnn.TILE_LAYOUT if name == TILE else self.ttnn.ROW_MAJOR_LAYOUT
 
     # ---- host <-> device (never inside a trace capture) ----------------------------------
-    def host(self, array: np.ndarray, dtype: str, layout: str = TILE) -> Tensor:
-        """A host ttnn tensor from numpy (torch-free: the nanobind ArrayLike constructor)."""
+    def host(
+        self, array: np.ndarray, dtype: str, layout: str = TILE, *, shard_dim: int | None = None
+    ) -> Tensor:
+        """A host ttnn tensor from numpy (torch-free: the nanobind ArrayLike constructor). On a
+        mesh it carries a distribution: replicated, or ``shard_dim`` split into one contiguous
+        chunk per chip (the host tensor of a persistent input must match its device tensor's
+        distribution for ``copy_host_to_device_tensor``)."""
         src: np.ndarray = np.ascontiguousarray(array, dtype=_numpy_source_dtype(dtype))
-        return self.ttnn.Tensor(src, data_type=self.dtype(dtype), layout=self.layout(layout))
+        kw: dict[str, Any] = {}
+        if self.num_chips > 1:
+            t = self.ttnn
+            kw["mesh_mapper"] = (
+                t.replicate_tensor_to_mesh_mapper(self.device)
+                if shard_dim is None
+                else t.shard_tensor_to_mesh_mapper(self.device, shard_dim)
+            )
+        elif shard_dim is not None:
+            raise ValueError("shard_dim needs a mesh")
+        return self.ttnn.Tensor(src, data_type=self.dtype(dtype), layout=self.layout(layout), **kw)
 
     def to_device(self, host: Tensor) -> Tensor:
         return self.ttnn.to_device(host, self.device, memory_config=self.ttnn.DRAM_MEMORY_CONFIG)
 
-    def upload(self, array: np.ndarray, dtype: str, layout: str = TILE) -> Tensor:
-        return self.to_device(self.host(array, dtype, layout))
+    def upload(
+        self, array: np.ndarray, dtype: str, layout: str = TILE, *, shard_dim: int | None = None
+    ) -> Tensor:
+        return self.to_device(self.host(array, dtype, layout, shard_dim=shard_dim))
 
     def zeros(self, shape: Sequence[int], dtype: str, layout: str = TILE) -> Tensor:
         """A zero-filled device tensor: how persistent buffers and pools are allocated."""
@@ -127,8 +179,10 @@ class Ops:
         self.ttnn.copy_host_to_device_tensor(host, device_tensor)
 
     def read(self, t: Tensor) -> np.ndarray:
-        """Device tensor -> numpy (float32 for float dtypes; numpy has no bfloat16). Blocking."""
-        src = self._readable(t)
+        """Device tensor -> numpy (float32 for float dtypes; numpy has no bfloat16). Blocking.
+        On a mesh ``t`` is replicated and chip 0's copy is read, as tt-metal reads
+        ``get_device_tensors(t)[0]`` (models/common/sampling/tt_sampling.py)."""
+        src = self._replica(self._readable(t))
         self.bytes_read += self._buffer_bytes(src)
         host = self.ttnn.from_device(src)
         return self._host_numpy(host)
@@ -140,7 +194,7 @@ class Ops:
         even when later commands (a trace replay) overwrite it before the host looks. A typecast
         copy (float tensors) is not kept alive: anything reusing its memory runs after the read,
         and a buffer kept past the next replay would break the trace allocation rule."""
-        src = self._readable(t)
+        src = self._replica(self._readable(t))
         self.bytes_read += self._buffer_bytes(src)
         host = self.ttnn.from_device(src, blocking=False)
         event = self.ttnn.record_event(self.device, cq_id=0)
@@ -150,6 +204,22 @@ class Ops:
         """Wait for a read started by :meth:`read_start` and convert it like :meth:`read`."""
         self.ttnn.event_synchronize(pending.event)
         return self._host_numpy(pending.host)
+
+    def read_concat(self, t: Tensor, dim: int) -> np.ndarray:
+        """A mesh tensor sharded on ``dim`` -> numpy of the whole tensor (every chip's shard
+        read, concatenated in mesh order by ``ConcatMeshToTensor``). Blocking."""
+        if self.num_chips == 1:
+            return self.read(t)
+        src = self._readable(t)
+        self.bytes_read += self._buffer_bytes(src) * self.num_chips
+        host = self.ttnn.from_device(src)
+        if host.layout == self.ttnn.TILE_LAYOUT:
+            host = self.ttnn.to_layout(host, self.ttnn.ROW_MAJOR_LAYOUT)
+        composer = self.ttnn.concat_mesh_to_tensor_composer(self.device, dim)
+        return np.asarray(host.to_numpy(mesh_composer=composer))
+
+    def _replica(self, t: Tensor) -> Tensor:
+        return t if self.num_chips == 1 else self.ttnn.get_device_tensors(t)[0]
 
     def _readable(self, t: Tensor) -> Tensor:
         # numpy has no bfloat16: float tensors are typecast on the device (enqueued before the
@@ -504,6 +574,60 @@ class Ops:
             q, k, v, g, beta, scale=scale, initial_state=state, output_final_state=True
         )
         return o, final
+
+    # ---- collectives (a mesh only) ------------------------------------------------------------
+    def global_semaphore(self) -> Any:
+        """A global semaphore on every worker core of every chip, initial value 0 (host write:
+        created before any capture, as tt_transformers' TT_CCL does)."""
+        t, grid = self.ttnn, self.device.compute_with_storage_grid_size()
+        cores = t.CoreRangeSet(
+            [t.CoreRange(t.CoreCoord(0, 0), t.CoreCoord(grid.x - 1, grid.y - 1))]
+        )
+        return t.create_global_semaphore(self.device, cores, 0)
+
+    def all_gather(
+        self,
+        x: Tensor,
+        dim: int,
+        *,
+        semaphores: Sequence[Any],
+        barrier: Any,
+        num_links: int,
+    ) -> Tensor:
+        """Every chip's ``x`` concatenated along ``dim`` on every chip:
+        ``ttnn.experimental.all_gather_async`` with caller-owned semaphores and a barrier (the
+        trace-safe gather, tt-metal #48404; ``Topology.Linear`` on the FABRIC_1D fabric)."""
+        return self.ttnn.experimental.all_gather_async(
+            x,
+            dim=dim,
+            multi_device_global_semaphore=list(semaphores),
+            num_links=num_links,
+            topology=self.ttnn.Topology.Linear,
+            barrier_semaphore=barrier,
+        )
+
+    def reduce_scatter(
+        self,
+        x: Tensor,
+        dim: int,
+        *,
+        semaphores: Sequence[Any],
+        barrier: Any,
+        num_links: int,
+    ) -> Tensor:
+        """The sum of every chip's ``x``, chunk i of ``dim`` left on chip i:
+        ``ttnn.experimental.reduce_scatter_minimal_async`` as tt_transformers' ``tt_all_reduce``
+        calls it on 1 x N meshes (DRAM intermediate, Linear topology)."""
+        return self.ttnn.experimental.reduce_scatter_minimal_async(
+            x,
+            dim=dim,
+            multi_device_global_semaphore=list(semaphores),
+            barrier_semaphore=barrier,
+            num_links=num_links,
+            memory_config=self.ttnn.DRAM_MEMORY_CONFIG,
+            intermediate_memory_config=self.ttnn.DRAM_MEMORY_CONFIG,
+            topology=self.ttnn.Topology.Linear,
+        )
 
 
 def _numpy_source_dtype(dtype: str) -> type:

@@ -13,7 +13,10 @@ measures the peak DRAM of everything else (weights, states, snapshots, buffers, 
 trace region), then the pool takes what is left less ``SAFETY_FRACTION`` of the chip's DRAM, and
 a second run checks the result. :func:`plan_pools` is that sizing, for the server.
 
-Multi-chip devices are planned per chip: the backend runs on one chip today.
+A multi-chip device is planned as the backend runs on it: tensor parallel over its 1 x N mesh
+(``FakeMeshTTNN``: every chip its own DRAM banks, trace region and op rules on the per-chip
+shapes; the collectives' staging buffers are charged while they run). Figures are per chip.
+:func:`smallest_mesh` picks the first device description whose plan fits.
 """
 
 from __future__ import annotations
@@ -29,12 +32,14 @@ from tt_serve.model.interface import RowSampling, StateCopy, StepBatch, StepRow
 from tt_serve.model.spec import FULL_ATTENTION, ModelSpec
 from tt_serve.model.tt.backend import TTBackend
 from tt_serve.model.tt.devices import DeviceSpec, device_spec
+from tt_serve.model.tt.fake_mesh import FakeMeshTTNN
 from tt_serve.model.tt.fake_ttnn import ContractViolation, FakeTTNN, Tensor
 from tt_serve.model.tt.limits import TensorInfo
 from tt_serve.model.tt.memory import DramBudget
 from tt_serve.model.tt.ops import Ops
+from tt_serve.model.tt.parallel import TensorParallel
 from tt_serve.model.tt.precision import Precision
-from tt_serve.model.tt.weights import layout_weights, shape_only_weights
+from tt_serve.model.tt.weights import layout_weights, shape_only_weights, shard_shape
 
 SAFETY_FRACTION = 0.02
 """DRAM kept free when the KV pool is sized from memory (allocator fragmentation, buffers the
@@ -81,6 +86,7 @@ class PlanRequest:
     max_model_len: int = _D.max_model_len
     trace_region_size: int = _D.trace_region_size  # 0: sized from the captured traces
     traced_prefill: bool = _D.traced_prefill
+    mesh: tuple[int, int] | None = None  # None: the device's own mesh (its chips in a line)
 
     @staticmethod
     def from_config(
@@ -253,12 +259,17 @@ def _weight_group(name: str, spec: ModelSpec) -> str:
 
 
 def _weight_bytes(
-    spec: ModelSpec, precision: Precision, dram: DramBudget
+    spec: ModelSpec, precision: Precision, dram: DramBudget, tp: TensorParallel
 ) -> tuple[dict[str, int], dict[str, int]]:
+    """Weight bytes per group and per dtype on one chip (its shards and the replicated ones)."""
     groups: dict[str, int] = {}
     dtypes: dict[str, int] = {}
-    for name, hw in layout_weights(spec, shape_only_weights(spec), precision).items():
-        b = _bytes(dram, tuple(hw.array.shape), hw.dtype, hw.layout)
+    laid = layout_weights(spec, shape_only_weights(spec), precision)
+    if tp.degree > 1:
+        laid = tp.layout(laid)
+    for name, hw in laid.items():
+        shape = shard_shape(tuple(hw.array.shape), hw.shard_dim, tp.degree)
+        b = _bytes(dram, shape, hw.dtype, hw.layout)
         g = _weight_group(name, spec)
         groups[g] = groups.get(g, 0) + b
         dtypes[hw.dtype] = dtypes.get(hw.dtype, 0) + b
@@ -267,7 +278,7 @@ def _weight_bytes(
 
 @dataclass
 class _Run:
-    fake: FakeTTNN
+    fake: FakeTTNN | FakeMeshTTNN
     backend: TTBackend | None = None
     readback: dict[str, int] = field(default_factory=dict)
 
@@ -323,11 +334,27 @@ def _run(
     log: OpLog,
     workload: bool = True,
 ) -> _Run:
-    """The backend's startup (and the workload) on a fresh shape-only chip."""
-    fake = FakeTTNN(chip=chip_dev.chip, shape_only=True)
+    """The backend's startup (and the workload) on a fresh shape-only chip, or on a mesh of
+    them (tensor parallel)."""
+    mesh = _mesh(req, chip_dev)
+    fake: FakeTTNN | FakeMeshTTNN
+    if mesh == (1, 1):
+        fake = FakeTTNN(chip=chip_dev.chip, shape_only=True)
+    else:
+        try:
+            TensorParallel.for_mesh(spec, mesh)
+        except ValueError as exc:
+            raise PlanError("tp.split", str(exc)) from None
+        n = mesh[0] * mesh[1]
+        fake = FakeMeshTTNN(
+            num_devices=n, chip=chip_dev.chip, shape_only=True, max_links=chip_dev.ccl_links
+        )
     run = _Run(fake)
     ops = Ops(_Recorder(fake, log))
-    ops.open_device(0, trace_region_size=req.trace_region_size, l1_small_size=0)
+    if mesh == (1, 1):
+        ops.open_device(0, trace_region_size=req.trace_region_size, l1_small_size=0)
+    else:
+        ops.open_mesh(mesh, trace_region_size=req.trace_region_size, l1_small_size=0)
     log.phase = "startup"
     try:
         be = TTBackend(
@@ -339,6 +366,7 @@ def _run(
             traced_prefill=req.traced_prefill,
             max_prefill_chunk=req.prefill_chunk,
             max_model_len=req.max_model_len or None,
+            ccl_links=max(1, chip_dev.ccl_links),
         )
         run.backend = be
         capture_all = be.programs.capture_all
@@ -368,8 +396,24 @@ def _hint(rule: str) -> str:
     return "see the rule in tt_serve/model/tt/limits.py; change the shapes that trip it"
 
 
-def _kv_bytes(dram: DramBudget, spec: ModelSpec, precision: Precision, bs: int, n: int) -> int:
-    shape = (n, spec.num_kv_heads, bs, spec.head_dim)
+def _mesh(req: PlanRequest, dev: DeviceSpec) -> tuple[int, int]:
+    return req.mesh or dev.mesh
+
+
+def _tp(spec: ModelSpec, req: PlanRequest, dev: DeviceSpec) -> TensorParallel:
+    """The split the plan runs (degree 1 when the mesh does not divide the model)."""
+    mesh = _mesh(req, dev)
+    try:
+        return TensorParallel.for_mesh(spec, mesh) if mesh != (1, 1) else TensorParallel(spec, 1)
+    except ValueError:
+        return TensorParallel(spec, 1)
+
+
+def _kv_bytes(
+    dram: DramBudget, spec: ModelSpec, precision: Precision, bs: int, n: int, kv_heads: int = 0
+) -> int:
+    """One chip's KV pools of ``n`` blocks (``kv_heads``: the chip's heads; 0: all)."""
+    shape = (n, kv_heads or spec.num_kv_heads, bs, spec.head_dim)
     return (
         2 * spec.num_attention_layers * dram.per_bank(TensorInfo(shape, precision.kv_cache, "tile"))
     )
@@ -383,6 +427,7 @@ def _size_kv(spec: ModelSpec, req: PlanRequest, dev: DeviceSpec) -> int:
     one sequence) (the resident RoPE tables and the page tables; the pool bounds the width), so
     it is extrapolated linearly in the width to the candidate pool's."""
     precision, bs = Precision.named(req.precision), req.block_size
+    kvh = _tp(spec, req, dev).kv_heads
     per_seq = _table_blocks(spec, req)
     rest: list[tuple[int, int]] = []  # (width, peak per bank less the probe's KV pool)
     dram = None
@@ -392,7 +437,7 @@ def _size_kv(spec: ModelSpec, req: PlanRequest, dev: DeviceSpec) -> int:
         rest.append(
             (
                 min(blocks, per_seq),
-                fake.dram_peak_per_bank - _kv_bytes(dram, spec, precision, bs, blocks),
+                fake.dram_peak_per_bank - _kv_bytes(dram, spec, precision, bs, blocks, kvh),
             )
         )
     assert dram is not None
@@ -402,7 +447,7 @@ def _size_kv(spec: ModelSpec, req: PlanRequest, dev: DeviceSpec) -> int:
 
     def fits(n: int) -> bool:
         other = r1 + slope * (min(n, per_seq) - w1)
-        return other + _kv_bytes(dram, spec, precision, bs, n) + margin <= dram.bank_bytes
+        return other + _kv_bytes(dram, spec, precision, bs, n, kvh) + margin <= dram.bank_bytes
 
     lo, hi = 0, 1
     while fits(hi):
@@ -473,13 +518,17 @@ def plan(spec: ModelSpec, req: PlanRequest, ops_out: IO[str] | None = None) -> P
         precision=req.precision,
         trace_configured=req.trace_region_size,
     )
-    if dev.num_chips > 1:
+    mesh = _mesh(req, dev)
+    tp = _tp(spec, req, dev)
+    result.chips = mesh[0] * mesh[1]
+    if result.chips > 1:
         result.notes.append(
-            f"{dev.name} has {dev.num_chips} chips; the backend runs on one chip today, so this "
-            "is the plan of one chip (tensor parallel is a later issue)"
+            f"tensor parallel over a {mesh[0]} x {mesh[1]} mesh: weights, pools and DRAM are "
+            f"per chip (heads, widths and vocabulary split {tp.degree} ways; embedding, norms "
+            "and router replicated); the collectives' staging buffers count in the peak"
         )
     no_region = DramBudget(dev.chip)
-    result.weights, result.weight_dtypes = _weight_bytes(spec, precision, no_region)
+    result.weights, result.weight_dtypes = _weight_bytes(spec, precision, no_region, tp)
     result.dram_total = no_region.bank_bytes * no_region.banks
     per_seq = _table_blocks(spec, req)
     try:
@@ -524,8 +573,8 @@ def plan(spec: ModelSpec, req: PlanRequest, ops_out: IO[str] | None = None) -> P
                 f"the weights alone ({weights / 1e9:.2f} GB as {req.precision}) exceed the "
                 f"{room / 1e9:.2f} GB this chip has {after}: "
                 + (smaller if req.precision == "bfloat16" else "")
-                + "a device with more DRAM per chip (p150: 32 GB), or tensor parallel over "
-                "several chips (a later issue)"
+                + "a device with more DRAM per chip (p150: 32 GB), or more chips (tensor "
+                "parallel: --device n300, t3k, p150x4)"
             )
         return result
     fake, be = run.fake, run.backend
@@ -537,7 +586,8 @@ def plan(spec: ModelSpec, req: PlanRequest, ops_out: IO[str] | None = None) -> P
     )
     result.kv_blocks = kv_blocks
     result.kv_tokens = (kv_blocks - 1) * req.block_size
-    result.kv_bytes = _kv_bytes(fake.dram, spec, precision, req.block_size, kv_blocks) * banks
+    kv_chip = _kv_bytes(fake.dram, spec, precision, req.block_size, kv_blocks, tp.kv_heads)
+    result.kv_bytes = kv_chip * banks
 
     def pool_bytes(ts: list[Any]) -> int:
         return sum(fake.dram.per_bank(t.info()) for t in ts) * banks
@@ -561,6 +611,17 @@ def plan(spec: ModelSpec, req: PlanRequest, ops_out: IO[str] | None = None) -> P
             f"{freed / 1e9:.2f} GB of DRAM for the KV pool"
         )
     return result
+
+
+def smallest_mesh(spec: ModelSpec, req: PlanRequest, candidates: list[str]) -> Plan | None:
+    """The plan on the first device of ``candidates`` (order them smallest first, e.g.
+    ``["p150", "p300", "p150x4", "p150x8"]``) whose plan fits ``req`` (its ``device`` and
+    ``mesh`` are replaced: each candidate runs on its own mesh); None when none fits."""
+    for name in candidates:
+        p = plan(spec, replace(req, device=name, mesh=None))
+        if p.ok:
+            return p
+    return None
 
 
 def max_batch_that_fits(spec: ModelSpec, req: PlanRequest, top: int = 32) -> int:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from tt_serve.model.interface import CopyKind, StateCopy
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.ops import ROW_MAJOR, Ops, Tensor
+from tt_serve.model.tt.parallel import TensorParallel
 from tt_serve.model.tt.precision import Precision
 
 
@@ -47,14 +48,20 @@ class DevicePools:
         block_size: int,
         num_state_slots: int,
         num_snapshot_slots: int,
+        tp: TensorParallel | None = None,
     ) -> DevicePools:
+        """On a mesh (``tp``) every pool holds the chip's heads: KV heads, conv channels and
+        recurrent value heads of ``parallel.TensorParallel`` (allocated replicated with the
+        per-chip shape, as tt_transformers allocates its per-device KV caches), so a slot or
+        snapshot copy runs on every chip's shard at once."""
+        tp = tp or TensorParallel(spec, 1)
         if num_kv_blocks < 2 or num_state_slots < 1:
             raise ValueError("need at least 2 KV blocks (block 0 is padding) and 1 state slot")
         if block_size % 32:
             raise ValueError(f"ttnn stores KV in 32x32 tiles: block_size {block_size} % 32 != 0")
-        kv = (num_kv_blocks, spec.num_kv_heads, block_size, spec.head_dim)
-        conv = (1, spec.conv_state_len, spec.conv_dim)
-        rec = (spec.linear_num_value_heads, spec.linear_key_head_dim, spec.linear_value_head_dim)
+        kv = (num_kv_blocks, tp.kv_heads, block_size, spec.head_dim)
+        conv = (1, spec.conv_state_len, tp.conv_dim)
+        rec = (tp.v_heads, spec.linear_key_head_dim, spec.linear_value_head_dim)
         cdt, rdt = precision.conv_state, precision.recurrent_state
         n_attn, n_gdn, snaps = spec.num_attention_layers, spec.num_gdn_layers, num_snapshot_slots
         return DevicePools(

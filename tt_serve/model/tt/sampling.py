@@ -25,6 +25,7 @@ value are exact; sums differ from the host's float64 only at boundaries.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,12 +76,19 @@ def sampling_planes(specs: list[RowSampling | None]) -> np.ndarray:
     return planes
 
 
-def candidates(ops: Ops, parts: list[Tensor], offsets: list[int]) -> Candidates:
+def candidates(
+    ops: Ops, parts: list[Tensor], offsets: list[int], base: Tensor | None = None
+) -> Candidates:
     """The global top CANDIDATES of logits given as column chunks ``parts`` [1, R, w_i] float32
-    starting at vocabulary ids ``offsets``."""
-    if len(parts) == 1:
+    starting at vocabulary ids ``offsets`` (plus ``base``, a [1, 1, 1] float32 tensor: on a
+    mesh each chip's first vocabulary id, so each chip's candidates carry global ids)."""
+    if len(parts) == 1 and base is None:
         values, ids = ops.topk(parts[0], CANDIDATES)
         return Candidates(values, ids, ops.typecast(ids, "float32"))
+    if len(parts) == 1:
+        values, pos = ops.topk(parts[0], CANDIDATES)
+        ids_f = ops.add(ops.typecast(pos, "float32"), base)
+        return Candidates(values, ops.typecast(ids_f, "uint32"), ids_f)
     local = [ops.topk(p, CANDIDATES) for p in parts]
     # Chunk positions -> vocabulary ids (exact in float32); the offsets are constants of the
     # captured program like the slice bounds that cut the chunks.
@@ -88,9 +96,29 @@ def candidates(ops: Ops, parts: list[Tensor], offsets: list[int]) -> Candidates:
         ops.add(ops.typecast(i, "float32"), float(a))
         for (_, i), a in zip(local, offsets, strict=True)
     ]
-    labels = ops.typecast(ops.concat(labels_f, -1), "uint32")
+    cat = ops.concat(labels_f, -1)
+    labels = ops.typecast(cat if base is None else ops.add(cat, base), "uint32")
     values, ids = ops.topk(ops.concat([v for v, _ in local], -1), CANDIDATES, labels=labels)
     return Candidates(values, ids, ops.typecast(ids, "float32"))
+
+
+def mesh_candidates(
+    ops: Ops, local: Candidates, gather: Callable[[Tensor], Tensor]
+) -> tuple[Candidates, Tensor]:
+    """The second stage across chips of a vocabulary-sharded LM head (tt-metal's
+    models/common/sampling/tt_sampling.py: local top-k, all-gather values and global ids, the
+    final pick on the replicated candidate set): each chip's ``local`` candidates (global ids)
+    are gathered, the global top CANDIDATES kept, and the greedy id picked as the lowest id
+    among the candidates equal to the largest value (what ``argmax`` over the whole vocabulary
+    returns; exact while at most CANDIDATES tokens per chip tie with the maximum). Returns the
+    candidates and the greedy ids [1, R] uint32 ROW_MAJOR (``draw``'s ``greedy``)."""
+    values, ids_f = gather(local.values), gather(local.ids_f)  # [1, R, C x chips]
+    top, ids = ops.topk(values, CANDIDATES, labels=ops.typecast(ids_f, "uint32"))
+    rows = top.shape[1]
+    peak = ops.slice(top, [0, 0, 0], [1, rows, 1])
+    neg_low, _ = ops.topk(ops.where(ops.eq(values, peak), ops.mul(ids_f, -1.0), LOWEST), 1)
+    greedy = ops.to_row_major(ops.typecast(ops.mul(neg_low, -1.0), "uint32"))
+    return Candidates(top, ids, ops.typecast(ids, "float32")), ops.reshape(greedy, [1, rows])
 
 
 def _pick(ops: Ops, x: Tensor, select: Tensor) -> Tensor:
@@ -142,14 +170,22 @@ def draw(ops: Ops, cand: Candidates, planes: Tensor, greedy: Tensor, compute: An
     return ops.reshape(ops.to_row_major(chosen), [1, rows])
 
 
-def candidate_logprobs(ops: Ops, logits: Tensor, cand: Candidates) -> Tensor:
+def candidate_logprobs(
+    ops: Ops,
+    logits: Tensor,
+    cand: Candidates,
+    across: Callable[[Tensor], Tensor] | None = None,
+) -> Tensor:
     """log_softmax of the raw logits [1, R, vocab] at the candidates, [1, R, C] float32: every
     device-picked token is a candidate (argmax is the first), and the top logprobs are their
-    first ones. The log-normaliser runs over the whole vocabulary."""
+    first ones. The log-normaliser runs over the whole vocabulary: on a mesh ``logits`` is the
+    chip's vocabulary shard and ``across`` sums the chips' [1, R, 1] partial sums."""
     rows = logits.shape[1]
     peak = ops.slice(cand.values, [0, 0, 0], [1, rows, 1])  # the row's largest logit
-    norm = ops.add(peak, ops.log(ops.sum(ops.exp(ops.sub(logits, peak)), -1)))
-    return ops.sub(cand.values, norm)
+    total = ops.sum(ops.exp(ops.sub(logits, peak)), -1)
+    if across is not None:
+        total = across(total)
+    return ops.sub(cand.values, ops.add(peak, ops.log(total)))
 
 
 def logprob_dict(chosen: int, ids: np.ndarray, logprobs: np.ndarray, k: int) -> dict[int, float]:

@@ -32,6 +32,8 @@ from tt_serve.model.tt.precision import Precision
 if TYPE_CHECKING:
     import torch
 
+    from tt_serve.model.tt.parallel import TensorParallel
+
 FORMAT_VERSION = 3  # 3: stacked expert groups (tt/moe.py)
 CACHE_ENV = "TT_SERVE_TTNN_WEIGHT_CACHE"
 
@@ -41,6 +43,7 @@ class HostWeight:
     array: np.ndarray  # float32 (rounded by ttnn to ``dtype``)
     dtype: str
     layout: str
+    shard_dim: int | None = None  # on a mesh: split on this dim, one chunk per chip (parallel.py)
 
 
 def shape_only_array(shape: tuple[int, ...]) -> np.ndarray:
@@ -231,9 +234,20 @@ def load_device_weights(
     precision: Precision,
     source: Callable[[], dict[str, np.ndarray]],
     cache_dir: Path | None,
+    tp: TensorParallel | None = None,
 ) -> dict[str, Tensor]:
     """Device weights from the cache when its key matches, else converted from ``source()``
-    (and written to the cache when a folder is given)."""
+    (and written to the cache when a folder is given). With ``tp`` (a mesh) each weight is
+    replicated or sharded as ``parallel.py`` lays it out; the cache is not used there yet (its
+    files hold one chip's tensors, and ``as_tensor``'s cache key ignores the mapper)."""
+    if tp is not None and tp.degree > 1:
+        laid = tp.layout(layout_weights(spec, source(), precision))
+        return {
+            n: ops.zeros(shard_shape(hw.array.shape, hw.shard_dim, tp.degree), hw.dtype, hw.layout)
+            if is_shape_only(hw.array)
+            else ops.upload(hw.array, hw.dtype, hw.layout, shard_dim=hw.shard_dim)
+            for n, hw in laid.items()
+        }
     key = cache_key(spec, precision)
     folder = cache_dir / key if cache_dir is not None else None
     manifest = folder / "manifest.json" if folder is not None else None
@@ -262,3 +276,12 @@ def load_device_weights(
             ops.dump(folder / f"{i}.tensorbin", host[n])
         manifest.write_text(json.dumps({"key": key, "names": names}))
     return {n: ops.to_device(t) for n, t in host.items()}
+
+
+def shard_shape(shape: tuple[int, ...], shard_dim: int | None, degree: int) -> tuple[int, ...]:
+    """The per-chip shape of a tensor split ``degree`` ways on ``shard_dim`` (None: whole)."""
+    if shard_dim is None:
+        return shape
+    s = list(shape)
+    s[shard_dim] //= degree
+    return tuple(s)

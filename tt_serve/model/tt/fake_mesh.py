@@ -1,0 +1,630 @@
+"""CONTRACT FAKE of a ttnn 0.81.1 MeshDevice: SPMD over one ``FakeTTNN`` per chip.
+
+``FakeMeshTTNN`` has the module surface of ``FakeTTNN`` plus the mesh API of
+``shared/design/notes/ttnn-mesh.md`` (sections 1-4): ``MeshShape``, ``open_mesh_device``, the
+mappers ``replicate_tensor_to_mesh_mapper`` / ``shard_tensor_to_mesh_mapper`` and the composer
+``concat_mesh_to_tensor_composer``, ``get_device_tensors``, the fabric config, global
+semaphores, and the two experimental CCLs the backend uses (``all_gather_async``,
+``reduce_scatter_minimal_async``; the plain ``ttnn.all_gather`` is not modelled: it is
+trace-unsafe, tt-metal #48469).
+
+Design: a mesh tensor (:class:`MeshTensor`) holds one shard per chip, each an ordinary
+``FakeTTNN`` tensor on that chip's fake; ``tensor.shape`` is the per-chip shard shape, as in
+ttnn. Every op runs once per chip on that chip's shards, so each chip's fake applies every rule
+of ``limits.py`` to the per-chip shapes, charges its own DRAM banks and trace region, and
+records its own trace; the chips' traces share one step list, so a replay re-runs the ops of
+every chip and the collectives in their call order. CCLs compute their semantics from all
+chips' shards (numeric mode) or just shapes (shape-only mode), allocate their outputs and
+intermediate buffers on every chip, and check the device-operation rules
+(``limits.all_gather_async``, ``limits.reduce_scatter_minimal_async``), the fabric and the
+topology. A one-chip mesh returns its chip's own tensors: it is exactly the single-device fake.
+
+Fault injection (``inject_fault``): the next call of an op on one chip raises
+:class:`InjectedFault`, as a device error would, after the chips before it ran theirs.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, TypeAlias
+
+import numpy as np
+import torch
+
+from tt_serve.model.tt import limits
+from tt_serve.model.tt.devices import ChipSpec
+from tt_serve.model.tt.fake_ttnn import (
+    P150,
+    Buffer,
+    ContractViolation,
+    CoreCoord,
+    FakeDevice,
+    FakeTTNN,
+)
+from tt_serve.model.tt.fake_ttnn import Tensor as ChipTensor
+
+
+class InjectedFault(RuntimeError):
+    """A device error the test injected (``FakeMeshTTNN.inject_fault``)."""
+
+
+class FabricConfig(Enum):
+    DISABLED = "disabled"
+    FABRIC_1D = "fabric_1d"
+    FABRIC_1D_RING = "fabric_1d_ring"
+
+
+class Topology(Enum):
+    Ring = "ring"
+    Linear = "linear"
+
+
+class MeshShape:
+    """``ttnn.MeshShape(s0, s1)`` or ``MeshShape(sequence)``; no ``y=``/``x=`` kwargs (0.81.1)."""
+
+    def __init__(self, *dims: Any) -> None:
+        vals = tuple(dims[0]) if len(dims) == 1 and not isinstance(dims[0], int) else dims
+        self._dims = tuple(int(d) for d in vals)
+
+    def dims(self) -> int:
+        return len(self._dims)
+
+    def mesh_size(self) -> int:
+        return int(np.prod(self._dims))
+
+    def __getitem__(self, i: int) -> int:
+        return self._dims[i]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._dims)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, MeshShape) and other._dims == self._dims
+
+    def __hash__(self) -> int:
+        return hash(self._dims)
+
+    def __repr__(self) -> str:
+        return f"MeshShape({list(self._dims)})"
+
+
+@dataclass(frozen=True)
+class MeshMapper:
+    """A ``CppTensorToMesh``: replicate (``dim`` None) or shard ``dim`` over every chip."""
+
+    num_devices: int
+    dim: int | None
+
+
+@dataclass(frozen=True)
+class MeshComposer:
+    """A ``CppMeshToTensor`` concatenating the shards along ``dim`` in mesh-coordinate order."""
+
+    dim: int
+
+
+@dataclass(frozen=True)
+class PerChip:
+    """A value that differs per chip (device handles, events): chip i gets ``values[i]``."""
+
+    values: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class GlobalSemaphore:
+    """``ttnn.create_global_semaphore``: one L1 word on the given cores of every chip."""
+
+    serial: int
+
+
+class MeshTensor:
+    """One shard per chip (row-major mesh order); ``shape`` is the per-chip shard shape."""
+
+    def __init__(self, shards: list[ChipTensor]) -> None:
+        self.shards = shards
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.shards[0].shape
+
+    @property
+    def padded_shape(self) -> tuple[int, ...]:
+        return self.shards[0].padded_shape
+
+    @property
+    def dtype(self) -> Any:
+        return self.shards[0].dtype
+
+    @property
+    def layout(self) -> Any:
+        return self.shards[0].layout
+
+    @property
+    def buffer(self) -> Buffer:
+        """Chip 0's buffer (what a test pokes; per-chip buffers are in ``shards``)."""
+        return self.shards[0].buffer
+
+    def info(self) -> limits.TensorInfo:
+        return self.shards[0].info()
+
+    def to_numpy(self, mesh_composer: MeshComposer | None = None) -> np.ndarray:
+        if mesh_composer is None:
+            raise ContractViolation(
+                "mesh.compose",
+                f"Can't convert a tensor distributed on {len(self.shards)} chips to a row-major "
+                "logical tensor. Supply a mesh composer (or read get_device_tensors(t)[0])",
+            )
+        return np.concatenate([s.to_numpy() for s in self.shards], mesh_composer.dim)
+
+
+class FakeMeshDevice:
+    """``ttnn.MeshDevice``: ``shape``, ``get_num_devices``, ``get_device_ids`` (no
+    ``get_devices``, absent in 0.81.1)."""
+
+    def __init__(self, shape: MeshShape, chips: list[FakeDevice], ids: list[int]) -> None:
+        self.shape, self.chips, self._ids = shape, chips, ids
+
+    def get_num_devices(self) -> int:
+        return len(self.chips)
+
+    def get_device_ids(self) -> list[int]:
+        return list(self._ids)
+
+    def compute_with_storage_grid_size(self) -> CoreCoord:
+        return self.chips[0].compute_with_storage_grid_size()
+
+
+class _Namespace:
+    """``ttnn.experimental`` / ``ttnn.transformer``: chip-0's functions dispatched per chip,
+    plus the mesh's own (the CCLs)."""
+
+    def __init__(self, mesh: FakeMeshTTNN, path: str, own: dict[str, Callable[..., Any]]) -> None:
+        self._mesh, self._path, self._own = mesh, path, own
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._own:
+            return self._own[name]
+        mesh, parts = self._mesh, [*self._path.split("."), name]
+
+        def resolve(chip: FakeTTNN) -> Any:
+            obj: Any = chip
+            for p in parts:
+                obj = getattr(obj, p)
+            return obj
+
+        if not callable(resolve(mesh.chips[0])):  # a nested namespace (experimental.kda)
+            return _Namespace(mesh, ".".join(parts), {})
+        return lambda *a, **k: mesh._spmd(name, resolve, a, k)
+
+
+# The module's types under other names: the class re-exports them as ttnn attributes.
+_Fabric: TypeAlias = FabricConfig
+_Topology: TypeAlias = Topology
+_Shape: TypeAlias = MeshShape
+_Coord: TypeAlias = CoreCoord
+
+
+class FakeMeshTTNN:
+    """The fake ttnn module for a mesh of ``num_devices`` identical chips."""
+
+    FabricConfig = FabricConfig
+    Topology = Topology
+    MeshShape = MeshShape
+    CoreCoord = CoreCoord
+
+    def __init__(
+        self,
+        *,
+        num_devices: int,
+        chip: ChipSpec = P150,
+        max_links: int = 0,
+        **chip_kwargs: Any,
+    ) -> None:
+        """``max_links``: Ethernet links between neighbours (0: not checked); ``chip_kwargs``
+        go to every chip's ``FakeTTNN``."""
+        self._num_devices, self._chip_kwargs, self.max_links = num_devices, chip_kwargs, max_links
+        self.chips: list[FakeTTNN] = [FakeTTNN(num_devices=num_devices, chip=chip, **chip_kwargs)]
+        self.chip = chip
+        self.shape_only = bool(chip_kwargs.get("shape_only", False))
+        self.fabric = FabricConfig.DISABLED
+        self.device: FakeMeshDevice | None = None
+        self._faults: dict[tuple[int, str], int] = {}
+        self._semaphores = itertools.count(1)
+        self.ccl_calls: list[tuple[str, tuple[int, ...], str]] = []  # (op, per-chip shape, topo)
+        self.experimental = _Namespace(
+            self,
+            "experimental",
+            {
+                "all_gather_async": self._all_gather_async,
+                "reduce_scatter_minimal_async": self._reduce_scatter,
+            },
+        )
+        self.transformer = _Namespace(self, "transformer", {})
+
+    # ---- module attributes -----------------------------------------------------------------
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "chips":
+            raise AttributeError(name)
+        attr = getattr(self.chips[0], name)
+        if not callable(attr) or isinstance(attr, (type, Enum)):
+            return attr
+        return lambda *a, **k: self._spmd(name, lambda c: getattr(c, name), a, k)
+
+    @property
+    def capturing(self) -> bool:
+        return any(c.capturing for c in self.chips)
+
+    @property
+    def dram_peak_per_bank(self) -> int:
+        """The highest per-bank DRAM high-water mark over the chips."""
+        return max(c.dram_peak_per_bank for c in self.chips)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Op counts of chip 0 (every chip runs the same ops)."""
+        return self.chips[0].counts
+
+    def inject_fault(self, chip: int, op: str = "fill_cache") -> None:
+        """The next ``op`` on ``chip`` raises :class:`InjectedFault` (chips before it in mesh
+        order have run theirs: a device error leaves the mesh half-done)."""
+        self._faults[(chip, op)] = 1
+
+    # ---- SPMD dispatch ---------------------------------------------------------------------
+    def _spmd(
+        self, name: str, resolve: Callable[[FakeTTNN], Any], args: tuple[Any, ...], kw: dict
+    ) -> Any:
+        """Run ``name`` on every chip with that chip's shards; a call with only plain (one-chip)
+        tensors runs on their chip alone (``get_device_tensors(t)[0]`` reads)."""
+        if len(self.chips) == 1 or not _has_mesh(args, kw):
+            owner = _owner(args, kw, self.chips)
+            if owner is not None or len(self.chips) == 1:
+                idx = owner or 0
+                self._fault(idx, name)
+                return resolve(self.chips[idx])(*_at(args, idx), **_at(kw, idx))
+        results = []
+        for i, chip in enumerate(self.chips):
+            self._fault(i, name)
+            results.append(resolve(chip)(*_at(args, i), **_at(kw, i)))
+        return _gather(results)
+
+    def _fault(self, chip: int, op: str) -> None:
+        if self._faults.pop((chip, op), 0):
+            raise InjectedFault(f"chip {chip}: injected {op} failure")
+
+    # ---- device ----------------------------------------------------------------------------
+    def set_fabric_config(self, config: _Fabric, *args: Any, **kwargs: Any) -> None:
+        """Before ``open_mesh_device``; CCLs need a fabric (notes 1.4)."""
+        if self.device is not None and config is not FabricConfig.DISABLED:
+            raise ContractViolation("mesh.fabric", "set_fabric_config after the mesh is open")
+        self.fabric = config
+
+    def get_fabric_config(self) -> _Fabric:
+        return self.fabric
+
+    def open_mesh_device(
+        self,
+        mesh_shape: _Shape | None = None,
+        l1_small_size: int = 0,
+        trace_region_size: int = 0,
+        num_command_queues: int = 1,
+        dispatch_core_config: Any = None,
+        offset: Any = None,
+        physical_device_ids: Sequence[int] = (),
+        worker_l1_size: int = 0,
+    ) -> FakeMeshDevice:
+        shape = mesh_shape or MeshShape(1, self._num_devices)
+        n = shape.mesh_size()
+        if n > self._num_devices:
+            raise RuntimeError(f"{shape} needs {n} chips; the system has {self._num_devices}")
+        ids = list(physical_device_ids) or list(range(n))
+        if len(ids) != n or len(set(ids)) != n or max(ids) >= self._num_devices:
+            raise ContractViolation("mesh.device_ids", f"physical_device_ids {ids} for {shape}")
+        while len(self.chips) < n:
+            self.chips.append(
+                FakeTTNN(num_devices=self._num_devices, chip=self.chip, **self._chip_kwargs)
+            )
+        devices = [
+            c.open_device(device_id=i, trace_region_size=trace_region_size, l1_small_size=0)
+            for i, c in zip(ids, self.chips, strict=True)
+        ]
+        self.device = FakeMeshDevice(shape, devices, ids)
+        return self.device
+
+    def close_mesh_device(self, mesh_device: FakeMeshDevice) -> None:
+        self.device = None
+
+    # ---- distribution ----------------------------------------------------------------------
+    def replicate_tensor_to_mesh_mapper(self, mesh_device: FakeMeshDevice) -> MeshMapper:
+        return MeshMapper(mesh_device.get_num_devices(), None)
+
+    def shard_tensor_to_mesh_mapper(self, mesh_device: FakeMeshDevice, dim: int) -> MeshMapper:
+        return MeshMapper(mesh_device.get_num_devices(), dim)
+
+    def concat_mesh_to_tensor_composer(self, mesh_device: FakeMeshDevice, dim: int) -> MeshComposer:
+        return MeshComposer(dim)
+
+    def get_device_tensors(self, tensor: MeshTensor | ChipTensor) -> list[ChipTensor]:
+        return list(tensor.shards) if isinstance(tensor, MeshTensor) else [tensor]
+
+    def Tensor(
+        self,
+        array: Any,
+        data_type: Any = None,
+        layout: Any = None,
+        mesh_mapper: MeshMapper | None = None,
+    ) -> ChipTensor | MeshTensor:
+        """Host tensor; with a mapper, one host shard per chip (``torch.chunk`` semantics: an
+        uneven split would leave a chip with nothing, which the SPMD program cannot run)."""
+        if mesh_mapper is None:
+            return self.chips[0].Tensor(array, data_type=data_type, layout=layout)
+        arr = np.asarray(array)
+        n = mesh_mapper.num_devices
+        if mesh_mapper.dim is None:
+            parts = [arr] * n
+        else:
+            size = arr.shape[mesh_mapper.dim]
+            if size % n:
+                raise ContractViolation(
+                    "mesh.shard_uneven", f"dim {mesh_mapper.dim} of {arr.shape} over {n} chips"
+                )
+            parts = np.split(arr, n, axis=mesh_mapper.dim)
+        return MeshTensor(
+            [
+                c.Tensor(np.ascontiguousarray(p), data_type=data_type, layout=layout)
+                for c, p in zip(self._chips(n), parts, strict=True)
+            ]
+        )
+
+    def _chips(self, n: int) -> list[FakeTTNN]:
+        if len(self.chips) < n:
+            raise ContractViolation("mesh.open", "a mesh mapper before open_mesh_device")
+        return self.chips[:n]
+
+    def to_device(
+        self, tensor: ChipTensor | MeshTensor, device: Any, memory_config: Any = None
+    ) -> ChipTensor | MeshTensor:
+        """A host tensor without a mapper is replicated (Programming_Mesh_of_Devices 4.2.2)."""
+        if isinstance(device, FakeMeshDevice) and not isinstance(tensor, MeshTensor):
+            if len(self.chips) == 1:
+                return self.chips[0].to_device(tensor, device.chips[0], memory_config)
+            tensor = MeshTensor([tensor] * len(self.chips))
+        return self._spmd(
+            "to_device", lambda c: c.to_device, (tensor, device), {"memory_config": memory_config}
+        )
+
+    def copy_host_to_device_tensor(self, host: Any, device_tensor: Any) -> None:
+        """The host tensor must carry the device tensor's distribution (notes 4)."""
+        if isinstance(device_tensor, MeshTensor) and not isinstance(host, MeshTensor):
+            raise ContractViolation(
+                "mesh.distribution",
+                "copy_host_to_device_tensor of a one-chip host tensor into a mesh tensor: build "
+                "the host tensor with the device tensor's mesh_mapper",
+            )
+        self._spmd(
+            "copy_host_to_device_tensor",
+            lambda c: c.copy_host_to_device_tensor,
+            (host, device_tensor),
+            {},
+        )
+
+    # ---- traces ----------------------------------------------------------------------------
+    def begin_trace_capture(self, device: Any, *, cq_id: int = 0) -> Any:
+        tid = self._spmd("begin_trace_capture", lambda c: c.begin_trace_capture, (device,), {})
+        if len(self.chips) > 1:
+            shared: list[Any] = []  # every chip's ops (and the CCLs) in call order
+            for i, c in enumerate(self.chips):
+                c._traces[_at(tid, i)].steps = shared
+        return tid
+
+    def execute_trace(
+        self, device: Any, trace_id: Any, *, cq_id: int = 0, blocking: bool = True
+    ) -> None:
+        if len(self.chips) == 1:
+            self.chips[0].execute_trace(_at(device, 0), trace_id, cq_id=cq_id, blocking=blocking)
+            return
+        traces = [c.check_replay(_at(trace_id, i)) for i, c in enumerate(self.chips)]
+        if self.shape_only:
+            return
+        for replay, _ in traces[0].steps:
+            replay()
+
+    # ---- semaphores and collectives --------------------------------------------------------
+    def CoreRange(self, start: _Coord, end: _Coord) -> tuple[_Coord, _Coord]:
+        return (start, end)
+
+    def CoreRangeSet(self, ranges: Sequence[Any]) -> tuple[Any, ...]:
+        return tuple(ranges)
+
+    def create_global_semaphore(
+        self, mesh_device: Any, cores: Any, initial_value: int, buffer_type: Any = None
+    ) -> GlobalSemaphore:
+        """A host write: not allowed while a trace is being captured (notes 3.6)."""
+        if self.capturing:
+            raise ContractViolation("host_io", "create_global_semaphore while capturing a trace")
+        return GlobalSemaphore(next(self._semaphores))
+
+    def _ccl_checks(self, name: str, topology: _Topology | None) -> str:
+        if self.fabric is FabricConfig.DISABLED:
+            raise ContractViolation(
+                "ccl.fabric", f"{name} without a fabric: set_fabric_config before open_mesh_device"
+            )
+        topo = topology or Topology.Ring  # the experimental ops' default (notes 3.3)
+        if topo is Topology.Ring and self.fabric is not FabricConfig.FABRIC_1D_RING:
+            raise ContractViolation(
+                "ccl.topology",
+                f"{name} with Topology.Ring on {self.fabric.name}: pass Topology.Linear on a "
+                "FABRIC_1D system (the experimental CCLs default to Ring)",
+            )
+        return topo.value
+
+    def _all_gather_async(
+        self,
+        input_tensor: MeshTensor,
+        dim: int,
+        multi_device_global_semaphore: Any,
+        *,
+        persistent_output_buffer: Any = None,
+        num_links: int | None = None,
+        memory_config: Any = None,
+        topology: _Topology | None = None,
+        subdevice_id: Any = None,
+        cluster_axis: int | None = None,
+        barrier_semaphore: GlobalSemaphore | None = None,
+        chunks_per_sync: int | None = None,
+        num_workers_per_link: int | None = None,
+        num_buffers_per_channel: int | None = None,
+    ) -> MeshTensor:
+        """Concatenation of every chip's shard along ``dim`` in mesh order, on every chip."""
+        topo = self._ccl_checks("all_gather_async", topology)
+        sems = _semaphores(multi_device_global_semaphore)
+        n = len(self.chips)
+        x = _mesh_input("all_gather_async", input_tensor, n)
+        with self.chips[0]._rules():
+            out_shape = limits.all_gather_async(
+                self.chip,
+                x.info(),
+                dim,
+                n,
+                len(sems),
+                1 if num_links is None else num_links,
+                self.max_links,
+                capturing=self.capturing,
+            )
+        self.ccl_calls.append(("all_gather_async", x.shape, topo))
+        bufs = [s.buffer for s in x.shards]
+
+        def gather(i: int) -> torch.Tensor:
+            if bufs[0].data.is_meta:
+                return torch.empty(out_shape, device="meta")
+            return torch.cat([b.data for b in bufs], dim)
+
+        return self._collective("all_gather_async", x, gather)
+
+    def _reduce_scatter(
+        self,
+        input_tensor: MeshTensor,
+        persistent_output_buffers: Any = None,
+        dim: int = 3,
+        multi_device_global_semaphore: Any = None,
+        *,
+        barrier_semaphore: GlobalSemaphore | None = None,
+        num_links: int | None = None,
+        memory_config: Any = None,
+        intermediate_memory_config: Any = None,
+        topology: _Topology | None = None,
+        subdevice_id: Any = None,
+        cluster_axis: int | None = None,
+        chunks_per_sync: int | None = None,
+        num_workers_per_link: int | None = None,
+        num_buffers_per_channel: int | None = None,
+        compute_kernel_config: Any = None,
+    ) -> MeshTensor:
+        """The sum over chips, chunk i of ``dim`` to chip i (fp32 in chip order). Its
+        intermediate DRAM buffer is allocated on every chip for the op's duration."""
+        topo = self._ccl_checks("reduce_scatter_minimal_async", topology)
+        sems = _semaphores(multi_device_global_semaphore)
+        n = len(self.chips)
+        x = _mesh_input("reduce_scatter_minimal_async", input_tensor, n)
+        with self.chips[0]._rules():
+            inter, out_shape = limits.reduce_scatter_minimal_async(
+                self.chip,
+                x.info(),
+                dim,
+                n,
+                len(sems),
+                1 if num_links is None else num_links,
+                self.max_links,
+                topo,
+            )
+        self.ccl_calls.append(("reduce_scatter_minimal_async", x.shape, topo))
+        for c in self.chips:  # the staging buffer: charged while the op runs
+            key = -(1 << 40) - c.dram.used_per_bank
+            with c._rules():
+                c.dram.allocate(key, limits.TensorInfo(inter, x.dtype.value, x.layout.value))
+            c.dram_peak_per_bank = max(c.dram_peak_per_bank, c.dram.used_per_bank)
+            c.dram.free(key)
+        bufs = [s.buffer for s in x.shards]
+        d = dim % len(x.shape)
+
+        def scatter(i: int) -> torch.Tensor:
+            if bufs[0].data.is_meta:
+                return torch.empty(out_shape, device="meta")
+            total = bufs[0].data.clone()
+            for b in bufs[1:]:
+                total = total + b.data
+            return torch.chunk(total, n, d)[i].contiguous()
+
+        return self._collective("reduce_scatter_minimal_async", x, scatter)
+
+    def _collective(
+        self, name: str, x: MeshTensor, part: Callable[[int], torch.Tensor]
+    ) -> MeshTensor:
+        """Chip i's output = ``part(i)``, recorded on chip i (replays read every chip's input
+        buffers: they were written by earlier steps of the shared step list)."""
+        outs = []
+        for i, c in enumerate(self.chips):
+            self._fault(i, name)
+
+            def run(i: int = i) -> torch.Tensor:
+                return part(i)
+
+            outs.append(c._single(name, [x.shards[i]], run, x.dtype, x.layout))
+        return MeshTensor(outs)
+
+
+def _semaphores(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _mesh_input(name: str, x: Any, n: int) -> MeshTensor:
+    if not isinstance(x, MeshTensor) or len(x.shards) != n:
+        raise ContractViolation("ccl.input", f"{name} of a tensor that is not on the whole mesh")
+    return x
+
+
+def _has_mesh(args: Any, kw: dict) -> bool:
+    def walk(v: Any) -> bool:
+        if isinstance(v, (MeshTensor, PerChip, FakeMeshDevice)):
+            return True
+        if isinstance(v, (list, tuple)):
+            return any(walk(x) for x in v)
+        return False
+
+    return walk(args) or walk(tuple(kw.values()))
+
+
+def _owner(args: Any, kw: dict, chips: list[FakeTTNN]) -> int | None:
+    """The chip of the first plain tensor among the arguments."""
+    for v in itertools.chain(args, kw.values()):
+        for t in v if isinstance(v, (list, tuple)) else (v,):
+            if isinstance(t, ChipTensor):
+                return next(i for i, c in enumerate(chips) if c is t._fake)
+    return None
+
+
+def _at(v: Any, i: int) -> Any:
+    if isinstance(v, MeshTensor):
+        return v.shards[i]
+    if isinstance(v, PerChip):
+        return v.values[i]
+    if isinstance(v, FakeMeshDevice):
+        return v.chips[i]
+    if isinstance(v, dict):
+        return {k: _at(x, i) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return type(v)(_at(x, i) for x in v)
+    return v
+
+
+def _gather(results: list[Any]) -> Any:
+    first = results[0]
+    if isinstance(first, ChipTensor):
+        return MeshTensor(list(results))
+    if isinstance(first, (list, tuple)):
+        return type(first)(_gather(list(col)) for col in zip(*results, strict=True))
+    if all(r == first for r in results[1:]):
+        return first
+    return PerChip(tuple(results))
