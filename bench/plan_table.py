@@ -9,6 +9,13 @@ how long planning took.
 
     python -m bench.plan_table                      # the issue's table (6 models x 2 x 3 x 3)
     python -m bench.plan_table --models qwen3.5-9b --devices p150 --batches 16
+    python -m bench.plan_table --agents 8 --context 131072 --devices p150 p300 p150x4 p150x8
+
+With ``--agents N --context T`` it answers the production question instead: N concurrent agents
+each holding T tokens of history, prefix caching on (a KV pool of N x T tokens, two snapshot
+slots per agent: its history's last boundary and the one being written), on which device of
+``--devices`` (smallest first) and in which precision of ``--precisions`` (lightest
+compression first) each model fits; one ledger line per plan tried.
 """
 
 from __future__ import annotations
@@ -41,9 +48,10 @@ PROFILES = tuple(p for p in PRECISIONS if p != "auto")
 LEDGER = REPO_ROOT / "bench" / "runs" / "plan-table.jsonl"
 
 
-def plan_one(model: str, device: str, batch: int, precision: str) -> dict[str, Any]:
+def plan_one(model: str, device: str, batch: int, precision: str, **shape: int) -> dict[str, Any]:
+    """One plan; ``shape``: further PlanRequest fields (max_model_len, kv_blocks, ...)."""
     spec = ModelSpec.from_config(published_config(model), model_id=model)
-    req = planner.PlanRequest(device=device, precision=precision, max_batch_size=batch)
+    req = planner.PlanRequest(device=device, precision=precision, max_batch_size=batch, **shape)
     start = time.perf_counter()
     p = planner.plan(spec, req)
     return {
@@ -86,17 +94,69 @@ def table(rows: Sequence[dict[str, Any]], batches: Sequence[int]) -> list[str]:
     return out
 
 
+def agents_shape(agents: int, context: int, block: int) -> dict[str, int]:
+    """The PlanRequest fields of ``agents`` agents holding ``context`` tokens each."""
+    return {
+        "max_model_len": context,
+        "kv_blocks": agents * -(-context // block) + 1,  # + the padding block
+        "snapshot_slots": 2 * agents,
+    }
+
+
+def smallest_fit(
+    model: str,
+    agents: int,
+    context: int,
+    devices: Sequence[str],
+    precisions: Sequence[str],
+    write: Any,
+) -> dict[str, Any] | None:
+    """The first (device, precision) holding the agents, devices outer (smallest box first)."""
+    shape = agents_shape(agents, context, planner.PlanRequest().block_size)
+    for device in devices:
+        for precision in precisions:
+            row = plan_one(model, device, agents, precision, **shape)
+            row["agents"], row["context"] = agents, context
+            write(row)
+            print(f"{model} {agents}x{context} {device} {precision}: {cell(row)}", flush=True)
+            if row["ok"]:
+                return row
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.plan_table", description=__doc__)
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=sorted(SIZES))
     ap.add_argument("--devices", nargs="+", default=list(DEVICES))
     ap.add_argument("--batches", nargs="+", type=int, default=list(BATCHES))
     ap.add_argument("--precisions", nargs="+", default=list(PROFILES), choices=PROFILES)
+    ap.add_argument("--agents", type=int, default=0, help="concurrent agents (production mode)")
+    ap.add_argument("--context", type=int, default=131072, help="tokens of history per agent")
     ap.add_argument("--ledger", type=Path, default=LEDGER)
     a = ap.parse_args(argv)
     provenance = {"git": git_info(), "machine": machine_info(), "timestamp": time.time()}
     rows = []
     a.ledger.parent.mkdir(parents=True, exist_ok=True)
+    if a.agents:
+        with a.ledger.open("a") as ledger:
+
+            def write(row: dict[str, Any]) -> None:
+                ledger.write(json.dumps({"bench": "plan_table", **provenance, **row}) + "\n")
+                ledger.flush()
+
+            print(f"| model | {a.agents} agents x {a.context} tokens |\n|---|---|")
+            verdicts = []
+            for model in a.models:
+                fit = smallest_fit(model, a.agents, a.context, a.devices, a.precisions, write)
+                where = (
+                    f"{fit['request']['device']}, {fit['request']['precision']} "
+                    f"(KV {fit['kv_bytes'] / 1e9:.1f} GB per chip)"
+                    if fit
+                    else "none of " + ", ".join(a.devices)
+                )
+                verdicts.append(f"| {model} | {where} |")
+            print("\n".join(verdicts))
+        return 0
     with a.ledger.open("a") as ledger:
         for model in a.models:
             for device in a.devices:
