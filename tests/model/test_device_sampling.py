@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.drive import run_all
 from tests.engine.test_grammar_rows import bitmask_of
 from tests.model import driver as d
 from tt_serve import LLM
@@ -24,7 +25,7 @@ from tt_serve.engine.scheduler import SchedulerConfig
 from tt_serve.model.interface import RowSampling
 from tt_serve.model.ref import TorchBackend
 from tt_serve.model.ref.sampling import draw_rows
-from tt_serve.sequence import RequestOutput, SamplingParams
+from tt_serve.sequence import SamplingParams
 
 SETTINGS: list[dict[str, Any]] = [
     dict(temperature=0.7),
@@ -186,17 +187,6 @@ def _engine(be: TorchBackend, **sched: Any) -> Engine:
     )
 
 
-def _run(eng: Engine, reqs: list[tuple[list[int], SamplingParams]]) -> list[RequestOutput]:
-    for i, (p, sp) in enumerate(reqs):
-        eng.add_request(str(i), p, sp)
-    done: dict[str, RequestOutput] = {}
-    while eng.has_unfinished():
-        for o in eng.step():
-            if o.finished:
-                done[o.request_id] = o
-    return [done[str(i)] for i in range(len(reqs))]
-
-
 def test_pipelined_sampled_batch_equals_synchronous(dense_dir: Path) -> None:
     """deviceResident (bucketed programs, eager on the CPU): a batch of seeded sampled requests
     runs ahead on drawn ids, with one grammar-constrained and one penalised row among them (both
@@ -208,12 +198,12 @@ def test_pipelined_sampled_batch_equals_synchronous(dense_dir: Path) -> None:
         (_prompt(33, 9), _params(dict(temperature=0.9), 7, grammar=_Allowed(allowed, 4096)))
     )
     reqs.append((_prompt(34, 8), _params(dict(temperature=0.9), 8, presence_penalty=1.5)))
-    sync = _run(_engine(TorchBackend.from_pretrained(dense_dir)), reqs)
+    sync = run_all(_engine(TorchBackend.from_pretrained(dense_dir)), reqs)
     be = TorchBackend.from_pretrained(
         dense_dir, cuda_graphs=True, device_resident=True, max_model_len=1024
     )
     eng = _engine(be)
-    piped = _run(eng, reqs)
+    piped = run_all(eng, reqs)
     assert [o.token_ids for o in piped] == [o.token_ids for o in sync]
     assert all(o.finish_reason == "length" for o in piped)
     assert set(piped[5].token_ids) <= allowed

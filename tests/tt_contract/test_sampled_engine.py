@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests.drive import run_all
 from tests.tt_contract import harness as h
 from tt_serve.engine.engine import Engine
 from tt_serve.model.spec import ModelSpec
@@ -22,14 +23,7 @@ REQUESTS = [
 
 
 def _run(eng: Engine, prompts: list[list[int]]) -> list[RequestOutput]:
-    for i, (p, sp) in enumerate(zip(prompts, REQUESTS, strict=True)):
-        eng.add_request(str(i), p, sp)
-    done: dict[str, RequestOutput] = {}
-    while eng.has_unfinished():
-        for o in eng.step():
-            if o.finished:
-                done[o.request_id] = o
-    return [done[str(i)] for i in range(len(prompts))]
+    return run_all(eng, list(zip(prompts, REQUESTS, strict=True)))
 
 
 def test_sampled_batch_pipelines_and_equals_synchronous(dense_dir: Path) -> None:

@@ -6,8 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.utils.mkldnn
 import torch.nn.functional as F
+import torch.utils.mkldnn
 
 from tt_serve.model.ref.attention import AttentionWeights, attention_forward
 from tt_serve.model.ref.gdn import GdnWeights, gdn_forward
