@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from tt_serve.model.spec import ModelSpec
+    from tt_serve.model.tt.planner import PlanRequest
 
 
 def _int_list(text: str) -> list[int]:
@@ -122,6 +123,26 @@ def _plan_spec(model: str) -> ModelSpec:
     return ModelSpec.from_hf_dir(model)
 
 
+def _plan_smallest(spec: ModelSpec, req: PlanRequest, candidates: list[str]) -> int:
+    """The first device of ``candidates`` whose plan fits: one verdict line per device tried,
+    then that device's whole plan (exit 3 when none fits)."""
+    from dataclasses import replace
+
+    from tt_serve.model.tt import planner
+
+    for name in candidates:
+        p = planner.plan(spec, replace(req, device=name))
+        if not p.ok:
+            print(f"{name}: does not fit: [{p.limit_rule}] {p.limit_message}")
+            continue
+        print(f"{name}: fits; the smallest of {', '.join(candidates)} that does")
+        for line in planner.format_plan(p, replace(req, device=name)):
+            print(line)
+        return 0
+    print(f"none of {', '.join(candidates)} fits")
+    return 3
+
+
 def _plan(argv: Sequence[str]) -> int:
     from tt_serve.config import DEFAULT_BATCH, PRECISIONS, ServeConfig
     from tt_serve.model.published import SIZES
@@ -159,6 +180,13 @@ def _plan(argv: Sequence[str]) -> int:
         "--traced-prefill", action=argparse.BooleanOptionalAction, default=d.traced_prefill
     )
     p.add_argument("--search-max-batch", action="store_true", help="bisect the largest max_batch")
+    p.add_argument(
+        "--smallest",
+        default=None,
+        metavar="DEV,DEV,...",
+        help="plan on each device of the list in order (smallest first, e.g. "
+        "p150,p300,p150x4,p150x8) and print the plan of the first that fits (overrides --device)",
+    )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--ops", default=None, help="write every ttnn call as JSON lines to FILE")
     a = p.parse_args(argv)
@@ -179,10 +207,14 @@ def _plan(argv: Sequence[str]) -> int:
             trace_region_size=a.trace_region_size,
             traced_prefill=a.traced_prefill,
         )
-        planner.device_spec(a.device)
+        candidates = a.smallest.split(",") if a.smallest else [a.device]
+        for name in candidates:
+            planner.device_spec(name)
     except (FileNotFoundError, ValueError, KeyError) as exc:
         print(f"tt-serve plan: error: {exc}", file=sys.stderr)
         return 2
+    if a.smallest:
+        return _plan_smallest(spec, req, candidates)
     return planner.main(
         spec,
         req,

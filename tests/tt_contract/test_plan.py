@@ -186,3 +186,18 @@ def test_prefill_attention_is_head_major_at_9b_dims(q9: Path) -> None:
     # decode runs as a replay: its ops are logged where the decode trace is captured
     updates = [c for c in calls if c["op"] == "ttnn.experimental.paged_update_cache"]
     assert updates and {tuple(c["tensors"]["1"]["shape"]) for c in updates} == {(1, 2, 4, 256)}
+
+
+def test_plan_smallest_names_the_first_device_that_fits() -> None:
+    """bf16 9B: the weights alone overflow one N150; the N300 (tensor parallel over 2 chips)
+    is the smallest of the list that holds it. A list where nothing fits exits 3."""
+    r = _cli("--model", "qwen3.5-9b", "--smallest", "n150,n300", "--max-batch-size", "1")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("n150: does not fit: [dram.capacity]")
+    assert lines[1] == "n300: fits; the smallest of n150, n300 that does"
+    assert "1 x 2 mesh" in r.stdout and "fits" in lines[-1]
+    none = _cli("--model", "qwen3.5-9b", "--smallest", "n150", "--max-batch-size", "1")
+    assert none.returncode == 3 and none.stdout.splitlines()[-1] == "none of n150 fits"
+    bad = _cli("--model", "qwen3.5-9b", "--smallest", "n150,nope")
+    assert bad.returncode == 2 and "nope" in bad.stderr
