@@ -18,21 +18,6 @@ from tt_serve.model.tt.ops import Ops
 from tt_serve.sequence import SamplingParams
 
 
-@pytest.fixture(scope="module")
-def prompts() -> tuple[list[int], list[int]]:
-    a = h.prompt(300, 1)
-    b = a[:256] + h.prompt(45, 2)  # a warm hit at 256 (two snapshot strides)
-    return a, b
-
-
-@pytest.fixture(scope="module")
-def torch_tokens(
-    dense_dir: Path, prompts: tuple[list[int], list[int]]
-) -> list[tuple[list[int], int]]:
-    spec = ModelSpec.from_hf_dir(dense_dir)
-    return h.generate(h.engine(h.torch_backend(dense_dir), spec), list(prompts), 12)
-
-
 @pytest.mark.parametrize("n", [2, 4])
 def test_tp_tokens_match_torch_with_warm_prefix_hit(
     dense_dir: Path,

@@ -20,21 +20,6 @@ from tt_serve.model.interface import (
 from tt_serve.model.spec import ModelSpec
 
 
-@pytest.fixture(scope="module")
-def prompts() -> tuple[list[int], list[int]]:
-    a = h.prompt(300, 1)
-    b = a[:256] + h.prompt(45, 2)  # shares two full chunks with a: a warm hit at 256
-    return a, b
-
-
-@pytest.fixture(scope="module")
-def torch_tokens(
-    dense_dir: Path, prompts: tuple[list[int], list[int]]
-) -> list[tuple[list[int], int]]:
-    spec = ModelSpec.from_hf_dir(dense_dir)
-    return h.generate(h.engine(h.torch_backend(dense_dir), spec), list(prompts), 12)
-
-
 def test_engine_tokens_match_torch_with_warm_prefix_hit(
     dense_dir: Path, prompts: tuple[list[int], list[int]], torch_tokens: list[tuple[list[int], int]]
 ) -> None:

@@ -23,9 +23,9 @@ from tt_serve.model.cuda.model import decode_program, prefill_program
 from tt_serve.model.cuda.programs import Programs
 from tt_serve.model.interface import StepOutput, StepRow
 from tt_serve.model.ref.model import HybridModel
-from tt_serve.model.ref.outputs import pick_on_device
 from tt_serve.model.ref.pending import PendingStep
 from tt_serve.model.ref.pools import Pools
+from tt_serve.model.ref.sampling import draw_rows
 
 Key = tuple[str, int]
 
@@ -157,9 +157,12 @@ class StaticSteps:
                 self.prefill_inputs[bucket].write(pv)
             logits, ids = self.programs.run((phase, bucket))
             # Graph outputs are overwritten by the next replay of this key: copy now.
-            part = ids[: len(idx)].clone()
-            if any(r.sampling is not None for r in sel):
-                part = pick_on_device(logits[: len(idx)], sel, sync_free=True)
+            part = ids[: len(idx)].clone()  # the program's argmax
+            drawn = [b for b, r in enumerate(sel) if r.sampling is not None]
+            if drawn:
+                rows_drawn = torch.tensor(drawn, device=part.device)
+                specs = [s for r in sel if (s := r.sampling) is not None]
+                part[rows_drawn] = draw_rows(logits[rows_drawn], specs, sync_free=True)
                 if self.slot_ids is not None:
                     slots = torch.tensor([r.state_slot for r in sel], device=part.device)
                     self.slot_ids.index_copy_(0, slots, part)
