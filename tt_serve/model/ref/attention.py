@@ -13,16 +13,15 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tt_serve.model.ref.layers import apply_partial_rope, rms_norm
+from tt_serve.model.ref.layers import Linear, apply_partial_rope, rms_norm
 from tt_serve.model.ref.plan import StepPlan
 
 
 @dataclass(frozen=True)
 class AttentionWeights:
-    q_proj: torch.Tensor  # [2·heads·hd, H], per head [q | gate]
-    k_proj: torch.Tensor
-    v_proj: torch.Tensor
-    o_proj: torch.Tensor
+    qkv_proj: Linear  # [q_proj (2·heads·hd, per head [q | gate]) | k_proj | v_proj] x H fused
+    qkv_splits: tuple[int, ...]
+    o_proj: Linear
     q_norm: torch.Tensor  # [hd]
     k_norm: torch.Tensor
     num_heads: int
@@ -67,20 +66,19 @@ def project_qkv(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [T, H] -> q [T, heads, hd] (normed, roped), gate [T, heads·hd], k, v [T, kvh, hd]."""
     t, hd, kvh = x.shape[0], w.head_dim, w.num_kv_heads
-    qg = F.linear(x, w.q_proj).reshape(t, w.num_heads, 2 * hd)
+    qg, k, v = torch.split(w.qkv_proj(x), list(w.qkv_splits), dim=-1)
+    qg = qg.reshape(t, w.num_heads, 2 * hd)
     q, gate = qg[..., :hd], qg[..., hd:].reshape(t, -1)
     q = apply_partial_rope(rms_norm(q, w.q_norm, w.eps), cos, sin)
-    k = apply_partial_rope(
-        rms_norm(F.linear(x, w.k_proj).reshape(t, kvh, hd), w.k_norm, w.eps), cos, sin
-    )
-    v = F.linear(x, w.v_proj).reshape(t, kvh, hd)
+    k = apply_partial_rope(rms_norm(k.reshape(t, kvh, hd), w.k_norm, w.eps), cos, sin)
+    v = v.reshape(t, kvh, hd)
     return q, gate, k, v
 
 
 def gated_output(out: torch.Tensor, gate: torch.Tensor, w: AttentionWeights) -> torch.Tensor:
     """Per-head attention output [T, heads, hd] -> sigmoid-gated, projected [T, H]."""
     attn = out.reshape(out.shape[0], -1) * torch.sigmoid(gate)
-    return F.linear(attn, w.o_proj)
+    return w.o_proj(attn)
 
 
 def attention_forward(

@@ -14,21 +14,19 @@ import torch
 import torch.nn.functional as F
 
 from tt_serve.config import GDN_CHUNK
-from tt_serve.model.ref.layers import l2norm, rms_norm_gated
+from tt_serve.model.ref.layers import Linear, l2norm, rms_norm_gated
 from tt_serve.model.ref.plan import StepPlan
 
 
 @dataclass(frozen=True)
 class GdnWeights:
-    in_proj_qkv: torch.Tensor  # [C, H], C = 2·Hk·dk + Hv·dv
-    in_proj_z: torch.Tensor  # [Hv·dv, H]
-    in_proj_b: torch.Tensor  # [Hv, H]
-    in_proj_a: torch.Tensor  # [Hv, H]
+    in_proj: Linear  # [qkv C | z Hv·dv | b Hv | a Hv] x H fused, C = 2·Hk·dk + Hv·dv
+    in_splits: tuple[int, ...]  # (C, Hv·dv, Hv, Hv)
     conv: torch.Tensor  # [C, K] fp32
     a_log: torch.Tensor  # [Hv] fp32
     dt_bias: torch.Tensor  # [Hv] fp32
     norm: torch.Tensor  # [dv]
-    out_proj: torch.Tensor  # [H, Hv·dv]
+    out_proj: Linear  # [H, Hv·dv]
     num_k_heads: int
     num_v_heads: int
     head_k_dim: int
@@ -103,10 +101,9 @@ def project_inputs(
     x: torch.Tensor, w: GdnWeights
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [T, H] -> qkv [T, C] (pre-conv), z [T, Hv·dv], beta [T, Hv] and log decay g (fp32)."""
-    qkv = F.linear(x, w.in_proj_qkv)
-    z = F.linear(x, w.in_proj_z)
-    beta = torch.sigmoid(F.linear(x, w.in_proj_b)).float()
-    g = -w.a_log.exp() * F.softplus(F.linear(x, w.in_proj_a).float() + w.dt_bias)
+    qkv, z, b, a = torch.split(w.in_proj(x), list(w.in_splits), dim=-1)
+    beta = torch.sigmoid(b).float()
+    g = -w.a_log.exp() * F.softplus(a.float() + w.dt_bias)
     return qkv, z, beta, g
 
 
@@ -130,7 +127,7 @@ def gated_output(
     """Delta-rule output [T, Hv, dv] -> gated-normed, projected [T, H]."""
     zz = z.reshape(-1, w.num_v_heads, w.head_v_dim)
     o = rms_norm_gated(core.to(dtype), zz, w.norm, w.eps)
-    return F.linear(o.reshape(core.shape[0], -1), w.out_proj)
+    return w.out_proj(o.reshape(core.shape[0], -1))
 
 
 def gdn_forward(

@@ -7,11 +7,18 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-import torch.utils.mkldnn
 
 from tt_serve.model.ref.attention import AttentionWeights, attention_forward
 from tt_serve.model.ref.gdn import GdnWeights, gdn_forward
-from tt_serve.model.ref.layers import rms_norm, rope_cos_sin, rope_inv_freq, swiglu
+from tt_serve.model.ref.layers import (
+    Linear,
+    fused,
+    packs,
+    rms_norm,
+    rope_cos_sin,
+    rope_inv_freq,
+    swiglu,
+)
 from tt_serve.model.ref.moe import MoeWeights, moe_forward
 from tt_serve.model.ref.plan import StepPlan
 from tt_serve.model.ref.pools import Pools
@@ -23,9 +30,8 @@ AttentionMixer = Callable[[torch.Tensor, AttentionWeights, int], torch.Tensor]
 
 @dataclass(frozen=True)
 class DenseMlpWeights:
-    gate: torch.Tensor
-    up: torch.Tensor
-    down: torch.Tensor
+    gate_up: Linear  # [gate | up] x H fused
+    down: Linear
 
 
 @dataclass(frozen=True)
@@ -57,11 +63,11 @@ class HybridModel:
         mixer: GdnWeights | AttentionWeights
         if spec.layer_types[i] == FULL_ATTENTION:
             a = p + "self_attn."
+            qkv, qkv_splits = fused(*(w[a + f"{n}_proj.weight"] for n in "qkv"))
             mixer = AttentionWeights(
-                q_proj=w[a + "q_proj.weight"],
-                k_proj=w[a + "k_proj.weight"],
-                v_proj=w[a + "v_proj.weight"],
-                o_proj=w[a + "o_proj.weight"],
+                qkv_proj=qkv,
+                qkv_splits=qkv_splits,
+                o_proj=Linear(w[a + "o_proj.weight"]),
                 q_norm=w[a + "q_norm.weight"],
                 k_norm=w[a + "k_norm.weight"],
                 num_heads=spec.num_attention_heads,
@@ -72,16 +78,17 @@ class HybridModel:
             rank = spec.attention_layers.index(i)
         else:
             g = p + "linear_attn."
+            in_proj, in_splits = fused(
+                *(w[g + f"in_proj_{n}.weight"] for n in ("qkv", "z", "b", "a"))
+            )
             mixer = GdnWeights(
-                in_proj_qkv=w[g + "in_proj_qkv.weight"],
-                in_proj_z=w[g + "in_proj_z.weight"],
-                in_proj_b=w[g + "in_proj_b.weight"],
-                in_proj_a=w[g + "in_proj_a.weight"],
+                in_proj=in_proj,
+                in_splits=in_splits,
                 conv=w[g + "conv1d.weight"].float(),
                 a_log=w[g + "A_log"].float(),
                 dt_bias=w[g + "dt_bias"].float(),
                 norm=w[g + "norm.weight"],
-                out_proj=w[g + "out_proj.weight"],
+                out_proj=Linear(w[g + "out_proj.weight"]),
                 num_k_heads=spec.linear_num_key_heads,
                 num_v_heads=spec.linear_num_value_heads,
                 head_k_dim=spec.linear_key_head_dim,
@@ -96,17 +103,17 @@ class HybridModel:
                 router=w[m + "gate.weight"],
                 gate_up=w[m + "experts.gate_up_proj"],
                 down=w[m + "experts.down_proj"],
-                shared_gate=w[m + "shared_expert.gate_proj.weight"],
-                shared_up=w[m + "shared_expert.up_proj.weight"],
-                shared_down=w[m + "shared_expert.down_proj.weight"],
+                shared_gate_up=fused(
+                    w[m + "shared_expert.gate_proj.weight"], w[m + "shared_expert.up_proj.weight"]
+                )[0],
+                shared_down=Linear(w[m + "shared_expert.down_proj.weight"]),
                 shared_expert_gate=w[m + "shared_expert_gate.weight"],
                 top_k=spec.num_experts_per_tok,
                 norm_topk_prob=spec.norm_topk_prob,
             )
         else:
-            mlp = DenseMlpWeights(
-                w[m + "gate_proj.weight"], w[m + "up_proj.weight"], w[m + "down_proj.weight"]
-            )
+            gate_up, _ = fused(w[m + "gate_proj.weight"], w[m + "up_proj.weight"])
+            mlp = DenseMlpWeights(gate_up, Linear(w[m + "down_proj.weight"]))
         return LayerWeights(
             w[p + "input_layernorm.weight"],
             w[p + "post_attention_layernorm.weight"],
@@ -143,7 +150,7 @@ class HybridModel:
             if isinstance(layer.mlp, MoeWeights):
                 h = moe_forward(h, layer.mlp)
             else:
-                h = swiglu(h, layer.mlp.gate, layer.mlp.up, layer.mlp.down)
+                h = swiglu(h, layer.mlp.gate_up, layer.mlp.down)
             x = x + h
         return rms_norm(x, self.final_norm, eps)
 
@@ -156,28 +163,24 @@ class LmHead:
     """The [vocab, H] projection a decode step multiplies a few rows by, at the kernel that is
     fastest for few rows on the device.
 
-    On the CPU the weight is reordered once into oneDNN's blocked layout (``MkldnnLinear``): a
-    GEMM on it then neither repacks the 254 MB weight per call nor falls into the small-M cliff
-    of the plain kernels (2 cores, 248,320 x 256 fp32: about 1.2x faster than ``h @ W.T`` on a
-    contiguous [H, vocab] copy at 1 row, 1.7-2.2x at 2 to 16 rows, even at 32:
+    On the CPU it is a packed ``Linear`` (the weight reordered once into oneDNN's blocked
+    layout): a GEMM on it neither repacks the 254 MB weight per call nor falls into the small-M
+    cliff of the plain kernels (2 cores, 248,320 x 256 fp32: 6.9 ms at 1 row, about 1.5x faster
+    than ``h @ W.T`` on a contiguous [H, vocab] copy, 2x and more at 8 to 32 rows:
     ``python -m bench.lm_head_layout``, bench/runs/lm-head-layout.jsonl). Elsewhere (CUDA) the
     weight is kept [H, vocab] contiguous. fp32 stays fp32: only the summation order differs
-    (<= 1e-6 on the logits). A tied model keeps the embedding too (one more [vocab, H] copy)."""
+    (<= 1e-4 on the logits). A tied model keeps the embedding too (one more [vocab, H] copy)."""
 
     def __init__(self, weight: torch.Tensor) -> None:
-        self.packed: torch.nn.Module | None = None
-        if weight.device.type == "cpu" and torch.backends.mkldnn.is_available():
-            linear = torch.nn.Linear(
-                weight.shape[1], weight.shape[0], bias=False, dtype=weight.dtype
-            )
-            linear.weight = torch.nn.Parameter(weight, requires_grad=False)
-            self.packed = torch.utils.mkldnn.to_mkldnn(linear, weight.dtype)
-            self.weight_t = None
+        self.packed: Linear | None = None
+        self.weight_t: torch.Tensor | None = None
+        if packs(weight):
+            self.packed = Linear(weight)
         else:
             self.weight_t = weight.t().contiguous()
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
-            return self.packed(hidden.contiguous().to_mkldnn()).to_dense().float()
+            return self.packed(hidden).float()
         assert self.weight_t is not None
         return (hidden @ self.weight_t).float()

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tt_serve.model.ref.layers import swiglu
+from tt_serve.model.ref.layers import Linear, swiglu
 
 
 @dataclass(frozen=True)
@@ -15,9 +15,8 @@ class MoeWeights:
     router: torch.Tensor  # [E, H]
     gate_up: torch.Tensor  # [E, 2I, H]
     down: torch.Tensor  # [E, H, I]
-    shared_gate: torch.Tensor  # [Is, H]
-    shared_up: torch.Tensor
-    shared_down: torch.Tensor  # [H, Is]
+    shared_gate_up: Linear  # [2·Is, H]: the shared expert's gate and up, fused
+    shared_down: Linear  # [H, Is]
     shared_expert_gate: torch.Tensor  # [1, H]
     top_k: int
     norm_topk_prob: bool
@@ -41,5 +40,5 @@ def moe_forward(x: torch.Tensor, w: MoeWeights) -> torch.Tensor:
         gu = F.linear(xe, w.gate_up[e])
         he = F.linear(F.silu(gu[:, :inter]) * gu[:, inter:], w.down[e])
         out.index_add_(0, tok, he * top_w[tok, slot, None])
-    shared = swiglu(x, w.shared_gate, w.shared_up, w.shared_down)
+    shared = swiglu(x, w.shared_gate_up, w.shared_down)
     return out + torch.sigmoid(F.linear(x, w.shared_expert_gate)) * shared
