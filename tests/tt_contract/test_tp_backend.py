@@ -14,6 +14,7 @@ from tests.tt_contract import harness as h
 from tt_serve.model.interface import RowSampling, StateCopy, StepBatch, StepRow
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.backend import StateCopyError
+from tt_serve.model.tt.moe import SparseExperts
 from tt_serve.model.tt.ops import Ops
 from tt_serve.sequence import SamplingParams
 
@@ -74,7 +75,7 @@ def test_tp_pipelined_equals_synchronous(
 
 @pytest.mark.parametrize("n", [2, 4])
 def test_tp_moe_tokens_match_torch(moe_dir: Path, n: int) -> None:
-    """Experts split by their intermediate dim (128 / n per chip), the shared expert column /
+    """Whole experts placed per chip (8 / n each, the sparse path), the shared expert column /
     row parallel, the router replicated."""
     spec = ModelSpec.from_hf_dir(moe_dir)
     p = [h.prompt(140, 11)]
@@ -83,7 +84,8 @@ def test_tp_moe_tokens_match_torch(moe_dir: Path, n: int) -> None:
     assert h.generate(h.engine(be, spec), p, 6) == ref
     layer = be.model.layers[0].mlp
     assert not isinstance(layer, tuple)
-    assert layer.experts[0].gate.shape[2] == spec.moe_intermediate_size // n
+    assert isinstance(layer.experts, SparseExperts)
+    assert layer.experts.gate_up.shape[1] == spec.num_experts // n
 
 
 TABLES = {1: (1, 2), 2: (3, 4)}

@@ -55,6 +55,7 @@ from tt_serve.model.tt.inputs import (
     prefill_values,
 )
 from tt_serve.model.tt.model import TTModel
+from tt_serve.model.tt.moe import MoeDispatch
 from tt_serve.model.tt.ops import Ops
 from tt_serve.model.tt.parallel import TensorParallel
 from tt_serve.model.tt.pending import PendingStep, PickReads
@@ -91,6 +92,7 @@ class TTOptions(TypedDict, total=False):
     max_model_len: int | None  # [None: the model's own] sizes the traces' page tables
     ccl_links: int  # [DEFAULT_CCL_LINKS] Ethernet links each collective uses on a mesh
     weight_cache_dir: Path | None  # [None: no cache; from_pretrained uses the default dir]
+    moe_dispatch: MoeDispatch  # ["sparse"] only the routed experts; "dense": all (the reference)
 
 
 class TTBackend:
@@ -118,9 +120,10 @@ class TTBackend:
         cache_dir = options.get("weight_cache_dir")
         # Before any weight is converted: a split that does not divide fails here.
         self.tp = TensorParallel.for_mesh(spec, ops.mesh) if ops.mesh else TensorParallel(spec, 1)
-        dev_w = load_device_weights(ops, spec, self.precision, source, cache_dir, self.tp)
+        moe = options.get("moe_dispatch", "sparse")
+        dev_w = load_device_weights(ops, spec, self.precision, source, cache_dir, self.tp, moe)
         links = options.get("ccl_links", DEFAULT_CCL_LINKS)
-        self.model = TTModel(ops, spec, dev_w, self.precision, self.tp, links)
+        self.model = TTModel(ops, spec, dev_w, self.precision, self.tp, links, moe_dispatch=moe)
         self.programs = Programs(ops)
         # Decode is always traced on a device (an eager step dispatches ~1.5-2k ops from the
         # host); prefill tracing is the ``--traced-prefill`` choice.

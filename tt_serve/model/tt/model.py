@@ -29,7 +29,15 @@ from tt_serve.model.tt.ccl import TensorParallelCCL
 from tt_serve.model.tt.gdn import KERNEL_CHUNK, GdnWeights, gdn_decode, gdn_prefill
 from tt_serve.model.tt.inputs import gdn_const_tiles, rope_tables, rotation_matrix
 from tt_serve.model.tt.layers import swiglu
-from tt_serve.model.tt.moe import ExpertGroup, MoeWeights, expert_groups, moe_forward
+from tt_serve.model.tt.moe import (
+    ExpertGroup,
+    MoeDispatch,
+    MoeWeights,
+    SparseExperts,
+    expert_groups,
+    moe_forward,
+    sparse_program_config,
+)
 from tt_serve.model.tt.ops import ROW_MAJOR, Ops, Tensor
 from tt_serve.model.tt.parallel import TensorParallel
 from tt_serve.model.tt.pools import DevicePools
@@ -74,6 +82,8 @@ class TTModel:
         precision: Precision,
         tp: TensorParallel | None = None,
         num_links: int = 1,
+        *,
+        moe_dispatch: MoeDispatch = "sparse",
     ) -> None:
         self.ops, self.spec, self.precision = ops, spec, precision
         self.tp = tp or TensorParallel(spec, 1)
@@ -87,6 +97,9 @@ class TTModel:
         self.lm_head = self._split_head(w["lm_head"], self.tp.vocab)
         widths = [int(t.shape[1]) for t in self.lm_head]
         self.head_offsets = [sum(widths[:i]) for i in range(len(widths))]
+        self.moe_dispatch = moe_dispatch
+        self._expert_configs: tuple[Any, Any] | None = None  # built with the first MoE layer
+        self._expert_select: Tensor = None  # [E, E/N] one-hot, column-sharded (a mesh only)
         self.layers = [self._layer(spec, w, i) for i in range(spec.num_layers)]
         self.rot = ops.upload(rotation_matrix(spec.head_dim, spec.rotary_dim), "bfloat16")
         self.cos_table: Tensor = None
@@ -165,17 +178,7 @@ class TTModel:
         if spec.is_moe_layer(i):
             mlp = MoeWeights(
                 router=w[p + "router"],
-                experts=tuple(
-                    ExpertGroup(
-                        w[p + f"experts.{j}.gate"],
-                        w[p + f"experts.{j}.up"],
-                        w[p + f"experts.{j}.down"],
-                        first,
-                    )
-                    for j, (first, _) in enumerate(
-                        expert_groups(spec.num_experts, spec.moe_intermediate_size)
-                    )
-                ),
+                experts=self._experts(w, p),
                 shared=(w[p + "shared.gate"], w[p + "shared.up"], w[p + "shared.down"]),
                 shared_gate=w[p + "shared_gate"],
                 top_k=spec.num_experts_per_tok,
@@ -187,6 +190,36 @@ class TTModel:
         else:
             mlp = (w[p + "mlp.gate"], w[p + "mlp.up"], w[p + "mlp.down"])
         return Layer(w[p + "input_norm"], w[p + "post_norm"], mixer, mlp, rank, k[prec.mlp])
+
+    def _experts(self, w: dict[str, Tensor], p: str) -> tuple[ExpertGroup, ...] | SparseExperts:
+        """A MoE layer's routed experts as its dispatch reads them (``moe.py``): the sparse
+        path's per-chip experts with their program configs and, on a mesh, the one-hot that
+        picks the chip's experts' routing columns; or the dense path's stacked groups."""
+        s = self.spec
+        if self.moe_dispatch == "dense":
+            groups = expert_groups(s.num_experts, s.moe_intermediate_size)
+            return tuple(
+                ExpertGroup(
+                    w[f"{p}experts.{j}.gate"],
+                    w[f"{p}experts.{j}.up"],
+                    w[f"{p}experts.{j}.down"],
+                    first,
+                )
+                for j, (first, _) in enumerate(groups)
+            )
+        if self._expert_configs is None:
+            h, inter = s.hidden_size, s.moe_intermediate_size
+            self._expert_configs = (
+                sparse_program_config(self.ops, h, 2 * inter),
+                sparse_program_config(self.ops, inter, h),
+            )
+            if self.tp.degree > 1:
+                eye = np.eye(s.num_experts, dtype=np.float32)
+                self._expert_select = self.ops.upload(eye, "bfloat16", shard_dim=-1)
+        gate_up, down = self._expert_configs
+        return SparseExperts(
+            w[p + "experts.gate_up"], w[p + "experts.down"], gate_up, down, self._expert_select
+        )
 
     def upload_rope(self, num_positions: int, dtype: str) -> None:
         """cos/sin [positions, hd] resident on the device, uploaded once (ROW_MAJOR: the
@@ -216,9 +249,13 @@ class TTModel:
             )
         return self._sdpa_prefill[block_size]
 
-    def _mlp(self, x: Tensor, layer: Layer) -> Tensor:
+    def _mlp(self, x: Tensor, layer: Layer, inp: InputBuffers) -> Tensor:
         if isinstance(layer.mlp, MoeWeights):
-            return moe_forward(self.ops, x, layer.mlp)
+            # the rows whose output is used (valid tokens, active decode rows): gate_mask's
+            # first column; the others route to no expert
+            mask = inp.gate_mask
+            rows = self.ops.slice(mask, [0, 0, 0], [1, mask.shape[1], 1]) if mask.shape[2] else None
+            return moe_forward(self.ops, x, layer.mlp, rows)
         return swiglu(self.ops, x, *layer.mlp, layer.mlp_compute)
 
     def _head(self, h: Tensor, inp: InputBuffers) -> None:
@@ -282,7 +319,7 @@ class TTModel:
             else:
                 h = attention_prefill(ops, h, layer.mixer, inp, pools.k[j], pools.v[j], rope, sdpa)
             x = ops.add(x, self.ccl.all_reduce(h))
-            mlp = self._mlp(ops.rms_norm(x, layer.post_norm, eps), layer)
+            mlp = self._mlp(ops.rms_norm(x, layer.post_norm, eps), layer, inp)
             x = ops.add(x, self.ccl.all_reduce(mlp))
         self._head(ops.matmul(inp.last_select, x, self.exact), inp)  # the last valid token only
 
@@ -305,7 +342,7 @@ class TTModel:
                     ops, h, layer.mixer, inp, pools.k[j], pools.v[j], rope, self.sdpa_decode
                 )
             x = ops.add(x, self.ccl.all_reduce(h))
-            mlp = self._mlp(ops.rms_norm(x, layer.post_norm, eps), layer)
+            mlp = self._mlp(ops.rms_norm(x, layer.post_norm, eps), layer, inp)
             x = ops.add(x, self.ccl.all_reduce(mlp))
         self._head(x, inp)
 

@@ -1,52 +1,88 @@
-"""Sparse MoE block on the device (mirrors ``ref/moe.py``): dense over the experts, batched.
+"""MoE block on the device (mirrors ``ref/moe.py``): routing, the routed experts, the shared
+expert. Two expert paths, chosen by ``MoeDispatch`` (a backend option, default ``sparse``):
 
-Routing stays on the device: softmax, ``topk``, and a dense [N, E] weight that is the routed
-probability on each token's top-k experts and 0 elsewhere (optionally renormalised). Every
-expert then runs on every token and is weighted by its column: exact and trace-friendly (no
-data-dependent shapes), at the cost of computing the unrouted experts. This is the dense path;
-a sparse top-k dispatch (gathering each expert's tokens) is a later issue.
+**sparse** (the default): only the routed experts are read and computed, with
+``ttnn.sparse_matmul`` in its scan mode, as tt-metal's MoE models call it
+(models/demos/gpt_oss/tt/experts_throughput/decode.py, the qwen3_6_a3b per-tile path): the
+tokens go in blocks of at most 32 rows (a decode batch is one block, a 256-token prefill chunk
+eight), and a block computes expert e when some row of the block routes to it. Per layer:
 
-The experts run as a few batched ops per layer, whatever the expert count, in a transposed
-orientation (tokens in the last dim) so that the weights need no broadcast copy of x:
+* routing replicated on every chip: softmax, ``topk``, the routed weight [1, N, E] (0 off each
+  token's top-k and on masked rows: idle decode rows and bucket padding route nowhere);
+* on a mesh the chip's own experts' columns, by a one-hot [E, E/N] matmul (exact: one non-zero
+  term); per block the union of its rows' experts as the sparsity tensor [1, G, 1, E_c] (the
+  sum of the block's routed weights, bf16 ROW_MAJOR);
+* gate and up fused: ``x [1, G, rows, H] x W [1, E_c, H, 2I]`` (A dense, B sparse) ->
+  [1, G, 1, E_c, rows, 2I]; ``h = silu(gate) * up * r`` with r the (expert, row) weight;
+* down: ``h [G, E_c, rows, I] x D [1, E_c, I, H]`` (A sparse, B dense) -> [G, E_c, rows, H],
+  summed over the experts.
+
+Skipped (block, expert) entries are zero-filled by the op (0.81.1: "skipped positions are
+zero-filled", tt-metal PR #36714) and their weight is 0, so the sum is exact. ``nnz`` stays None
+(the op counts the non-zero entries on the device): a static count must equal
+``count_nonzero(sparsity)`` or the device hangs (#45943), and the union varies step to step, so
+nothing here is data-dependent on the host and the programs replay as traces. The compact and
+indexed (``indices``) outputs of 0.81.1 need a static active count and are not used.
+
+Expert placement on a 1 x N mesh: chip c holds the whole experts [c·E/N, (c+1)·E/N) (gate_up
+and down sharded on the expert dim, ``parallel.py``), the router is replicated, and each chip
+computes its local experts for the tokens routed to them. Its output is a partial sum over the
+experts, added to the shared expert's partial sum (column/row parallel) and reduced by the
+layer's one ``ccl.TensorParallelCCL.all_reduce``, as every other row-parallel projection. Not
+``all_to_all_dispatch`` / ``all_to_all_combine``: the residual stream is already replicated
+(every chip holds every token, so there is nothing to dispatch), tt-metal #23687 reports
+``all_to_all_dispatch`` hanging under trace on T3K, and their outputs carry garbage rows that a
+replicated reduction does not need; the all-reduce is the trace-safe pair of experimental CCLs
+this stack already uses.
+
+**dense** (the reference, kept for tests): every expert on every token, weighted by its column
+of the routing weights, in a transposed orientation (tokens in the last dim) so the stacked
+weights need no broadcast copy of x:
 
 * ``xT = x^T`` [1, 1, H, N] and ``rT`` = the routing weights as [1, E, 1, N];
 * per group of G experts (:func:`expert_groups`), gate and up ``W [1, G, I, H] @ xT`` ->
   [1, G, I, N]: ttnn's batch-broadcast matmul (B's batch is 1, "BCMK*11KN=BCMN",
   ``limits.matmul``); ``h = silu(gate) * up * rT`` (row broadcast over I);
 * down ``D [1, 1, H, G·I] @ h [1, 1, G·I, N]`` -> [1, 1, H, N], where D holds the experts'
-  down projections side by side and ``h`` is the [1, G, I, N] tensor viewed as [G·I, N]: the
-  sum over the experts happens in the matmul's K accumulation (unrouted experts add exact
-  zeros), so no [E, N, H] intermediate exists;
+  down projections side by side: the sum over the experts happens in the matmul's K
+  accumulation (unrouted experts add exact zeros);
 * the groups' outputs are added, transposed back to [1, N, H].
 
-Groups bound the activations: one group's [G·I, N] tensor is EXPERT_GROUP_ROWS rows, so a
-256-token prefill chunk holds 16 MiB per tensor (Qwen3.6-35B-A3B: 4 groups of 64 experts).
-Ops per layer: ~15 for routing, transposes and shared expert, ~9 per group.
+Groups bound the activations: one group's [G·I, N] tensor is EXPERT_GROUP_ROWS rows. On a mesh
+the dense path splits every expert by its intermediate dim instead of placing experts.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from tt_serve.model.tt.layers import swiglu
 from tt_serve.model.tt.ops import Ops, Tensor
 
-# Rows (experts x intermediate) of one group's matmuls: bounds each expert activation to
+MoeDispatch = Literal["sparse", "dense"]
+DISPATCHES: tuple[MoeDispatch, ...] = ("sparse", "dense")
+
+# Rows (experts x intermediate) of one dense group's matmuls: bounds each expert activation to
 # 64 KiB per token in bf16 (2 MiB at a 32-row decode, 16 MiB at a 256-token prefill chunk).
 EXPERT_GROUP_ROWS = 32768
+# Rows of one sparse block: a tile height, so a block is one M tile of the sparse matmuls.
+BLOCK_ROWS = 32
+# K tiles per in0 block of the sparse matmuls (at most; a divisor of Kt): the qwen3_6_a3b port
+# measured fewer K-block handshakes as faster, and 8 divides both K of Qwen3.6 (64 and 16 tiles).
+IN0_BLOCK_TILES = 8
 
 
 def expert_groups(num_experts: int, intermediate: int) -> list[tuple[int, int]]:
-    """[first, end) expert ranges of the stacked-weight groups: as many whole experts as fit
-    in EXPERT_GROUP_ROWS rows (at least one), the last group possibly smaller."""
+    """[first, end) expert ranges of the dense path's stacked-weight groups: as many whole
+    experts as fit in EXPERT_GROUP_ROWS rows (at least one), the last group possibly smaller."""
     size = max(1, EXPERT_GROUP_ROWS // max(intermediate, 1))
     return [(a, min(num_experts, a + size)) for a in range(0, num_experts, size)]
 
 
 @dataclass(frozen=True)
 class ExpertGroup:
-    """Stacked weights of experts [first, first + count)."""
+    """Dense path: stacked weights of experts [first, first + count)."""
 
     gate: Tensor  # [1, G, I, H] (the checkpoint's [out, in] orientation: the matmul's A)
     up: Tensor  # [1, G, I, H]
@@ -59,20 +95,47 @@ class ExpertGroup:
 
 
 @dataclass(frozen=True)
+class SparseExperts:
+    """Sparse path: this chip's experts in sparse_matmul's B layout [1, E_c, in, out]."""
+
+    gate_up: Tensor  # [1, E_c, H, 2I]: columns [0, I) gate, [I, 2I) up
+    down: Tensor  # [1, E_c, I, H]
+    gate_up_config: Any  # 1D multicast program configs (sparse_program_config)
+    down_config: Any
+    select: Tensor | None = None  # [E, E_c] one-hot of this chip's experts (None: all experts)
+
+
+@dataclass(frozen=True)
 class MoeWeights:
     router: Tensor  # [H, E]
-    experts: tuple[ExpertGroup, ...]
+    experts: tuple[ExpertGroup, ...] | SparseExperts
     shared: tuple[Tensor, Tensor, Tensor]
     shared_gate: Tensor  # [H, 1]
     top_k: int
     norm_topk_prob: bool
     compute: Any = None  # expert matmuls (fidelity of the experts' dtype)
     shared_compute: Any = None  # shared expert (the MLP dtype)
-    exact: Any = None  # router and shared gate (bf16 weights)
+    exact: Any = None  # router, shared gate and the one-hot expert selection (bf16 weights)
 
 
-def _routing(ops: Ops, x: Tensor, w: MoeWeights) -> Tensor:
-    """x [1, N, H] -> the routing weights [1, N, E] (0 off each token's top-k), bf16."""
+def sparse_program_config(ops: Ops, k: int, n: int) -> Any:
+    """The 1D multicast config (in0 multicast, one 32-row M tile) of a sparse matmul with
+    K = ``k`` and N = ``n``: the N tiles spread over the grid's cores, in0 blocks of the
+    largest divisor of Kt up to IN0_BLOCK_TILES."""
+    gx, gy = ops.worker_grid()
+    kt, nt = -(-k // 32), -(-n // 32)
+    per_core_n = -(-nt // min(nt, gx * gy))
+    cores = -(-nt // per_core_n)
+    x = min(gx, cores)
+    in0 = max(d for d in range(1, min(kt, IN0_BLOCK_TILES) + 1) if kt % d == 0)
+    return ops.matmul_1d_config(
+        cores=(x, -(-cores // x)), in0_block_w=in0, per_core_m=1, per_core_n=per_core_n
+    )
+
+
+def _routing(ops: Ops, x: Tensor, w: MoeWeights, rows: Tensor | None) -> Tensor:
+    """x [1, N, H] -> the routing weights [1, N, E] (0 off each token's top-k, and on the rows
+    where ``rows`` [1, N, 1] is 0), bf16."""
     n = x.shape[1]
     probs = ops.softmax(ops.typecast(ops.linear(x, w.router, w.exact), "float32"))  # [1, N, E]
     top_v, _ = ops.topk(probs, w.top_k)
@@ -80,29 +143,89 @@ def _routing(ops: Ops, x: Tensor, w: MoeWeights) -> Tensor:
     routed = ops.mul(probs, ops.ge(probs, kth))
     if w.norm_topk_prob:
         routed = ops.mul(routed, ops.reciprocal(ops.sum(top_v, -1)))
+    if rows is not None:
+        routed = ops.mul(routed, rows)
     return ops.typecast(routed, "bfloat16")
 
 
-def moe_forward(ops: Ops, x: Tensor, w: MoeWeights) -> Tensor:
-    """x [1, N, H] -> [1, N, H]."""
+def moe_forward(ops: Ops, x: Tensor, w: MoeWeights, rows: Tensor | None = None) -> Tensor:
+    """x [1, N, H] -> [1, N, H]. ``rows`` [1, N, 1] float32: 1 on the rows whose output is used
+    (the others get the shared expert only; the sparse path then computes no expert for them)."""
+    routed = _routing(ops, x, w, rows)
+    if isinstance(w.experts, SparseExperts):
+        routed_out = _sparse_experts(ops, x, routed, w.experts, w)
+    else:
+        routed_out = _dense_experts(ops, x, routed, w.experts, w.compute)
+    shared = swiglu(ops, x, *w.shared, w.shared_compute)
+    shared = ops.mul(shared, ops.sigmoid(ops.linear(x, w.shared_gate, w.exact)))
+    return ops.add(routed_out, shared)
+
+
+def _block_rows(n: int) -> int:
+    """Rows per sparse block: the largest divisor of ``n`` up to BLOCK_ROWS (a 256-token chunk
+    is 8 blocks of 32, a decode batch of <= 32 rows one block)."""
+    return max(d for d in range(1, min(n, BLOCK_ROWS) + 1) if n % d == 0)
+
+
+def _sparse_experts(ops: Ops, x: Tensor, routed: Tensor, e: SparseExperts, w: MoeWeights) -> Tensor:
+    """The routed experts of this chip, only where routed: x [1, N, H], routed [1, N, E] ->
+    [1, N, H] (a partial sum over the chip's experts on a mesh)."""
     n, hidden = x.shape[1], x.shape[2]
-    routed = _routing(ops, x, w)
+    if e.select is not None:
+        routed = ops.matmul(routed, e.select, w.exact, dtype="bfloat16")  # [1, N, E_c]
+    local, inter = routed.shape[2], e.down.shape[2]
+    rows = _block_rows(n)
+    blocks = n // rows
+    r = ops.reshape(routed, [1, blocks, rows, local])
+    # a block computes expert e when some row routes to it: the sum of non-negative weights
+    sparsity = ops.to_row_major(ops.typecast(ops.sum(r, 2), "bfloat16"))  # [1, G, 1, E_c]
+    xb = ops.reshape(x, [1, blocks, rows, hidden])
+    gu = ops.sparse_matmul(
+        xb,
+        e.gate_up,
+        sparsity,
+        program_config=e.gate_up_config,
+        a_sparse=False,
+        b_sparse=True,
+        compute_config=w.compute,
+        dtype="bfloat16",
+    )  # [1, G, 1, E_c, rows, 2I]
+    gu = ops.reshape(gu, [blocks, local, rows, 2 * inter])
+    gate = ops.slice(gu, [0, 0, 0, 0], [blocks, local, rows, inter])
+    up = ops.slice(gu, [0, 0, 0, inter], [blocks, local, rows, 2 * inter])
+    weight = ops.permute(r, [1, 3, 2, 0])  # [G, E_c, rows, 1]
+    h = ops.mul(ops.mul(ops.silu(gate), up), weight)
+    y = ops.sparse_matmul(
+        h,
+        e.down,
+        ops.reshape(sparsity, [1, 1, blocks, local]),
+        program_config=e.down_config,
+        a_sparse=True,
+        b_sparse=False,
+        compute_config=w.compute,
+        dtype="bfloat16",
+    )  # [G, E_c, rows, H]
+    return ops.reshape(ops.sum(y, 1), [1, n, hidden])
+
+
+def _dense_experts(
+    ops: Ops, x: Tensor, routed: Tensor, groups: tuple[ExpertGroup, ...], compute: Any
+) -> Tensor:
+    """Every expert on every token, weighted: x [1, N, H], routed [1, N, E] -> [1, N, H]."""
+    n, hidden = x.shape[1], x.shape[2]
     num_experts = routed.shape[2]
     r_t = ops.permute(ops.reshape(routed, [1, 1, n, num_experts]), [0, 3, 1, 2])  # [1, E, 1, N]
     x_t = ops.permute(ops.reshape(x, [1, 1, n, hidden]), [0, 1, 3, 2])  # [1, 1, H, N]
     out = None
-    for g in w.experts:
+    for g in groups:
         r = r_t
-        if len(w.experts) > 1:
+        if len(groups) > 1:
             r = ops.slice(r_t, [0, g.first, 0, 0], [1, g.first + g.count, 1, n])
-        gate = ops.matmul(g.gate, x_t, w.compute, dtype="bfloat16")  # [1, G, I, N]
-        up = ops.matmul(g.up, x_t, w.compute, dtype="bfloat16")
+        gate = ops.matmul(g.gate, x_t, compute, dtype="bfloat16")  # [1, G, I, N]
+        up = ops.matmul(g.up, x_t, compute, dtype="bfloat16")
         h = ops.mul(ops.mul(ops.silu(gate), up), r)
         h = ops.reshape(h, [1, 1, g.count * h.shape[2], n])  # a view: I is tile-aligned
-        y = ops.matmul(g.down, h, w.compute, dtype="bfloat16")  # [1, 1, H, N]
+        y = ops.matmul(g.down, h, compute, dtype="bfloat16")  # [1, 1, H, N]
         out = y if out is None else ops.add(out, y)
     assert out is not None
-    routed_out = ops.reshape(ops.permute(out, [0, 1, 3, 2]), [1, n, hidden])
-    shared = swiglu(ops, x, *w.shared, w.shared_compute)
-    shared = ops.mul(shared, ops.sigmoid(ops.linear(x, w.shared_gate, w.exact)))
-    return ops.add(routed_out, shared)
+    return ops.reshape(ops.permute(out, [0, 1, 3, 2]), [1, n, hidden])

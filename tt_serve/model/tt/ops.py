@@ -115,6 +115,11 @@ class Ops:
         grid = self.device.compute_with_storage_grid_size()
         return int(grid.x) * int(grid.y)
 
+    def worker_grid(self) -> tuple[int, int]:
+        """(x, y) of the compute-with-storage grid (program configs pick their cores in it)."""
+        grid = self.device.compute_with_storage_grid_size()
+        return int(grid.x), int(grid.y)
+
     def synchronize(self) -> None:
         self.ttnn.synchronize_device(self.device)
 
@@ -320,6 +325,54 @@ class Ops:
         default, which is wrong when a is a block-float weight)."""
         out_dtype = self.dtype(dtype) if dtype is not None else None
         return self.ttnn.matmul(a, b, compute_kernel_config=compute_config, dtype=out_dtype)
+
+    def matmul_1d_config(
+        self, *, cores: tuple[int, int], in0_block_w: int, per_core_m: int, per_core_n: int
+    ) -> Any:
+        """A 1D multicast program config with in0 multicast (the one config sparse_matmul
+        takes): ``cores`` (x, y) of the grid, 1x1 output subblocks, one output block per core."""
+        t = self.ttnn
+        return t.MatmulMultiCoreReuseMultiCast1DProgramConfig(
+            compute_with_storage_grid_size=t.CoreCoord(cores[0], cores[1]),
+            in0_block_w=in0_block_w,
+            out_subblock_h=1,
+            out_subblock_w=1,
+            out_block_h=1,
+            out_block_w=1,
+            per_core_M=per_core_m,
+            per_core_N=per_core_n,
+            fuse_batch=False,
+            fused_activation=None,
+            mcast_in0=True,
+        )
+
+    def sparse_matmul(
+        self,
+        a: Tensor,
+        b: Tensor,
+        sparsity: Tensor,
+        *,
+        program_config: Any,
+        a_sparse: bool,
+        b_sparse: bool,
+        compute_config: Any = None,
+        dtype: str | None = None,
+    ) -> Tensor:
+        """Batched a @ b computed only where ``sparsity`` (bf16 ROW_MAJOR, rank 4) is non-zero,
+        zeros elsewhere (ttnn's mode table: ``limits.sparse_matmul``). ``nnz`` stays None: the
+        op counts the non-zero entries on the device, so a trace replays with any routing."""
+        out_dtype = self.dtype(dtype) if dtype is not None else None
+        return self.ttnn.sparse_matmul(
+            a,
+            b,
+            sparsity=sparsity,
+            program_config=program_config,
+            nnz=None,
+            is_input_a_sparse=a_sparse,
+            is_input_b_sparse=b_sparse,
+            compute_kernel_config=compute_config,
+            dtype=out_dtype,
+        )
 
     def rms_norm(self, x: Tensor, weight: Tensor, eps: float) -> Tensor:
         return self.ttnn.rms_norm(x, epsilon=eps, weight=weight)

@@ -10,8 +10,9 @@ tp_common.py ``shard_w``, models/tt_transformers/tt/attention.py and mlp.py):
 * GDN: key and value heads column-parallel (chip c holds value heads [c·hv/N, ...) and the key
   heads they read, so the conv channels, conv taps, gates and recurrent state split with them),
   out_proj row-parallel;
-* MLP, shared expert: gate/up column-parallel, down row-parallel; routed experts split by their
-  intermediate dim (every chip holds every expert's 1/N slice; the dense stacked-expert path);
+* MLP, shared expert: gate/up column-parallel, down row-parallel; routed experts placed whole,
+  chip c holding experts [c·E/N, (c+1)·E/N) (the sparse path, ``moe.py``: gate_up and down split
+  on the expert dim; the dense reference path splits every expert by its intermediate dim);
 * LM head by vocabulary (column-parallel); embedding, norms and the router replicated.
 
 A row-parallel projection leaves partial sums on every chip; ``ccl.TensorParallelCCL.all_reduce``
@@ -76,7 +77,8 @@ class TensorParallel:
         need(s.hidden_size % (TILE * n) == 0, f"hidden {s.hidden_size} % (32 x {n})")
         need(s.vocab_size % n == 0, f"vocab {s.vocab_size} % {n}")
         if s.num_experts:
-            inter = s.moe_intermediate_size
+            need(s.num_experts % n == 0, f"experts {s.num_experts} % {n} (whole experts per chip)")
+            inter = s.moe_intermediate_size  # the dense reference path splits each expert by it
             need(inter % (TILE * n) == 0, f"expert intermediate {inter} % (32 x {n})")
             shared = s.shared_expert_intermediate_size
             need(shared % (TILE * n) == 0, f"shared expert intermediate {shared} % (32 x {n})")
@@ -175,6 +177,8 @@ class TensorParallel:
                 out[name] = _take(hw, np.concatenate(cols), -1, -1)
             elif key.startswith("tap"):
                 out[name] = _take(hw, np.concatenate(self._gdn_qkv_cols()), -1, -1)
+            elif key in ("experts.gate_up", "experts.down"):
+                out[name] = dataclasses.replace(hw, shard_dim=1)  # [1, E, in, out]: by expert
             elif key.startswith("experts.") and key.endswith((".gate", ".up")):
                 out[name] = dataclasses.replace(hw, shard_dim=2)  # [1, G, I, H]: by I
             elif key.startswith("experts.") and key.endswith(".down"):

@@ -4,8 +4,9 @@ Canonical checkpoint tensors (``model/weights.py``) become host ttnn tensors lai
 device ops want them: linear weights transposed to [in, out] TILE in the group's precision, the
 attention q projection split into its query and gate halves, Qwen RMSNorm weights stored as
 ``1 + w``, GDN conv taps as four [1, 1, 1, C] vectors (oldest first), the gate constants
-``dt_bias`` and ``-exp(A_log)`` in fp32, embeddings ROW_MAJOR, MoE experts stacked per group
-(:func:`stacked_experts`). The numpy layout step is separate
+``dt_bias`` and ``-exp(A_log)`` in fp32, embeddings ROW_MAJOR, MoE experts in sparse_matmul's
+[1, E, in, out] layout (:func:`sparse_experts`; the dense reference path stacks them per group,
+:func:`stacked_experts`). The numpy layout step is separate
 from the ttnn step so that ``tests/tt_host`` can check it against the real ``ttnn.Tensor``.
 
 The cache folder holds one ``.tensorbin`` per tensor (``ttnn.dump_tensor``) and a manifest keyed
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tt_serve.model.spec import FULL_ATTENTION, ModelSpec
-from tt_serve.model.tt.moe import expert_groups
+from tt_serve.model.tt.moe import MoeDispatch, expert_groups
 from tt_serve.model.tt.ops import ROW_MAJOR, TILE, Ops, Tensor
 from tt_serve.model.tt.precision import Precision
 
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 
     from tt_serve.model.tt.parallel import TensorParallel
 
-FORMAT_VERSION = 3  # 3: stacked expert groups (tt/moe.py)
+FORMAT_VERSION = 4  # 3: stacked expert groups (tt/moe.py); 4: the sparse expert layout
 CACHE_ENV = "TT_SERVE_TTNN_WEIGHT_CACHE"
 
 
@@ -112,9 +113,13 @@ def conv_taps(conv: np.ndarray) -> list[np.ndarray]:
 
 
 def layout_weights(
-    spec: ModelSpec, w: dict[str, np.ndarray], precision: Precision
+    spec: ModelSpec,
+    w: dict[str, np.ndarray],
+    precision: Precision,
+    moe_dispatch: MoeDispatch = "sparse",
 ) -> dict[str, HostWeight]:
-    """Canonical float32 arrays -> device layouts (pure numpy)."""
+    """Canonical float32 arrays -> device layouts (pure numpy); MoE experts as
+    ``moe_dispatch``'s path reads them."""
     p = precision
     out: dict[str, HostWeight] = {
         "embed": HostWeight(w["embed_tokens.weight"], "bfloat16", ROW_MAJOR),
@@ -163,7 +168,7 @@ def layout_weights(
             out[L + "neg_a"] = HostWeight(neg_a, "float32", TILE)
         m = s + "mlp."
         if spec.is_moe_layer(i):
-            _moe(out, w, m, L, spec, p)
+            _moe(out, w, m, L, spec, p, moe_dispatch)
         else:
             for n in ("gate", "up", "down"):
                 lin(L + f"mlp.{n}", m + f"{n}_proj.weight", p.mlp)
@@ -190,6 +195,19 @@ def stacked_experts(
     return gate, up, cat
 
 
+def sparse_experts(gate_up: np.ndarray, down: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The fused checkpoint tensors (gate_up [E, 2I, H], down [E, H, I]) as sparse_matmul's B
+    operands ([in, out] per expert): gate_up [1, E, H, 2I] (columns [0, I) gate, [I, 2I) up) and
+    down [1, E, I, H]; on a mesh both split on the expert dim (whole experts per chip)."""
+    e, two_i, h = gate_up.shape
+    if is_shape_only(gate_up):
+        return shape_only_array((1, e, h, two_i)), shape_only_array((1, e, two_i // 2, h))
+    return (
+        np.ascontiguousarray(gate_up.transpose(0, 2, 1))[None],
+        np.ascontiguousarray(down.transpose(0, 2, 1))[None],
+    )
+
+
 def _moe(
     out: dict[str, HostWeight],
     w: dict[str, np.ndarray],
@@ -197,11 +215,18 @@ def _moe(
     L: str,
     spec: ModelSpec,
     p: Precision,
+    moe_dispatch: MoeDispatch,
 ) -> None:
     inter = spec.moe_intermediate_size
     out[L + "router"] = HostWeight(linear_t(w[m + "gate.weight"]), "bfloat16", TILE)
     gate_up, down = w[m + "experts.gate_up_proj"], w[m + "experts.down_proj"]
-    for j, (first, end) in enumerate(expert_groups(spec.num_experts, inter)):
+    if moe_dispatch == "sparse":
+        gu, dn = sparse_experts(gate_up, down)
+        out[L + "experts.gate_up"] = HostWeight(gu, p.experts, TILE)
+        out[L + "experts.down"] = HostWeight(dn, p.experts, TILE)
+    for j, (first, end) in enumerate(
+        expert_groups(spec.num_experts, inter) if moe_dispatch == "dense" else []
+    ):
         gate, up, cat = stacked_experts(gate_up, down, first, end, inter)
         out[L + f"experts.{j}.gate"] = HostWeight(gate, p.experts, TILE)
         out[L + f"experts.{j}.up"] = HostWeight(up, p.experts, TILE)
@@ -218,8 +243,10 @@ def to_numpy(weights: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
     return {n: t.detach().float().cpu().numpy() for n, t in weights.items()}
 
 
-def cache_key(spec: ModelSpec, precision: Precision) -> str:
+def cache_key(spec: ModelSpec, precision: Precision, moe_dispatch: MoeDispatch = "sparse") -> str:
     text = f"v{FORMAT_VERSION}|{spec.model_id}|{spec.num_layers}|{precision.key()}"
+    if spec.num_experts:
+        text += f"|moe={moe_dispatch}"
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
@@ -235,20 +262,21 @@ def load_device_weights(
     source: Callable[[], dict[str, np.ndarray]],
     cache_dir: Path | None,
     tp: TensorParallel | None = None,
+    moe_dispatch: MoeDispatch = "sparse",
 ) -> dict[str, Tensor]:
     """Device weights from the cache when its key matches, else converted from ``source()``
     (and written to the cache when a folder is given). With ``tp`` (a mesh) each weight is
     replicated or sharded as ``parallel.py`` lays it out; the cache is not used there yet (its
     files hold one chip's tensors, and ``as_tensor``'s cache key ignores the mapper)."""
     if tp is not None and tp.degree > 1:
-        laid = tp.layout(layout_weights(spec, source(), precision))
+        laid = tp.layout(layout_weights(spec, source(), precision, moe_dispatch))
         return {
             n: ops.zeros(shard_shape(hw.array.shape, hw.shard_dim, tp.degree), hw.dtype, hw.layout)
             if is_shape_only(hw.array)
             else ops.upload(hw.array, hw.dtype, hw.layout, shard_dim=hw.shard_dim)
             for n, hw in laid.items()
         }
-    key = cache_key(spec, precision)
+    key = cache_key(spec, precision, moe_dispatch)
     folder = cache_dir / key if cache_dir is not None else None
     manifest = folder / "manifest.json" if folder is not None else None
     if manifest is not None and manifest.exists():
@@ -258,7 +286,7 @@ def load_device_weights(
             return {
                 n: ops.load_tensor(folder / f"{i}.tensorbin") for i, n in enumerate(meta["names"])
             }
-    laid = layout_weights(spec, source(), precision)
+    laid = layout_weights(spec, source(), precision, moe_dispatch)
     if any(is_shape_only(hw.array) for hw in laid.values()):
         # Shape-only weights (planning): allocate device tensors of the same shape, dtype and
         # layout, with no host data; the cache is not written.
