@@ -224,7 +224,9 @@ class TorchBackend:
             sampled = [j for j, r in enumerate(rows) if r.sample]
             if not sampled:
                 return
-            last = plan.last_tokens[torch.tensor(sampled, device=self.device)]
+            last = plan.last_tokens
+            if len(sampled) < len(rows):
+                last = torch.arange(hidden.shape[0], device=self.device)[last][sampled]
             logits = self.model.logits(hidden[last])  # [R, vocab] fp32
             picked = [n for n, j in enumerate(sampled) if not rows[j].want_logits]
             host = [n for n, j in enumerate(sampled) if rows[j].want_logits]
@@ -234,7 +236,9 @@ class TorchBackend:
                 for m, n in enumerate(host):
                     out.logits[idx[sampled[n]]] = host_logits[m]
             if picked:
-                g = logits[torch.tensor(picked, device=self.device)]
+                g = logits
+                if len(picked) < len(sampled):
+                    g = logits[torch.tensor(picked, device=self.device)]
                 chosen = pick_on_device(g, [rows[sampled[n]] for n in picked])
                 for n, tok in zip(picked, chosen.tolist(), strict=True):
                     out.token_ids[idx[sampled[n]]] = int(tok)

@@ -148,8 +148,10 @@ def gdn_forward(
         conv_state[sp.slot] = full[:, full.shape[1] - (kconv - 1) :]
         mixed[sp.offset : sp.offset + sp.n] = F.silu(out).T
     if plan.num_decode:
-        full = torch.cat([conv_state[plan.dec_slots], qkv[plan.dec_tokens].float()[..., None]], -1)
-        conv_state[plan.dec_slots] = full[..., 1:]
+        slots = plan.dec_slots
+        history = conv_state.index_select(0, slots)
+        full = torch.cat([history, qkv[plan.dec_tokens].float()[..., None]], -1)
+        conv_state.index_copy_(0, slots, full[..., 1:])
         mixed[plan.dec_tokens] = F.silu((full * w.conv).sum(-1))
 
     q, k, v = split_heads(mixed, w)
@@ -160,9 +162,10 @@ def gdn_forward(
             q[r], k[r], v[r], g[r], beta[r], rec_state[sp.slot]
         )
     if plan.num_decode:
-        d = plan.dec_tokens
-        core[d], rec_state[plan.dec_slots] = recurrent_gated_delta_step(
-            q[d], k[d], v[d], g[d], beta[d], rec_state[plan.dec_slots]
+        d, slots = plan.dec_tokens, plan.dec_slots
+        core[d], state = recurrent_gated_delta_step(
+            q[d], k[d], v[d], g[d], beta[d], rec_state.index_select(0, slots)
         )
+        rec_state.index_copy_(0, slots, state)
 
     return gated_output(core, z, w, x.dtype)

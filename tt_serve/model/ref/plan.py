@@ -27,11 +27,13 @@ class StepPlan:
     kv_blocks: torch.Tensor  # [T] physical block each token's K/V is written to
     kv_offsets: torch.Tensor  # [T] offset inside that block
     spans: tuple[RowSpan, ...]  # rows with more than one token, run one by one
-    dec_tokens: torch.Tensor  # [B] batch offsets of single-token rows, run together
+    # [B] batch offsets of single-token rows, run together: a slice when they are contiguous
+    # (every decode-only step), so the layers take views rather than gathered copies
+    dec_tokens: torch.Tensor | slice
     dec_slots: torch.Tensor  # [B] their GDN state slots
     dec_tables: torch.Tensor  # [B, W] their block tables, cut to the longest row's blocks
     dec_lens: torch.Tensor  # [B] their end positions (attention length)
-    last_tokens: torch.Tensor  # [R] batch offset of every row's last token
+    last_tokens: torch.Tensor | slice  # [R] batch offset of every row's last token (ditto)
 
     @staticmethod
     def build(batch: StepBatch, block_size: int, device: torch.device) -> StepPlan:
@@ -73,21 +75,27 @@ class StepPlan:
         def lt(v: list[int]) -> torch.Tensor:
             return torch.tensor(v, dtype=torch.long, device=device)
 
+        def offsets(v: list[int]) -> torch.Tensor | slice:
+            start = v[0] if v else 0
+            if v == list(range(start, start + len(v))):
+                return slice(start, start + len(v))
+            return lt(v)
+
         return StepPlan(
             token_ids=lt(ids),
             positions=lt(pos),
             kv_blocks=lt(blocks),
             kv_offsets=lt([q % block_size for q in pos]),
             spans=tuple(spans),
-            dec_tokens=lt(dec_tok),
+            dec_tokens=offsets(dec_tok),
             dec_slots=lt(dec_slot),
             dec_tables=torch.tensor(padded, dtype=torch.long, device=device).reshape(
                 len(dec_tab), width
             ),
             dec_lens=lt(dec_len),
-            last_tokens=lt(last),
+            last_tokens=offsets(last),
         )
 
     @property
     def num_decode(self) -> int:
-        return int(self.dec_tokens.shape[0])
+        return int(self.dec_slots.shape[0])
