@@ -111,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     arms["on"].generate([[a.token_range[0]] * 8], SamplingParams(max_tokens=2))  # warm-up
     arms["off"].generate([[a.token_range[0]] * 8], SamplingParams(max_tokens=2))
+    # The checkpoint by its folder name: a ledger line names no path of the machine it ran on.
     params = {k: v for k, v in vars(a).items() if k not in ("ledger",)}
+    params["model"] = Path(a.model).name
     prov = {"git": git_info(), "machine": machine_info(), "params": params}
     rounds = []
     Path(a.ledger).parent.mkdir(parents=True, exist_ok=True)

@@ -56,8 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.model is None:
         from tt_serve.demo import ensure_demo_model
 
-        a.model = ensure_demo_model()
-    spec = ModelSpec.from_hf_dir(a.model)
+        spec = ModelSpec.from_hf_dir(ensure_demo_model())
+    else:
+        spec = ModelSpec.from_hf_dir(a.model)
     gen = torch.Generator().manual_seed(0)
     if not packs(torch.empty(1, 1)):
         print("this torch has no oneDNN packed linear on the CPU: Linear is F.linear here")
@@ -96,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         a.ledger,
         "linear_kernels",
         params={
-            k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items() if k != "ledger"
+            **{k: v for k, v in vars(a).items() if k not in ("ledger", "model")},
+            "model": a.model.name if a.model else "demo",
         },
         threads=torch.get_num_threads(),
         results_ms=results,

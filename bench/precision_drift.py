@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         "speed": {k: {m: float(np.median(v)) for m, v in s.items()} for k, s in speed.items()},
     }
     print(json.dumps(results, indent=1))
-    params = {k: str(v) for k, v in vars(a).items() if k != "ledger"} | {"model": str(path)}
+    params = {k: str(v) for k, v in vars(a).items() if k != "ledger"} | {"model": path.name}
     append_ledger(a.ledger, "precision_drift", params=params, results=results)
     return 0
 
