@@ -51,9 +51,10 @@ def chunk_gated_delta(
     """
     t = q.shape[0]
     pad = (-t) % chunk
-    # Zero padding (k = v = β = g = 0) leaves the state untouched.
-    q, k, v = (F.pad(x, (0, 0, 0, 0, 0, pad)).transpose(0, 1) for x in (q, k, v))
-    g, beta = (F.pad(x, (0, 0, 0, pad)).transpose(0, 1) for x in (g, beta))
+    if pad:  # zero padding (k = v = β = g = 0) leaves the state untouched
+        q, k, v = (F.pad(x, (0, 0, 0, 0, 0, pad)) for x in (q, k, v))
+        g, beta = (F.pad(x, (0, 0, 0, pad)) for x in (g, beta))
+    q, k, v, g, beta = (x.transpose(0, 1) for x in (q, k, v, g, beta))
     h, n = q.shape[0], (t + pad) // chunk
     q, k, v = (x.reshape(h, n, chunk, x.shape[-1]) for x in (q, k, v))
     g, beta = g.reshape(h, n, chunk), beta.reshape(h, n, chunk)
