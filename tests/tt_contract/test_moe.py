@@ -1,6 +1,7 @@
-"""The stacked-experts MoE block (``tt/moe.py``): exact against the dense formula whatever the
-grouping, a fixed op count per layer whatever the expert count, the matmul batch rules it relies
-on, and a real-size shape-only plan of Qwen3.6-35B-A3B."""
+"""The MoE block's dense reference path (``tt/moe.py``, stacked experts): exact against the dense
+formula whatever the grouping, a fixed op count per layer whatever the expert count, the matmul
+batch rules it relies on; and a real-size shape-only plan of Qwen3.6-35B-A3B (the default sparse
+path). The sparse path's own tests are in test_moe_sparse.py."""
 
 from __future__ import annotations
 

@@ -56,8 +56,8 @@ def test_qwen36_27b_does_not_fit_one_p150_but_the_smallest_mesh_does(spec27: Mod
 
 @pytest.mark.parametrize(("device", "precision"), [("p150x4", "bfloat16"), ("t3k", "mixed")])
 def test_qwen36_35b_a3b_tensor_parallel(spec35: ModelSpec, device: str, precision: str) -> None:
-    """Experts split by their intermediate dim (512 / N per chip); on the T3K's 12 GB Wormhole
-    chips with bfp8 weights (16 heads / 2 KV heads: KV replicated over 4 chips each)."""
+    """Whole experts per chip (256 / N, the sparse path); on the T3K's 12 GB Wormhole chips
+    with bfp8 weights (16 heads / 2 KV heads: KV replicated over 4 chips each)."""
     req = planner.PlanRequest(
         device=device,
         precision=precision,
@@ -70,6 +70,11 @@ def test_qwen36_35b_a3b_tensor_parallel(spec35: ModelSpec, device: str, precisio
     dev = device_spec(device)
     assert p.chips == dev.num_chips and p.dram_peak < dev.chip.dram_bytes
     assert p.trace_needed <= p.trace_configured
+    # 40 layers x 256 / N experts x 3 x 2048 x 512 parameters per chip, in the profile's tiles
+    # (the DRAM budget rounds each tensor up to whole pages per bank: 13 KB a layer on WH)
+    tile = {"bfloat16": 2048, "mixed": 1088}[precision]
+    experts = 40 * 256 // dev.num_chips * 3 * 2048 * 512 // 1024 * tile
+    assert abs(p.weights["experts"] - experts) < 1e-3 * experts
 
 
 def test_a_split_that_does_not_divide_is_the_plan_verdict(spec27: ModelSpec) -> None:

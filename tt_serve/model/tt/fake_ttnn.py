@@ -1455,7 +1455,9 @@ class FakeTTNN:
                 full, keep = ad @ bd, (sd[0, 0] != 0)[..., None, None]
             return torch.where(keep, full, torch.zeros(()))
 
-        return self._single("sparse_matmul", [a, b, s], fn, dtype or a.dtype)
+        assert program_config is not None  # limits.sparse_matmul refuses None
+        cores = program_config.grid[0] * program_config.grid[1]
+        return self._single("sparse_matmul", [a, b, s], fn, dtype or a.dtype, cores=cores)
 
 
 def _tiles(shape: Sequence[int]) -> int:
