@@ -20,7 +20,7 @@ from tt_serve.model.tt.fake_ttnn import P150, ContractViolation, FakeTTNN
 from tt_serve.model.tt.limits import DeviceLimitError, Matmul1DConfig, TensorInfo
 from tt_serve.model.tt.ops import ROW_MAJOR, Ops
 from tt_serve.model.tt.precision import Precision
-from tt_serve.model.tt.weights import sparse_experts
+from tt_serve.model.tt.weights import layout_weights, shape_only_weights, sparse_experts
 
 EXPERTS = 8
 
@@ -263,3 +263,14 @@ def test_block_float_experts(moe_dir: Path, profile: str) -> None:
     layer = be.model.layers[0].mlp
     assert isinstance(layer, moe.MoeWeights) and isinstance(layer.experts, moe.SparseExperts)
     assert layer.experts.gate_up.dtype.value == layer.experts.down.dtype.value == prec.experts
+
+
+def test_unknown_dispatch_is_refused(moe_dir: Path) -> None:
+    spec = ModelSpec.from_hf_dir(moe_dir)
+    with pytest.raises(ValueError, match="moe_dispatch"):
+        layout_weights(spec, shape_only_weights(spec), Precision(), "topk")  # type: ignore[arg-type]
+    sparse = layout_weights(spec, shape_only_weights(spec), Precision())
+    assert sparse["0.experts.gate_up"].array.shape == (1, 8, spec.hidden_size, 256)
+    assert not any(".experts.0." in n for n in sparse)
+    dense = layout_weights(spec, shape_only_weights(spec), Precision(), "dense")
+    assert "0.experts.0.gate" in dense and "0.experts.gate_up" not in dense

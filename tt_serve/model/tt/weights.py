@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tt_serve.model.spec import FULL_ATTENTION, ModelSpec
-from tt_serve.model.tt.moe import MoeDispatch, expert_groups
+from tt_serve.model.tt.moe import DISPATCHES, MoeDispatch, expert_groups
 from tt_serve.model.tt.ops import ROW_MAJOR, TILE, Ops, Tensor
 from tt_serve.model.tt.precision import Precision
 
@@ -120,6 +120,8 @@ def layout_weights(
 ) -> dict[str, HostWeight]:
     """Canonical float32 arrays -> device layouts (pure numpy); MoE experts as
     ``moe_dispatch``'s path reads them."""
+    if moe_dispatch not in DISPATCHES:
+        raise ValueError(f"moe_dispatch={moe_dispatch!r}; choose one of {DISPATCHES}")
     p = precision
     out: dict[str, HostWeight] = {
         "embed": HostWeight(w["embed_tokens.weight"], "bfloat16", ROW_MAJOR),
