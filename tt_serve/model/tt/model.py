@@ -36,7 +36,6 @@ from tt_serve.model.tt.moe import (
     SparseExperts,
     expert_groups,
     moe_forward,
-    sparse_program_config,
 )
 from tt_serve.model.tt.ops import ROW_MAJOR, Ops, Tensor
 from tt_serve.model.tt.parallel import TensorParallel
@@ -98,7 +97,6 @@ class TTModel:
         widths = [int(t.shape[1]) for t in self.lm_head]
         self.head_offsets = [sum(widths[:i]) for i in range(len(widths))]
         self.moe_dispatch = moe_dispatch
-        self._expert_configs: tuple[Any, Any] | None = None  # built with the first MoE layer
         self._expert_select: Tensor = None  # [E, E/N] one-hot, column-sharded (a mesh only)
         self.layers = [self._layer(spec, w, i) for i in range(spec.num_layers)]
         self.rot = ops.upload(rotation_matrix(spec.head_dim, spec.rotary_dim), "bfloat16")
@@ -193,8 +191,8 @@ class TTModel:
 
     def _experts(self, w: dict[str, Tensor], p: str) -> tuple[ExpertGroup, ...] | SparseExperts:
         """A MoE layer's routed experts as its dispatch reads them (``moe.py``): the sparse
-        path's per-chip experts with their program configs and, on a mesh, the one-hot that
-        picks the chip's experts' routing columns; or the dense path's stacked groups."""
+        path's per-chip experts and, on a mesh, the one-hot that picks the chip's experts'
+        routing columns (uploaded once for every layer); or the dense path's stacked groups."""
         s = self.spec
         if self.moe_dispatch == "dense":
             groups = expert_groups(s.num_experts, s.moe_intermediate_size)
@@ -207,19 +205,10 @@ class TTModel:
                 )
                 for j, (first, _) in enumerate(groups)
             )
-        if self._expert_configs is None:
-            h, inter = s.hidden_size, s.moe_intermediate_size
-            self._expert_configs = (
-                sparse_program_config(self.ops, h, 2 * inter),
-                sparse_program_config(self.ops, inter, h),
-            )
-            if self.tp.degree > 1:
-                eye = np.eye(s.num_experts, dtype=np.float32)
-                self._expert_select = self.ops.upload(eye, "bfloat16", shard_dim=-1)
-        gate_up, down = self._expert_configs
-        return SparseExperts(
-            w[p + "experts.gate_up"], w[p + "experts.down"], gate_up, down, self._expert_select
-        )
+        if self.tp.degree > 1 and self._expert_select is None:
+            eye = np.eye(s.num_experts, dtype=np.float32)
+            self._expert_select = self.ops.upload(eye, "bfloat16", shard_dim=-1)
+        return SparseExperts(w[p + "experts.gate_up"], w[p + "experts.down"], self._expert_select)
 
     def upload_rope(self, num_positions: int, dtype: str) -> None:
         """cos/sin [positions, hd] resident on the device, uploaded once (ROW_MAJOR: the

@@ -4,8 +4,9 @@ expert. Two expert paths, chosen by ``MoeDispatch`` (a backend option, default `
 **sparse** (the default): only the routed experts are read and computed, with
 ``ttnn.sparse_matmul`` in its scan mode, as tt-metal's MoE models call it
 (models/demos/gpt_oss/tt/experts_throughput/decode.py, the qwen3_6_a3b per-tile path): the
-tokens go in blocks of at most 32 rows (a decode batch is one block, a 256-token prefill chunk
-eight), and a block computes expert e when some row of the block routes to it. Per layer:
+tokens go in blocks of at most BLOCK_ROWS = 256 rows (a decode batch and a prefill chunk of up to
+256 tokens are one block), and a block computes expert e when some row of the block routes to
+it. Per layer:
 
 * routing replicated on every chip: softmax, ``topk``, the routed weight [1, N, E] (0 off each
   token's top-k and on masked rows: idle decode rows and bucket padding route nowhere);
@@ -66,10 +67,14 @@ DISPATCHES: tuple[MoeDispatch, ...] = ("sparse", "dense")
 # Rows (experts x intermediate) of one dense group's matmuls: bounds each expert activation to
 # 64 KiB per token in bf16 (2 MiB at a 32-row decode, 16 MiB at a 256-token prefill chunk).
 EXPERT_GROUP_ROWS = 32768
-# Rows of one sparse block: a tile height, so a block is one M tile of the sparse matmuls.
-BLOCK_ROWS = 32
-# K tiles per in0 block of the sparse matmuls (at most; a divisor of Kt): the qwen3_6_a3b port
-# measured fewer K-block handshakes as faster, and 8 divides both K of Qwen3.6 (64 and 16 tiles).
+# Rows of one sparse block. A block reads each of its experts' weights once, so one block per
+# call reads no more than the dense path does (a 256-token chunk routes to nearly every expert:
+# 256 x (1 - (1 - 8/256)^256) ~ 256 of Qwen3.6's 256), where 32-row blocks would read each expert
+# once per block (~1300 expert reads for 256 tokens); it is capped so a block's A rows stay one
+# modest L1 block per core (8 M tiles; a longer chunk splits into 256-row blocks).
+BLOCK_ROWS = 256
+# K tiles of one core's in0 block (at most; a divisor of Kt): the qwen3_6_a3b port measured fewer K-block handshakes as faster, and 8 divides both K of
+# Qwen3.6 (64 and 16 tiles).
 IN0_BLOCK_TILES = 8
 
 
@@ -100,8 +105,6 @@ class SparseExperts:
 
     gate_up: Tensor  # [1, E_c, H, 2I]: columns [0, I) gate, [I, 2I) up
     down: Tensor  # [1, E_c, I, H]
-    gate_up_config: Any  # 1D multicast program configs (sparse_program_config)
-    down_config: Any
     select: Tensor | None = None  # [E, E_c] one-hot of this chip's experts (None: all experts)
 
 
@@ -118,18 +121,18 @@ class MoeWeights:
     exact: Any = None  # router, shared gate and the one-hot expert selection (bf16 weights)
 
 
-def sparse_program_config(ops: Ops, k: int, n: int) -> Any:
-    """The 1D multicast config (in0 multicast, one 32-row M tile) of a sparse matmul with
-    K = ``k`` and N = ``n``: the N tiles spread over the grid's cores, in0 blocks of the
-    largest divisor of Kt up to IN0_BLOCK_TILES."""
+def sparse_program_config(ops: Ops, m: int, k: int, n: int) -> Any:
+    """The 1D multicast config (in0 multicast) of a sparse matmul of [m, k] x [k, n] blocks: all
+    M tiles on each core, the N tiles spread over the grid's cores, in0 blocks of the largest
+    divisor of Kt up to IN0_BLOCK_TILES."""
     gx, gy = ops.worker_grid()
-    kt, nt = -(-k // 32), -(-n // 32)
+    mt, kt, nt = -(-m // 32), -(-k // 32), -(-n // 32)
     per_core_n = -(-nt // min(nt, gx * gy))
     cores = -(-nt // per_core_n)
     x = min(gx, cores)
     in0 = max(d for d in range(1, min(kt, IN0_BLOCK_TILES) + 1) if kt % d == 0)
     return ops.matmul_1d_config(
-        cores=(x, -(-cores // x)), in0_block_w=in0, per_core_m=1, per_core_n=per_core_n
+        cores=(x, -(-cores // x)), in0_block_w=in0, per_core_m=mt, per_core_n=per_core_n
     )
 
 
@@ -162,8 +165,8 @@ def moe_forward(ops: Ops, x: Tensor, w: MoeWeights, rows: Tensor | None = None) 
 
 
 def _block_rows(n: int) -> int:
-    """Rows per sparse block: the largest divisor of ``n`` up to BLOCK_ROWS (a 256-token chunk
-    is 8 blocks of 32, a decode batch of <= 32 rows one block)."""
+    """Rows per sparse block: the largest divisor of ``n`` up to BLOCK_ROWS (a decode batch or a
+    chunk of up to 256 tokens is one block, a 2048-token chunk 8 blocks of 256)."""
     return max(d for d in range(1, min(n, BLOCK_ROWS) + 1) if n % d == 0)
 
 
@@ -175,6 +178,8 @@ def _sparse_experts(ops: Ops, x: Tensor, routed: Tensor, e: SparseExperts, w: Mo
         routed = ops.matmul(routed, e.select, w.exact, dtype="bfloat16")  # [1, N, E_c]
     local, inter = routed.shape[2], e.down.shape[2]
     rows = _block_rows(n)
+    gate_up_config = sparse_program_config(ops, rows, hidden, 2 * inter)
+    down_config = sparse_program_config(ops, rows, inter, hidden)
     blocks = n // rows
     r = ops.reshape(routed, [1, blocks, rows, local])
     # a block computes expert e when some row routes to it: the sum of non-negative weights
@@ -184,7 +189,7 @@ def _sparse_experts(ops: Ops, x: Tensor, routed: Tensor, e: SparseExperts, w: Mo
         xb,
         e.gate_up,
         sparsity,
-        program_config=e.gate_up_config,
+        program_config=gate_up_config,
         a_sparse=False,
         b_sparse=True,
         compute_config=w.compute,
@@ -199,7 +204,7 @@ def _sparse_experts(ops: Ops, x: Tensor, routed: Tensor, e: SparseExperts, w: Mo
         h,
         e.down,
         ops.reshape(sparsity, [1, 1, blocks, local]),
-        program_config=e.down_config,
+        program_config=down_config,
         a_sparse=True,
         b_sparse=False,
         compute_config=w.compute,
