@@ -274,3 +274,38 @@ def test_unknown_dispatch_is_refused(moe_dir: Path) -> None:
     assert not any(".experts.0." in n for n in sparse)
     dense = layout_weights(spec, shape_only_weights(spec), Precision(), "dense")
     assert "0.experts.0.gate" in dense and "0.experts.gate_up" not in dense
+
+
+def test_shape_only_real_size_layer_charges_the_expanded_outputs() -> None:
+    """One Qwen3.6-35B-A3B MoE layer on a 256-token chunk in the planner's shape-only fake
+    (bfp4 experts): the rules pass at real size, each sparse matmul scans the 256 experts and
+    reads 576-B bfp4 tiles per expert, and the DRAM peak holds the expanded outputs (128 MiB of
+    gate/up and 256 MiB of down projections, bf16)."""
+    hidden, inter, experts, tokens = 2048, 512, 256, 256
+    fake = FakeTTNN(shape_only=True)
+    ops = Ops(fake)
+    ops.open_device(0, trace_region_size=1 << 20, l1_small_size=0)
+
+    def z(*shape: int, dtype: str = "bfloat16") -> object:
+        return ops.zeros(shape, dtype)
+
+    w = moe.MoeWeights(
+        router=z(hidden, experts),
+        experts=moe.SparseExperts(
+            z(1, experts, hidden, 2 * inter, dtype="bfloat4_b"),
+            z(1, experts, inter, hidden, dtype="bfloat4_b"),
+        ),
+        shared=(z(hidden, inter), z(hidden, inter), z(inter, hidden)),
+        shared_gate=z(hidden, 1),
+        top_k=8,
+        norm_topk_prob=True,
+    )
+    before = fake.dram.used_per_bank * fake.dram.banks
+    out = moe.moe_forward(ops, z(1, tokens, hidden), w)
+    assert out.shape == (1, tokens, hidden)
+    (gu, active_gu), (down, active_down) = fake.sparse_matmul_work
+    assert active_gu is None and active_down is None  # shape-only: the routing is unknown
+    assert gu.batches == down.batches == experts
+    assert gu.b_batch_bytes == (hidden // 32) * (2 * inter // 32) * 576
+    peak = fake.dram_peak_per_bank * fake.dram.banks - before
+    assert peak > (128 + 256) << 20

@@ -23,7 +23,10 @@ zero-filled", tt-metal PR #36714) and their weight is 0, so the sum is exact. ``
 (the op counts the non-zero entries on the device): a static count must equal
 ``count_nonzero(sparsity)`` or the device hangs (#45943), and the union varies step to step, so
 nothing here is data-dependent on the host and the programs replay as traces. The compact and
-indexed (``indices``) outputs of 0.81.1 need a static active count and are not used.
+indexed (``indices``) outputs of 0.81.1 need a static active count and are not used. The cost
+is the expanded outputs: a 256-token chunk of Qwen3.6-35B-A3B allocates [1, 1, 1, 256, 256, 1024]
+(128 MiB bf16) and [1, 256, 256, 2048] (256 MiB) on one chip, a quarter of that on 1 x 4 (the
+planner's shape-only run charges them).
 
 Expert placement on a 1 x N mesh: chip c holds the whole experts [c·E/N, (c+1)·E/N) (gate_up
 and down sharded on the expert dim, ``parallel.py``), the router is replicated, and each chip
