@@ -180,8 +180,10 @@ in
     device = opt types.str d.device "torch backend device: cpu, cuda or cuda:N.";
     deviceIds = opt (types.listOf types.int) d.deviceIds "Tenstorrent device ids (ttnn), opened as one mesh.";
     mesh = opt types.str d.mesh ''
-      ttnn: the mesh shape "ROWSxCOLS" the deviceIds form ("1x2" on N300, "1x4" on 4xP150,
-      "1x8" or "2x4" on T3K, "8x4" on Galaxy); "": 1 x the number of deviceIds.
+      ttnn: the mesh shape "ROWSxCOLS" the deviceIds form, in row-major order ("1x2" on N300,
+      "1x4" on 4xP150, "1x8" or "2x4" on T3K, "8x4" on Galaxy; on a 2-D mesh the heads split
+      over the columns and every projection also over the rows; MoE models run on 1xN meshes
+      only); "": 1 x the number of deviceIds.
     '';
     dtype = opt (types.enum [ "auto" "float32" "bfloat16" ]) d.dtype ''
       Compute dtype: auto = float32 for torch on the CPU, bfloat16 elsewhere. float32 is

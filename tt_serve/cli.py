@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from tt_serve.model.spec import ModelSpec
+    from tt_serve.model.tt.devices import DeviceSpec
     from tt_serve.model.tt.planner import PlanRequest
 
 
@@ -143,6 +144,19 @@ def _plan_smallest(spec: ModelSpec, req: PlanRequest, candidates: list[str]) -> 
     return 3
 
 
+def _plan_mesh(text: str, dev: DeviceSpec) -> tuple[int, int]:
+    """``--mesh ROWSxCOLS`` for ``dev``: one of the shapes tt-metal opens it as."""
+    from tt_serve.config import parse_mesh
+
+    mesh = parse_mesh(text)
+    if mesh is None:
+        raise ValueError(f'--mesh must be "ROWSxCOLS", e.g. "2x4" (got "{text}")')
+    if mesh not in dev.meshes:
+        shapes = ", ".join(f"{r}x{c}" for r, c in dev.meshes)
+        raise ValueError(f"{dev.name} opens as {shapes}, not {text}")
+    return mesh
+
+
 def _plan(argv: Sequence[str]) -> int:
     from tt_serve.config import DEFAULT_BATCH, PRECISIONS, ServeConfig
     from tt_serve.model.published import SIZES
@@ -187,9 +201,18 @@ def _plan(argv: Sequence[str]) -> int:
         help="plan on each device of the list in order (smallest first, e.g. "
         "p150,p300,p150x4,p150x8) and print the plan of the first that fits (overrides --device)",
     )
+    p.add_argument(
+        "--mesh",
+        default="",
+        metavar="ROWSxCOLS",
+        help="the mesh to open the device as (default: its own, e.g. 1x8 on t3k, 8x4 on "
+        "galaxy); one tt-metal opens it as too, e.g. 2x4 on t3k",
+    )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--ops", default=None, help="write every ttnn call as JSON lines to FILE")
     a = p.parse_args(argv)
+
+    from dataclasses import replace
 
     from tt_serve.model.tt import planner
 
@@ -210,6 +233,8 @@ def _plan(argv: Sequence[str]) -> int:
         candidates = a.smallest.split(",") if a.smallest else [a.device]
         for name in candidates:
             planner.device_spec(name)
+        if a.mesh:
+            req = replace(req, mesh=_plan_mesh(a.mesh, planner.device_spec(a.device)))
     except (FileNotFoundError, ValueError, KeyError) as exc:
         print(f"tt-serve plan: error: {exc}", file=sys.stderr)
         return 2

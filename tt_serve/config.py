@@ -28,6 +28,10 @@ NIX_PREFIX = "services.tenstorrent-serving"
 BACKENDS = ("torch", "ttnn")
 DTYPES = ("auto", "float32", "bfloat16")
 PRECISIONS = ("auto", "bfloat16", "mixed", "bfp4-mlp")
+# Mesh sides tensor parallel opens (tt-metal's MESH_DEVICE shapes: (1, 2), (1, 4), (1, 8), (2, 4)
+# on T3K, (8, 4) / (4, 8) on Galaxy); the model's own splits are checked at startup
+# (model/tt/parallel.py).
+MESH_SIDES = (1, 2, 4, 8)
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "random")
 """sglang-router 0.3.2 policies the module offers (docs/routing.md says why cache_aware)."""
@@ -298,9 +302,14 @@ def validate(cfg: ServeConfig) -> list[str]:
             f'{len(cfg.device_ids)} ("{ids}"): give one device id per chip.',
         ),
         (
-            not ttnn or mesh is None or mesh[0] == 1,
-            f'{p}.mesh = "{cfg.mesh}" is a 2-D mesh; tensor parallel runs on 1xN meshes '
-            '(e.g. "1x8" on T3K, "1x4" on 4xP150); 2-D meshes (Galaxy) are not built yet.',
+            not ttnn or mesh is None or (mesh[0] in MESH_SIDES and mesh[1] in MESH_SIDES),
+            f'{p}.mesh = "{cfg.mesh}": each side must be 1, 2, 4 or 8 (the shapes tt-metal '
+            "opens: 1x2, 1x4, 1x8, 2x4, 8x4, 4x8; heads and tile widths split by powers of two).",
+        ),
+        (
+            not ttnn or mesh is None or mesh[0] == 1 or mesh[1] > 1,
+            f'{p}.mesh = "{cfg.mesh}" puts the chips in one column; tensor parallel splits the '
+            f'heads over the columns: use "1x{chips}".',
         ),
         (
             cfg.dtype in DTYPES,

@@ -30,8 +30,10 @@ let
     (map (i: { name = toString i; value = true; }) l))) == builtins.length l;
   pc = cfg.prefixCaching;
   meshMatch = if cfg.mesh == "" then null else builtins.match "([1-9][0-9]*)x([1-9][0-9]*)" cfg.mesh;
-  chips = if meshMatch == null then 0
-    else builtins.fromJSON (builtins.elemAt meshMatch 0) * builtins.fromJSON (builtins.elemAt meshMatch 1);
+  meshRows = if meshMatch == null then 0 else builtins.fromJSON (builtins.elemAt meshMatch 0);
+  meshCols = if meshMatch == null then 0 else builtins.fromJSON (builtins.elemAt meshMatch 1);
+  chips = meshRows * meshCols;
+  meshSides = [ 1 2 4 8 ]; # tt_serve.config.MESH_SIDES
 
   rule = assertion: message: { inherit assertion message; };
 
@@ -60,8 +62,10 @@ in
     "${p}.mesh shapes a Tenstorrent mesh; it needs ${p}.backend = \"ttnn\" (got backend ${cfg.backend}).")
   (rule (!ttnn || meshMatch == null || chips == builtins.length cfg.deviceIds)
     "${p}.mesh = \"${cfg.mesh}\" has ${s chips} chips but ${p}.deviceIds names ${s (builtins.length cfg.deviceIds)} (\"${ids}\"): give one device id per chip.")
-  (rule (!ttnn || meshMatch == null || builtins.elemAt meshMatch 0 == "1")
-    "${p}.mesh = \"${cfg.mesh}\" is a 2-D mesh; tensor parallel runs on 1xN meshes (e.g. \"1x8\" on T3K, \"1x4\" on 4xP150); 2-D meshes (Galaxy) are not built yet.")
+  (rule (!ttnn || meshMatch == null || (elem meshRows meshSides && elem meshCols meshSides))
+    "${p}.mesh = \"${cfg.mesh}\": each side must be 1, 2, 4 or 8 (the shapes tt-metal opens: 1x2, 1x4, 1x8, 2x4, 8x4, 4x8; heads and tile widths split by powers of two).")
+  (rule (!ttnn || meshMatch == null || meshRows == 1 || meshCols > 1)
+    "${p}.mesh = \"${cfg.mesh}\" puts the chips in one column; tensor parallel splits the heads over the columns: use \"1x${s chips}\".")
   (rule (elem cfg.dtype dtypes)
     "${p}.dtype must be one of auto, float32, bfloat16 (got ${cfg.dtype}).")
   (rule (!ttnn || cfg.dtype != "float32")

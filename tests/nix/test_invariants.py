@@ -33,7 +33,14 @@ TRUTH_TABLE: list[tuple[str, dict[str, Any], bool]] = [
     ("mesh-size-mismatch", {**TTNN, "mesh": "1x2"}, False),
     ("mesh-1x4", {**TTNN, "mesh": "1x4", "deviceIds": [0, 1, 2, 3]}, True),
     ("mesh-default-four-ids", {**TTNN, "deviceIds": [0, 1, 2, 3]}, True),
-    ("mesh-2d", {**TTNN, "mesh": "2x4", "deviceIds": list(range(8))}, False),
+    ("mesh-2d", {**TTNN, "mesh": "2x4", "deviceIds": list(range(8))}, True),
+    ("mesh-galaxy-8x4", {**TTNN, "mesh": "8x4", "deviceIds": list(range(32))}, True),
+    ("mesh-bh-galaxy-4x8", {**TTNN, "mesh": "4x8", "deviceIds": list(range(32))}, True),
+    ("mesh-2x2", {**TTNN, "mesh": "2x2", "deviceIds": list(range(4))}, True),
+    ("mesh-side-3", {**TTNN, "mesh": "2x3", "deviceIds": list(range(6))}, False),
+    ("mesh-side-16", {**TTNN, "mesh": "1x16", "deviceIds": list(range(16))}, False),
+    ("mesh-one-column", {**TTNN, "mesh": "4x1", "deviceIds": list(range(4))}, False),
+    ("mesh-2d-size-mismatch", {**TTNN, "mesh": "2x4", "deviceIds": list(range(4))}, False),
     ("ttnn-batch-32", {**TTNN, "maxBatchSize": 32}, True),
     ("ttnn-batch-33", {**TTNN, "maxBatchSize": 33}, False),
     ("ttnn-batch-0", {**TTNN, "maxBatchSize": 0}, True),
@@ -250,9 +257,18 @@ NEW_RULE_MESSAGES = {
         f"{P}.instances must give each worker one device on a CUDA {P}.device "
         '(got backend torch, device cuda; got "0,1").'
     ],
-    "mesh-2d": [
-        f'{P}.mesh = "2x4" is a 2-D mesh; tensor parallel runs on 1xN meshes (e.g. "1x8" on '
-        'T3K, "1x4" on 4xP150); 2-D meshes (Galaxy) are not built yet.'
+    "mesh-2d": [],
+    "mesh-side-3": [
+        f'{P}.mesh = "2x3": each side must be 1, 2, 4 or 8 (the shapes tt-metal opens: 1x2, '
+        "1x4, 1x8, 2x4, 8x4, 4x8; heads and tile widths split by powers of two)."
+    ],
+    "mesh-one-column": [
+        f'{P}.mesh = "4x1" puts the chips in one column; tensor parallel splits the heads over '
+        'the columns: use "1x4".'
+    ],
+    "mesh-2d-size-mismatch": [
+        f'{P}.mesh = "2x4" has 8 chips but {P}.deviceIds names 4 ("0,1,2,3"): give one device '
+        "id per chip."
     ],
     "mesh-size-mismatch": [
         f'{P}.mesh = "1x2" has 2 chips but {P}.deviceIds names 1 ("0"): give one device id '

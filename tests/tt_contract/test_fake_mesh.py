@@ -1,4 +1,5 @@
-"""The mesh fake: distribution, per-chip memory, CCL semantics and one test per CCL rule."""
+"""The mesh fake: distribution (1-D and 2-D mappers), per-chip memory, CCL semantics per
+``cluster_axis`` on 1 x N and 2-D meshes, and one test per CCL rule."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from tt_serve.model.tt.fake_ttnn import ContractViolation
 from tt_serve.model.tt.ops import Ops
 
 
-def mesh_ops(n: int = 4, **kw: Any) -> Ops:
+def mesh_ops(n: int = 4, rows: int = 1, **kw: Any) -> Ops:
+    """An open ``rows`` x ``n / rows`` mesh of the fake."""
     ops = Ops(FakeMeshTTNN(num_devices=n, **kw))
-    ops.open_mesh((1, n), trace_region_size=1 << 20, l1_small_size=0)
+    ops.open_mesh((rows, n // rows), trace_region_size=1 << 20, l1_small_size=0)
     return ops
 
 
@@ -24,12 +26,18 @@ def sems(ops: Ops, k: int) -> list[GlobalSemaphore]:
 
 def gather(ops: Ops, x: Any, dim: int = -1, k: int = 2, **kw: Any) -> Any:
     kw.setdefault("num_links", 1)
+    kw.setdefault("cluster_axis", 1)
     return ops.all_gather(x, dim, semaphores=sems(ops, k), barrier=ops.global_semaphore(), **kw)
 
 
-def scatter(ops: Ops, x: Any, dim: int = -1, k: int = 3) -> Any:
+def scatter(ops: Ops, x: Any, dim: int = -1, k: int = 3, axis: int = 1) -> Any:
     return ops.reduce_scatter(
-        x, dim, semaphores=sems(ops, k), barrier=ops.global_semaphore(), num_links=1
+        x,
+        dim,
+        cluster_axis=axis,
+        semaphores=sems(ops, k),
+        barrier=ops.global_semaphore(),
+        num_links=1,
     )
 
 
@@ -102,7 +110,7 @@ def test_ccl_replays_inside_a_mesh_trace() -> None:
     s, b = sems(ops, 2), ops.global_semaphore()
 
     def program() -> None:
-        ops.copy(ops.all_gather(x, -1, semaphores=s, barrier=b, num_links=1), out)
+        ops.copy(ops.all_gather(x, -1, cluster_axis=1, semaphores=s, barrier=b, num_links=1), out)
 
     program()
     tid = ops.begin_trace()
@@ -172,14 +180,15 @@ def test_trace_rules_for_ccls() -> None:
     ops = mesh_ops(2)
     x = ops.upload(np.zeros((1, 32, 1), np.float32), "float32")
     s, b = sems(ops, 2), ops.global_semaphore()
-    ops.all_gather(x, -1, semaphores=s, barrier=b, num_links=1)  # eager: allowed
-    ops.all_gather(x, 0, semaphores=s, barrier=b, num_links=1)
+    kw = {"semaphores": s, "barrier": b, "num_links": 1, "cluster_axis": 1}
+    ops.all_gather(x, -1, **kw)  # eager: allowed
+    ops.all_gather(x, 0, **kw)
     tid = ops.begin_trace()
     with pytest.raises(ContractViolation, match=r"\[host_io\]"):
         ops.global_semaphore()
     with pytest.raises(ContractViolation, match=r"\[all_gather_async.composite\]"):
-        ops.all_gather(x, -1, semaphores=s, barrier=b, num_links=1)
-    ops.all_gather(x, 0, semaphores=s, barrier=b, num_links=1)  # dim 0: not padded
+        ops.all_gather(x, -1, **kw)
+    ops.all_gather(x, 0, **kw)  # dim 0: not padded
     ops.end_trace(tid)
 
 
@@ -206,3 +215,106 @@ def test_injected_fault_hits_one_chip_after_the_ones_before_it() -> None:
     chips = ops.ttnn.get_device_tensors(pool)
     assert chips[0].buffer.data[0].sum() == 32 * 32 and chips[1].buffer.data[0].sum() == 0
     ops.fill_row(pool, row, 0)  # the fault fires once
+
+
+# ---- 2-D meshes ------------------------------------------------------------------------------
+
+
+def test_2d_mapper_shards_in_mesh_coordinate_order() -> None:
+    """``ShardTensor2dMesh(dims=(0, 1))`` on 2 x 4: chip (r, c) gets block (r, c), row-major;
+    (None, 1) replicates over the rows; the 1-D mapper goes row-major over all 8 chips; a dim
+    on both axes or an uneven 2-D split is refused (distributed_tensor.cpp)."""
+    ops = mesh_ops(8, rows=2)
+    t = ops.ttnn
+    a = np.arange(64 * 128, dtype=np.float32).reshape(64, 128)
+    two = t.Tensor(a, mesh_mapper=t.ShardTensor2dMesh(ops.device, (2, 4), dims=(0, 1)))
+    for i, shard in enumerate(t.get_device_tensors(two)):
+        r, c = divmod(i, 4)
+        np.testing.assert_array_equal(
+            shard.to_numpy(), a[32 * r : 32 * r + 32, 32 * c : 32 * c + 32]
+        )
+    cols = t.get_device_tensors(ops.host(a, "float32", mesh_dims=(None, -1)))
+    for i, shard in enumerate(cols):
+        np.testing.assert_array_equal(shard.to_numpy(), a[:, 32 * (i % 4) : 32 * (i % 4) + 32])
+    flat = t.get_device_tensors(ops.host(a, "float32", shard_dim=-1))
+    for i, shard in enumerate(flat):
+        np.testing.assert_array_equal(shard.to_numpy(), a[:, 16 * i : 16 * i + 16])
+    with pytest.raises(ContractViolation, match="dims must be unique"):
+        ops.host(a, "float32", mesh_dims=(1, -1))
+    with pytest.raises(ContractViolation, match="ND sharding requires"):
+        ops.host(np.zeros((6, 128), np.float32), "float32", mesh_dims=(None, 0))
+
+
+def _chip_blocks(rows: int, cols: int, shape: tuple[int, ...], seed: int) -> np.ndarray:
+    """Different data on every chip: [rows, cols, *shape]."""
+    return np.random.default_rng(seed).standard_normal((rows, cols, *shape)).astype(np.float32)
+
+
+def _per_chip(ops: Ops, blocks: np.ndarray) -> Any:
+    """A mesh tensor whose chip (r, c) holds ``blocks[r, c]``."""
+    whole = np.concatenate([np.concatenate(list(row), -1) for row in blocks], -2)
+    return ops.upload(whole, "float32", mesh_dims=(-2, -1))
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_2d_ccls_run_independently_on_each_line_of_the_axis(axis: int) -> None:
+    """On 2 x 4, ``cluster_axis`` 1 gathers / reduces within each row (4 chips), 0 within each
+    column (2 chips); the other axis's lines never mix (numpy reference per chip)."""
+    rows, cols = 2, 4
+    ops = mesh_ops(8, rows=rows)
+    blocks = _chip_blocks(rows, cols, (32, 128), seed=axis)
+    x = _per_chip(ops, blocks)
+    assert x.shape == (32, 128)
+    g = ops.ttnn.get_device_tensors(gather(ops, x, cluster_axis=axis))
+    rs = ops.ttnn.get_device_tensors(scatter(ops, x, axis=axis))
+    n = (rows, cols)[axis]
+    for i in range(rows * cols):
+        r, c = divmod(i, cols)
+        line = [blocks[r, k] for k in range(cols)] if axis else [blocks[k, c] for k in range(rows)]
+        np.testing.assert_array_equal(g[i].buffer.data.numpy(), np.concatenate(line, -1))
+        k = c if axis else r  # this chip's place on its line
+        want = np.split(np.sum(line, 0), n, -1)[k]
+        np.testing.assert_allclose(rs[i].buffer.data.numpy(), want, rtol=1e-6, atol=1e-6)
+
+
+def test_ccl_without_cluster_axis_on_a_2d_mesh_needs_a_2d_fabric() -> None:
+    """The line is the whole mesh only on a 2-D fabric (the vllm-tt-plugin fabric tests:
+    all_gather without cluster_axis on a non-degenerate 2-D mesh asserts a 2-D fabric); on a
+    1 x N mesh no cluster_axis is needed."""
+    ops = mesh_ops(8, rows=2)
+    x = ops.upload(np.zeros((1, 32, 256), np.float32), "bfloat16", shard_dim=-1)
+    with pytest.raises(ContractViolation, match=r"\[ccl.cluster_axis\].*needs a 2-D fabric"):
+        gather(ops, x, cluster_axis=None)
+    line = mesh_ops(4)
+    y = line.upload(np.zeros((1, 32, 256), np.float32), "bfloat16", shard_dim=-1)
+    assert gather(line, y, cluster_axis=None).shape == (1, 32, 256)
+
+
+def test_2d_links_and_ring_topology_are_per_axis() -> None:
+    """Galaxy-like links (4, 3) per axis (tt_transformers get_num_links TG): 4 links pass on
+    axis 0 and fail on axis 1. Ring needs a ring fabric and an axis that wraps around."""
+    ops = mesh_ops(8, rows=2, max_links=(4, 3))
+    x = ops.upload(np.zeros((1, 32, 256), np.float32), "bfloat16", shard_dim=-1)
+    gather(ops, x, cluster_axis=0, num_links=4)
+    with pytest.raises(ContractViolation, match=r"\[all_gather_async.num_links\]"):
+        gather(ops, x, cluster_axis=1, num_links=4)
+    fake = FakeMeshTTNN(num_devices=8, ring_axes=(1,))
+    ring = Ops(fake)
+    fake.set_fabric_config(fake.FabricConfig.FABRIC_1D_RING)
+    ring.device = fake.open_mesh_device(MeshShape(2, 4))
+    ring.mesh = (2, 4)
+    y = ring.upload(np.zeros((1, 32, 256), np.float32), "bfloat16", shard_dim=-1)
+
+    def ring_gather(axis: int) -> Any:
+        return fake.experimental.all_gather_async(
+            y,
+            dim=-1,
+            multi_device_global_semaphore=sems(ring, 2),
+            num_links=1,
+            cluster_axis=axis,
+            topology=fake.Topology.Ring,
+        )
+
+    assert ring_gather(1).shape == (1, 32, 128)
+    with pytest.raises(ContractViolation, match=r"\[ccl.topology\].*do not wrap around"):
+        ring_gather(0)

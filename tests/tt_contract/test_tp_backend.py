@@ -1,6 +1,7 @@
-"""The tt backend tensor-parallel on a fake 1 x 2 and 1 x 4 mesh (``FakeMeshTTNN``, numeric
-mode): the torch backend's tokens, warm == cold, pipelined == synchronous, device draws and
-logits as on one chip, and a state restore that fails on one chip fails the hit cleanly."""
+"""The tt backend tensor-parallel on a fake 1 x 2 and 1 x 4 mesh and on the 2-D 2 x 2 and
+2 x 4 meshes (``FakeMeshTTNN``, numeric mode): the torch backend's tokens, warm == cold,
+pipelined == synchronous, device draws and logits as on one chip, and a state restore that fails
+on one chip fails the hit cleanly."""
 
 from __future__ import annotations
 
@@ -14,9 +15,25 @@ from tests.tt_contract import harness as h
 from tt_serve.model.interface import RowSampling, StateCopy, StepBatch, StepRow
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.backend import StateCopyError
+from tt_serve.model.tt.fake_mesh import FakeMeshTTNN
 from tt_serve.model.tt.moe import SparseExperts
 from tt_serve.model.tt.ops import Ops
 from tt_serve.sequence import SamplingParams
+
+
+def mesh2d_fake(rows: int, cols: int) -> FakeMeshTTNN:
+    return h.mesh_fake(rows * cols)
+
+
+def mesh2d_backend(
+    path: Path, rows: int, cols: int, fake: FakeMeshTTNN | None = None, **kw: object
+) -> h.TTBackend:
+    """The tt backend tensor-parallel over a fake ``rows`` x ``cols`` mesh."""
+    ops = Ops(fake or mesh2d_fake(rows, cols))
+    ops.open_mesh((rows, cols), trace_region_size=h.TRACE_REGION, l1_small_size=0)
+    spec = ModelSpec.from_hf_dir(path)
+    kw.setdefault("max_prefill_chunk", h.CHUNK)
+    return h.TTBackend(spec, h.load_weights(path, spec), ops=ops, **kw)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("n", [2, 4])
@@ -40,9 +57,10 @@ def test_tp_tokens_match_torch_with_warm_prefix_hit(
     assert be.pools.rec[0].shape[1] == spec.linear_num_value_heads // n
     assert be.pools.conv[0].shape[-1] == spec.conv_dim // n
     assert be.model.lm_head[0].shape[1] == spec.vocab_size // n
-    kinds = {op for op, _, _ in fake.ccl_calls}
+    kinds = {op for op, _, _, _ in fake.ccl_calls}
     assert kinds == {"all_gather_async", "reduce_scatter_minimal_async"}
-    assert {topo for _, _, topo in fake.ccl_calls} == {"linear"}
+    assert {topo for _, _, topo, _ in fake.ccl_calls} == {"linear"}
+    assert {axis for _, _, _, axis in fake.ccl_calls} == {1}  # one line: no axis-0 collective
     # Weights, pools and buffers are charged to every chip alike (SPMD, lock-step allocator).
     assert len({c.dram.used_per_bank for c in fake.chips}) == 1
 
@@ -250,3 +268,143 @@ def test_from_config_opens_the_mesh(dense_dir: Path, tmp_path: Path) -> None:
     assert fake.device.get_device_ids() == [0, 1]
     be.close()
     assert fake.fabric.name == "DISABLED"
+
+
+# ---- 2-D meshes ------------------------------------------------------------------------------
+
+MESHES_2D = [(2, 2), (2, 4)]
+
+
+@pytest.mark.parametrize(("rows", "cols"), MESHES_2D)
+def test_2d_tokens_match_torch_with_warm_prefix_hit(
+    dense_dir: Path,
+    prompts: tuple[list[int], list[int]],
+    torch_tokens: list[tuple[list[int], int]],
+    rows: int,
+    cols: int,
+) -> None:
+    """Heads over the columns, every projection also over the rows: the torch tokens, a warm
+    hit, and each chip holding 1 / (rows x cols) of each large projection."""
+    spec = ModelSpec.from_hf_dir(dense_dir)
+    fake = mesh2d_fake(rows, cols)
+    be = mesh2d_backend(dense_dir, rows, cols, fake)
+    got = h.generate(h.engine(be, spec), list(prompts), 12)
+    assert got == torch_tokens
+    assert got[1][1] == 256, "the second prompt must be a warm prefix hit"
+    n = rows * cols
+    assert be.pools is not None  # pools follow the heads (columns), replicated over the rows
+    assert be.pools.k[0].shape[1] == max(1, spec.num_kv_heads // cols)
+    assert be.pools.rec[0].shape[1] == spec.linear_num_value_heads // cols
+    assert be.pools.conv[0].shape[-1] == spec.conv_dim // cols
+    assert be.model.lm_head[0].shape[1] == spec.vocab_size // n
+    attn = be.model.layers[spec.attention_layers[0]].mixer
+    gdn = be.model.layers[spec.gdn_layers[0]].mixer
+    assert attn.qkv.shape[1] == (attn.num_heads + 2 * attn.num_kv_heads) * spec.head_dim // rows
+    assert attn.o.shape == (
+        spec.num_attention_heads * spec.head_dim // cols,
+        spec.hidden_size // rows,
+    )
+    assert gdn.qkv.shape[1] == spec.conv_dim // n
+    mlp = be.model.layers[0].mlp
+    assert isinstance(mlp, tuple) and mlp[0].shape[1] == spec.intermediate_size // n
+    assert {(op, axis) for op, _, _, axis in fake.ccl_calls} == {
+        (op, axis) for op in ("all_gather_async", "reduce_scatter_minimal_async") for axis in (0, 1)
+    }
+    assert {topo for _, _, topo, _ in fake.ccl_calls} == {"linear"}
+    assert len({c.dram.used_per_bank for c in fake.chips}) == 1
+
+
+def test_2d_warm_equals_cold(dense_dir: Path, prompts: tuple[list[int], list[int]]) -> None:
+    spec = ModelSpec.from_hf_dir(dense_dir)
+    cold_be = mesh2d_backend(dense_dir, 2, 4)
+    cold = h.generate(h.engine(cold_be, spec, prefix_caching=False), [prompts[1]], 12)
+    warm = h.generate(h.engine(mesh2d_backend(dense_dir, 2, 4), spec), list(prompts), 12)
+    assert cold[0][1] == 0 and warm[1][1] == 256
+    assert warm[1][0] == cold[0][0]
+
+
+@pytest.mark.parametrize(("rows", "cols"), MESHES_2D)
+def test_2d_pipelined_equals_synchronous(
+    dense_dir: Path,
+    prompts: tuple[list[int], list[int]],
+    torch_tokens: list[tuple[list[int], int]],
+    rows: int,
+    cols: int,
+) -> None:
+    spec = ModelSpec.from_hf_dir(dense_dir)
+    be = mesh2d_backend(dense_dir, rows, cols, device_resident=True)
+    eng = h.engine(be, spec)
+    assert eng.pipelining
+    assert h.generate(eng, list(prompts), 12) == torch_tokens
+    assert be.device_fed_decodes == 20 and eng.num_pipelined_steps == 20
+
+
+def test_2d_device_draws_equal_single_chip(dense_dir: Path) -> None:
+    """Candidates gathered over both axes give the single-chip draws (logprob bound as in
+    test_tp_device_draws_equal_single_chip)."""
+    one = _sampled_run(h.tt_backend(dense_dir))
+    mesh = _sampled_run(mesh2d_backend(dense_dir, 2, 4))
+    assert [t for t, _ in mesh] == [t for t, _ in one]
+    for (_, lp_mesh), (_, lp_one) in zip(mesh, one, strict=True):
+        for a, b in zip(lp_mesh, lp_one, strict=True):
+            assert (a is None) == (b is None)
+            if a is not None and b is not None:
+                np.testing.assert_allclose(list(a.values()), list(b.values()), atol=1e-5)
+
+
+def test_2d_restore_fault_on_one_chip_fails_the_hit_and_leaks_nothing(
+    dense_dir: Path, prompts: tuple[list[int], list[int]], torch_tokens: list[tuple[list[int], int]]
+) -> None:
+    """On 2 x 4 the warm hit's restore fails on chip 5 (row 1, column 1) after chips 0-4 ran
+    theirs: StateCopyError, that request fails, nothing leaks, and the retry is exact."""
+    spec = ModelSpec.from_hf_dir(dense_dir)
+    fake = mesh2d_fake(2, 4)
+    be = mesh2d_backend(dense_dir, 2, 4, fake)
+    eng = h.engine(be, spec)
+    a, b = prompts
+    assert h.generate(eng, [a], 12) == torch_tokens[:1]
+    errors: list[BaseException] = []
+    original = be.copy_states
+
+    def spy(copies: list[StateCopy] | tuple[StateCopy, ...]) -> None:
+        try:
+            original(copies)
+        except Exception as exc:
+            errors.append(exc)
+            raise
+
+    be.copy_states = spy  # type: ignore[method-assign]
+    fake.inject_fault(5, "fill_cache")
+    eng.add_request("hit", b, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
+    done = None
+    while eng.has_unfinished():
+        for o in eng.step():
+            if o.finished:
+                done = o
+    assert done is not None and done.error is not None and "chip 5" in done.error
+    assert len(errors) == 1 and isinstance(errors[0], StateCopyError)
+    c = eng.scheduler.cache
+    c.check_invariants()
+    assert c.num_active_blocks == 0
+    assert c.num_free_blocks + c.num_inactive_blocks == c.num_usable_blocks
+    assert len(eng.scheduler._free_slots) == eng.scheduler.config.max_batch
+    assert h.generate(eng, [b], 12) == [torch_tokens[1]]
+
+
+def test_2d_mesh_that_does_not_divide_or_moe_raises(dense_dir: Path, moe_dir: Path) -> None:
+    """4 x 4: the hidden dim is not 16 tiles; with a wider model on 8 x 4, one head per column
+    leaves a 128-wide gate block that is not 8 whole tiles; a MoE model on a 2-D mesh is
+    refused, naming the 1 x N mesh to use."""
+    import dataclasses
+
+    from tt_serve.model.tt.parallel import TensorParallel
+
+    with pytest.raises(ValueError, match=r"4 x 4 mesh.*hidden 256 % \(32 x 16\)"):
+        mesh2d_backend(dense_dir, 4, 4, h.mesh_fake(16))
+    spec = ModelSpec.from_hf_dir(dense_dir)
+    wide = dataclasses.replace(spec, hidden_size=1024, intermediate_size=1024)
+    with pytest.raises(ValueError, match=r"8 x 4 mesh.*attention gate 128 per column % \(32 x 8"):
+        TensorParallel.for_mesh(wide, (8, 4))
+    assert TensorParallel.for_mesh(wide, (1, 4)).degree == 4
+    with pytest.raises(ValueError, match=r"MoE model.*2 x 2 mesh.*--mesh 1x4"):
+        mesh2d_backend(moe_dir, 2, 2)

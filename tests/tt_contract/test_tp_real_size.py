@@ -1,8 +1,8 @@
 """Shape-only tensor parallel at real size (``FakeMeshTTNN(shape_only=True)`` through the
 planner): startup (every pool, every trace on the mesh), two prefill chunks, decode steps
 (greedy, device-sampled, host-sampled) and a snapshot save/restore/reset of Qwen3.6-27B on a
-4 x P150 box and Qwen3.6-35B-A3B on 4 x P150 and a T3K, every rule checked per chip on the
-per-chip shapes and the DRAM charged per chip."""
+4 x P150 box, on a Galaxy (8 x 4) and a T3K opened as 2 x 4, and Qwen3.6-35B-A3B on 4 x P150
+and a T3K, every rule checked per chip on the per-chip shapes and the DRAM charged per chip."""
 
 from __future__ import annotations
 
@@ -77,7 +77,28 @@ def test_qwen36_35b_a3b_tensor_parallel(spec35: ModelSpec, device: str, precisio
     assert abs(p.weights["experts"] - experts) < 1e-3 * experts
 
 
-def test_a_split_that_does_not_divide_is_the_plan_verdict(spec27: ModelSpec) -> None:
-    """Galaxy (8 x 4): tensor parallel runs on a 1 x N line; the plan names the rule."""
-    p = planner.plan(spec27, planner.PlanRequest(device="galaxy", kv_blocks=64))
+@pytest.mark.parametrize(("device", "mesh"), [("galaxy", None), ("t3k", (2, 4))])
+def test_qwen36_27b_on_a_2d_mesh(spec27: ModelSpec, device: str, mesh: tuple[int, int]) -> None:
+    """Galaxy 8 x 4 (its own mesh) and T3K opened as 2 x 4: startup, prefill, decode and a
+    snapshot save / restore / reset, every rule per chip, both axes' collectives."""
+    req = planner.PlanRequest(
+        device=device, max_batch_size=1, kv_blocks=64, trace_region_size=96 << 20, mesh=mesh
+    )
+    p = planner.plan(spec27, req)
+    assert p.ok, f"[{p.limit_rule}] {p.limit_message}"
+    rows, cols = mesh or device_spec(device).mesh
+    assert p.chips == rows * cols and p.dram_peak < device_spec(device).chip.dram_bytes
+    # 1 KV head per column (4 KV heads over 4 columns), replicated over the rows; Wormhole's 12
+    # banks round each pool up to whole pages per bank (under 1%).
+    kv = 16 * 2 * 64 * 64 * 256 * 2
+    assert kv <= p.kv_bytes < 1.01 * kv
+    split = sum(b for g, b in p.weights.items() if g != "embed")
+    assert p.weights["embed"] > 2.5e9  # the replicated embedding
+    assert 24.9e9 * 2 / (rows * cols) < split < 26.9e9 * 2 / (rows * cols) * 1.05
+    assert any("cluster_axis 0" in n for n in p.notes)
+
+
+def test_a_split_that_does_not_divide_is_the_plan_verdict(spec35: ModelSpec) -> None:
+    """A MoE model on Galaxy (8 x 4): experts run on 1 x N meshes only; the plan names it."""
+    p = planner.plan(spec35, planner.PlanRequest(device="galaxy", kv_blocks=64))
     assert not p.ok and p.limit_rule == "tp.split" and "1 x N" in (p.limit_message or "")

@@ -11,10 +11,11 @@ projection is pre-split into query and gate halves.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tt_serve.model.tt.layers import apply_rope
+from tt_serve.model.tt.layers import apply_rope, whole
 from tt_serve.model.tt.ops import Ops, Tensor
 
 HEAD_MAJOR = [0, 2, 1, 3]  # [1, heads, N, hd] -> [1, N, heads, hd]
@@ -41,6 +42,9 @@ class AttentionWeights:
     eps: float
     compute: Any = None  # the projections' compute kernel config (fidelity of their dtype)
     exact: Any = None  # HiFi4, for the RoPE rotation matmul
+    # qkv and gate outputs split over the mesh rows -> the column's whole projection
+    # (``ccl.TensorParallelCCL.gather_rows``; identity on one row)
+    rows: Callable[[Tensor], Tensor] = whole
 
 
 def _decode_qkv(
@@ -48,7 +52,7 @@ def _decode_qkv(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Decode rows [1, S, H] -> q [1, S, nh, hd], k, v [1, S, nkv, hd], normed and rotated."""
     s, hd, nh, nkv = x.shape[1], w.head_dim, w.num_heads, w.num_kv_heads
-    fused = ops.linear(x, w.qkv, w.compute)  # [1, S, (nh + 2 nkv) hd]
+    fused = w.rows(ops.linear(x, w.qkv, w.compute))  # [1, S, (nh + 2 nkv) hd]
     cuts = (0, nh * hd, (nh + nkv) * hd, (nh + 2 * nkv) * hd)
     q, k, v = (
         ops.reshape(ops.slice(fused, [0, 0, a], [1, s, e]), [1, s, (e - a) // hd, hd])
@@ -63,7 +67,8 @@ def _prefill_qkv(
     """A chunk [1, T, H] -> head-major q [1, nh, T, hd], k, v [1, nkv, T, hd], normed and
     rotated: ``nlp_create_qkv_heads`` splits the fused projection straight into heads."""
     t = x.shape[1]
-    fused = ops.reshape(ops.linear(x, w.qkv, w.compute), [1, 1, t, w.qkv.shape[1]])
+    fused = w.rows(ops.linear(x, w.qkv, w.compute))
+    fused = ops.reshape(fused, [1, 1, t, fused.shape[-1]])
     q, k, v = ops.create_qkv_heads(fused, w.num_heads, w.num_kv_heads)
     return _norm_rope(ops, q, k, w, rope) + (v,)
 
@@ -102,7 +107,7 @@ def attention_prefill(
     head-major pads only T, a multiple of 32 in every bucket."""
     t = x.shape[1]
     q, k, v = _prefill_qkv(ops, x, w, rope)
-    gate = ops.linear(x, w.gate, w.compute)
+    gate = w.rows(ops.linear(x, w.gate, w.compute))
     ops.paged_fill_cache(k_cache, k, inp.fill_table)
     ops.paged_fill_cache(v_cache, v, inp.fill_table)
     attn = ops.chunked_sdpa(
@@ -133,7 +138,7 @@ def attention_decode(
     ``paged_update_cache``'s height shards and SDPA decode's Q)."""
     s = x.shape[1]
     q, k, v = _decode_qkv(ops, x, w, rope)
-    gate = ops.linear(x, w.gate, w.compute)
+    gate = w.rows(ops.linear(x, w.gate, w.compute))
     ops.paged_update_cache(k_cache, ops.height_sharded(k, s), inp.write_pos, inp.page_table)
     ops.paged_update_cache(v_cache, ops.height_sharded(v, s), inp.write_pos, inp.page_table)
     attn = ops.paged_sdpa_decode(

@@ -22,9 +22,10 @@ deviceResident (fed rows: ``model/interface.py``): a fed row's input id is the p
 replay's pick for its slot, chosen per row inside the decode program (``TTModel._decode_ids``),
 so fed and host-token rows may share a step.
 
-Mesh (``mesh=(1, N)``, tensor parallel): the ops open a MeshDevice and the programs run SPMD on
-every chip (``parallel.py`` splits every layer, ``ccl.py`` reduces); pools, working state and
-snapshots are sharded by heads. Picks, candidates and fed ids are replicated on every chip (the
+Mesh (``mesh=(R, C)``, tensor parallel; 1 x N, or 2-D as T3K 2x4 and Galaxy 8x4): the ops open
+a MeshDevice and the programs run SPMD on every chip (``parallel.py`` splits every layer, heads
+over the columns and widths over the rows too, ``ccl.py`` reduces per ``cluster_axis``); pools,
+working state and snapshots are sharded by heads over the columns and replicated over the rows. Picks, candidates and fed ids are replicated on every chip (the
 final pick runs on the gathered candidates on each chip), so chip 0's copy is what is read and
 what a fed row's next decode takes, as tt-metal reads ``get_device_tensors(tok)[0]``; logits
 stay vocabulary-sharded and are read with a concat composer. A state copy runs on every chip;
@@ -90,7 +91,9 @@ class TTOptions(TypedDict, total=False):
     device_resident: bool  # [False] picked ids stay on the device for fed rows
     max_prefill_chunk: int  # [DEFAULT_PREFILL_CHUNK] the largest prefill bucket
     max_model_len: int | None  # [None: the model's own] sizes the traces' page tables
-    ccl_links: int  # [DEFAULT_CCL_LINKS] Ethernet links each collective uses on a mesh
+    # [DEFAULT_CCL_LINKS] Ethernet links each collective uses on a mesh: one count, or
+    # (axis 0, axis 1) as tt_transformers' get_num_links gives Galaxy (4, 3)
+    ccl_links: int | tuple[int, int]
     weight_cache_dir: Path | None  # [None: no cache; from_pretrained uses the default dir]
     moe_dispatch: MoeDispatch  # ["sparse"] only the routed experts; "dense": all (the reference)
 
@@ -156,7 +159,8 @@ class TTBackend:
         """Open the device with a ``trace_region_size``-byte trace region, convert (or load
         cached) weights for a checkpoint folder; ``spec`` is read from its config.json unless
         the caller already has it, ``ops`` is the real ttnn unless given. ``mesh`` (rows, cols):
-        a MeshDevice over ``device_ids`` (None: one device, or (1, len(device_ids)))."""
+        a MeshDevice over ``device_ids`` (None: one device, or (1, len(device_ids))), rows x
+        cols in row-major order of the ids."""
         from tt_serve.model.weights import load_weights
 
         model_spec = spec or ModelSpec.from_hf_dir(path)
@@ -421,10 +425,18 @@ class TTBackend:
             raise StateCopyError(failure)
 
     def device_description(self) -> DeviceSpec:
-        """The one-chip description matching the opened device's worker grid (the planner sizes
-        the pools with it)."""
+        """The opened device: the one-chip description matching its worker grid (the planner
+        sizes the pools with it), and on a mesh the whole mesh (its shape, hence its chips)."""
         grid = self.ops.device.compute_with_storage_grid_size()
-        return single_chip_for_grid(int(grid.x), int(grid.y))
+        chip = single_chip_for_grid(int(grid.x), int(grid.y))
+        if self.ops.mesh is None or self.ops.mesh == (1, 1):
+            return chip
+        rows, cols = self.ops.mesh
+        return dataclasses.replace(
+            chip,
+            mesh=(rows, cols),
+            description=f"{rows} x {cols} mesh of {rows * cols} {chip.name} chips",
+        )
 
     def close(self) -> None:
         if self._closed:

@@ -95,13 +95,25 @@ class DeviceSpec:
     dispatch: str = ""  # ttnn's default dispatch: "worker-row" | "worker-col" | "eth"
     other_meshes: tuple[tuple[int, int], ...] = field(default=())  # other shapes tt-metal opens
     description: str = ""
-    # Ethernet links a collective uses between neighbours (models/tt_transformers/tt/ccl.py
-    # get_num_links: N300/T3K 1, P150x4/P150x8/P300 2, TG/BHGLX 4 on the longer axis; 0: none)
-    ccl_links: int = 0
+    # Ethernet links a collective uses between neighbours, per mesh axis (axis 0, axis 1)
+    # (models/tt_transformers/tt/ccl.py get_num_links: N300/T3K (1, 1), P150x4/P150x8/P300
+    # (2, 2), TG/BHGLX (4, 3); (0, 0): no ethernet collectives)
+    ccl_links: tuple[int, int] = (0, 0)
 
     @property
     def num_chips(self) -> int:
         return self.mesh[0] * self.mesh[1]
+
+    @property
+    def meshes(self) -> tuple[tuple[int, int], ...]:
+        """Every mesh shape tt-metal opens this device as, the default first."""
+        return (self.mesh, *self.other_meshes)
+
+    def links_on(self, mesh: tuple[int, int]) -> tuple[int, int]:
+        """Links per axis of ``mesh`` opened on this device: ``ccl_links``, swapped when the
+        mesh is the transposed shape (Galaxy 4x8 of its 8x4), at least 1 on a used axis."""
+        links = self.ccl_links[::-1] if mesh == self.mesh[::-1] != self.mesh else self.ccl_links
+        return (max(1, links[0]), max(1, links[1]))
 
 
 # --------------------------------------------------------------------------------------------
@@ -292,7 +304,7 @@ N300 = DeviceSpec(
     mesh=(1, 2),  # MESH_DEVICE "N300": (1, 2)
     dispatch="eth",
     description="Wormhole n300: two chips on one card (one PCIe-attached, one over ethernet)",
-    ccl_links=1,
+    ccl_links=(1, 1),
 )
 T3K = DeviceSpec(
     name="t3k",
@@ -301,7 +313,7 @@ T3K = DeviceSpec(
     dispatch="eth",
     other_meshes=((2, 4),),
     description="Wormhole T3000 (LoudBox/QuietBox): 4 x n300 = 8 chips",
-    ccl_links=1,
+    ccl_links=(1, 1),
 )
 GALAXY = DeviceSpec(
     name="galaxy",
@@ -310,7 +322,7 @@ GALAXY = DeviceSpec(
     dispatch="worker-row",
     other_meshes=((4, 8),),
     description="Wormhole Galaxy: 32 chips",
-    ccl_links=4,
+    ccl_links=(4, 3),
 )
 P100 = DeviceSpec(
     name="p100",
@@ -332,7 +344,7 @@ P300 = DeviceSpec(
     mesh=(1, 2),  # MESH_DEVICE "P300": (1, 2)
     dispatch="worker-col",
     description="Blackhole p300: two chips on one card",
-    ccl_links=2,
+    ccl_links=(2, 2),
 )
 P150X4 = DeviceSpec(
     name="p150x4",
@@ -340,7 +352,7 @@ P150X4 = DeviceSpec(
     mesh=(1, 4),  # MESH_DEVICE "P150x4": (1, 4)
     dispatch="worker-col",
     description="Blackhole QuietBox: 4 x p150",
-    ccl_links=2,
+    ccl_links=(2, 2),
 )
 P150X8 = DeviceSpec(
     name="p150x8",
@@ -348,15 +360,16 @@ P150X8 = DeviceSpec(
     mesh=(1, 8),  # MESH_DEVICE "P150x8": (1, 8)
     dispatch="worker-col",
     description="Blackhole LoudBox: 8 x p150",
-    ccl_links=2,
+    ccl_links=(2, 2),
 )
 BH_GALAXY = DeviceSpec(
     name="bh_galaxy",
     chip=BH_GALAXY_CHIP,
-    mesh=(8, 4),  # MESH_DEVICE "BHGLX": (8, 4)
+    mesh=(8, 4),  # MESH_DEVICE "BHGLX": (8, 4); qwen36 opens the full (4, 8)
     dispatch="worker-col",
+    other_meshes=((4, 8),),
     description="Blackhole Galaxy: 32 chips",
-    ccl_links=4,
+    ccl_links=(4, 3),
 )
 
 DEVICES: dict[str, DeviceSpec] = {

@@ -2,11 +2,29 @@
 
 ``FakeMeshTTNN`` has the module surface of ``FakeTTNN`` plus the mesh API of
 ``shared/design/notes/ttnn-mesh.md`` (sections 1-4): ``MeshShape``, ``open_mesh_device``, the
-mappers ``replicate_tensor_to_mesh_mapper`` / ``shard_tensor_to_mesh_mapper`` and the composer
-``concat_mesh_to_tensor_composer``, ``get_device_tensors``, the fabric config, global
-semaphores, and the two experimental CCLs the backend uses (``all_gather_async``,
-``reduce_scatter_minimal_async``; the plain ``ttnn.all_gather`` is not modelled: it is
-trace-unsafe, tt-metal #48469).
+mappers ``replicate_tensor_to_mesh_mapper`` / ``shard_tensor_to_mesh_mapper`` (1-D over every
+chip in row-major order), ``create_mesh_mapper`` with a ``MeshMapperConfig`` of
+``PlacementShard`` / ``PlacementReplicate`` per mesh axis (and its ``ShardTensor2dMesh``
+wrapper), the composer ``concat_mesh_to_tensor_composer``, ``get_device_tensors``, the fabric
+config, global semaphores, and the two experimental CCLs the backend uses
+(``all_gather_async``, ``reduce_scatter_minimal_async``; the plain ``ttnn.all_gather`` is not
+modelled: it is trace-unsafe, tt-metal #48469).
+
+Mappers follow ttnn's distributed_tensor.cpp (ttnn/core/distributed/): the 1-D mappers are a
+``MeshShape(num_devices)`` distribution mapped row-major onto the mesh; a 2-D config shards
+placement i's tensor dim over mesh axis i (chip (r, c) gets chunk r of the axis-0 dim and chunk
+c of the axis-1 dim), needs distinct dims ("dims must be unique") and even splits ("ND
+sharding requires the number of chunks to match the mesh dimension size").
+
+CCLs take ``cluster_axis``: the collective runs independently on every line of that axis (the
+chips that differ only in that coordinate), the other axis untouched (the 0.81.1 all_gather
+docstring: "Other mesh axes run independent gathers"). Without ``cluster_axis`` the line is the
+whole mesh, which on a mesh with more than one row and column needs a 2-D fabric (FABRIC_2D*:
+the vllm-tt-plugin fabric tests, notes 3.2). Links are checked per axis (tt_transformers
+ccl.py ``get_num_links``: TG / BHGLX (4, 3)); ``Topology.Ring`` needs a ring fabric and an axis
+whose chips wrap around (``ttnn.get_usable_topology``: a ring "is demoted to linear when the
+tensor's devices along cluster_axis do not form a full wraparound"; this fake is strict and
+raises instead).
 
 Design: a mesh tensor (:class:`MeshTensor`) holds one shard per chip, each an ordinary
 ``FakeTTNN`` tensor on that chip's fake; ``tensor.shape`` is the per-chip shard shape, as in
@@ -21,6 +39,14 @@ topology. A one-chip mesh returns its chip's own tensors: it is exactly the sing
 
 Fault injection (``inject_fault``): the next call of an op on one chip raises
 :class:`InjectedFault`, as a device error would, after the chips before it ran theirs.
+
+``mirror`` (shape-only mode only, what the planner uses on 8 x 4 Galaxy meshes): one chip's
+fake runs and stands for every chip. In shape-only mode nothing distinguishes the chips: the
+programs are SPMD on equal per-chip shapes and the mesh allocator moves every chip's free list
+in lock step (tt-metal:tt_metal/distributed/mesh_buffer.cpp, "Rely on the MeshDevice allocator
+to provide the address for the entire mesh buffer"), so every rule, DRAM figure and trace size
+is the same on each chip; a mesh tensor holds that one chip's tensor for every chip. Faults
+cannot be injected on other chips there.
 """
 
 from __future__ import annotations
@@ -55,6 +81,12 @@ class FabricConfig(Enum):
     DISABLED = "disabled"
     FABRIC_1D = "fabric_1d"
     FABRIC_1D_RING = "fabric_1d_ring"
+    FABRIC_2D = "fabric_2d"
+    FABRIC_2D_TORUS_XY = "fabric_2d_torus_xy"
+
+
+TWO_D_FABRICS = (FabricConfig.FABRIC_2D, FabricConfig.FABRIC_2D_TORUS_XY)
+RING_FABRICS = (FabricConfig.FABRIC_1D_RING, FabricConfig.FABRIC_2D_TORUS_XY)
 
 
 class Topology(Enum):
@@ -92,11 +124,40 @@ class MeshShape:
 
 
 @dataclass(frozen=True)
-class MeshMapper:
-    """A ``CppTensorToMesh``: replicate (``dim`` None) or shard ``dim`` over every chip."""
+class PlacementShard:
+    """``ttnn.PlacementShard(dim)``: split tensor dim ``dim`` over one mesh axis."""
 
-    num_devices: int
-    dim: int | None
+    dim: int
+
+
+@dataclass(frozen=True)
+class PlacementReplicate:
+    """``ttnn.PlacementReplicate()``: a full copy on every chip of one mesh axis."""
+
+
+Placement: TypeAlias = PlacementShard | PlacementReplicate
+
+
+@dataclass(frozen=True)
+class MeshMapperConfig:
+    """``ttnn.MeshMapperConfig(placements, mesh_shape_override=None)``: one placement per
+    dimension of the distribution shape (the mesh's own shape unless overridden)."""
+
+    placements: Sequence[Placement]
+    mesh_shape_override: MeshShape | None = None
+
+
+@dataclass(frozen=True)
+class MeshMapper:
+    """A ``CppTensorToMesh``: a distribution ``shape`` (row-major onto the mesh) and one
+    placement per distribution dim."""
+
+    shape: tuple[int, ...]
+    placements: tuple[Placement, ...]
+
+    @property
+    def num_devices(self) -> int:
+        return int(np.prod(self.shape))
 
 
 @dataclass(frozen=True)
@@ -205,6 +266,7 @@ _Fabric: TypeAlias = FabricConfig
 _Topology: TypeAlias = Topology
 _Shape: TypeAlias = MeshShape
 _Coord: TypeAlias = CoreCoord
+_MapperConfig: TypeAlias = MeshMapperConfig
 
 
 class FakeMeshTTNN:
@@ -214,26 +276,40 @@ class FakeMeshTTNN:
     Topology = Topology
     MeshShape = MeshShape
     CoreCoord = CoreCoord
+    PlacementShard = PlacementShard
+    PlacementReplicate = PlacementReplicate
+    MeshMapperConfig = MeshMapperConfig
 
     def __init__(
         self,
         *,
         num_devices: int,
         chip: ChipSpec = P150,
-        max_links: int = 0,
+        max_links: int | tuple[int, int] = 0,
+        ring_axes: tuple[int, ...] = (0, 1),
+        mirror: bool = False,
         **chip_kwargs: Any,
     ) -> None:
-        """``max_links``: Ethernet links between neighbours (0: not checked); ``chip_kwargs``
-        go to every chip's ``FakeTTNN``."""
-        self._num_devices, self._chip_kwargs, self.max_links = num_devices, chip_kwargs, max_links
+        """``max_links``: Ethernet links between neighbours, one count or (axis 0, axis 1) (0:
+        not checked); ``ring_axes``: the mesh axes whose chips wrap around (a ``Topology.Ring``
+        CCL is refused on the others); ``mirror``: one chip's fake for all (shape-only mode
+        only, see the module docstring); ``chip_kwargs`` go to every chip's ``FakeTTNN``."""
+        self._num_devices, self._chip_kwargs = num_devices, chip_kwargs
+        self.max_links = (max_links, max_links) if isinstance(max_links, int) else max_links
+        self.ring_axes = ring_axes
         self.chips: list[FakeTTNN] = [FakeTTNN(num_devices=num_devices, chip=chip, **chip_kwargs)]
         self.chip = chip
         self.shape_only = bool(chip_kwargs.get("shape_only", False))
+        if mirror and not self.shape_only:
+            raise ValueError("mirror=True needs shape_only=True (chips differ in numeric mode)")
+        self.mirror = mirror
+        self._n = 1  # chips of the open mesh
         self.fabric = FabricConfig.DISABLED
         self.device: FakeMeshDevice | None = None
         self._faults: dict[tuple[int, str], int] = {}
         self._semaphores = itertools.count(1)
-        self.ccl_calls: list[tuple[str, tuple[int, ...], str]] = []  # (op, per-chip shape, topo)
+        # (op, per-chip shape, topology, cluster_axis)
+        self.ccl_calls: list[tuple[str, tuple[int, ...], str, int | None]] = []
         self.experimental = _Namespace(
             self,
             "experimental",
@@ -278,12 +354,15 @@ class FakeMeshTTNN:
     ) -> Any:
         """Run ``name`` on every chip with that chip's shards; a call with only plain (one-chip)
         tensors runs on their chip alone (``get_device_tensors(t)[0]`` reads)."""
-        if len(self.chips) == 1 or not _has_mesh(args, kw):
+        if self._n == 1 or not _has_mesh(args, kw):
             owner = _owner(args, kw, self.chips)
-            if owner is not None or len(self.chips) == 1:
+            if owner is not None or self._n == 1:
                 idx = owner or 0
                 self._fault(idx, name)
                 return resolve(self.chips[idx])(*_at(args, idx), **_at(kw, idx))
+        if self.mirror:
+            self._fault(0, name)
+            return _mirrored(resolve(self.chips[0])(*_at(args, 0), **_at(kw, 0)), self._n)
         results = []
         for i, chip in enumerate(self.chips):
             self._fault(i, name)
@@ -322,15 +401,16 @@ class FakeMeshTTNN:
         ids = list(physical_device_ids) or list(range(n))
         if len(ids) != n or len(set(ids)) != n or max(ids) >= self._num_devices:
             raise ContractViolation("mesh.device_ids", f"physical_device_ids {ids} for {shape}")
-        while len(self.chips) < n:
+        while len(self.chips) < (1 if self.mirror else n):
             self.chips.append(
                 FakeTTNN(num_devices=self._num_devices, chip=self.chip, **self._chip_kwargs)
             )
         devices = [
             c.open_device(device_id=i, trace_region_size=trace_region_size, l1_small_size=0)
-            for i, c in zip(ids, self.chips, strict=True)
+            for i, c in zip(ids, self.chips, strict=False)
         ]
-        self.device = FakeMeshDevice(shape, devices, ids)
+        self._n = n
+        self.device = FakeMeshDevice(shape, devices * n if self.mirror else devices, ids)
         return self.device
 
     def close_mesh_device(self, mesh_device: FakeMeshDevice) -> None:
@@ -338,10 +418,41 @@ class FakeMeshTTNN:
 
     # ---- distribution ----------------------------------------------------------------------
     def replicate_tensor_to_mesh_mapper(self, mesh_device: FakeMeshDevice) -> MeshMapper:
-        return MeshMapper(mesh_device.get_num_devices(), None)
+        return MeshMapper((mesh_device.get_num_devices(),), (PlacementReplicate(),))
 
     def shard_tensor_to_mesh_mapper(self, mesh_device: FakeMeshDevice, dim: int) -> MeshMapper:
-        return MeshMapper(mesh_device.get_num_devices(), dim)
+        """A ``MeshShape(num_devices)`` distribution mapped row-major onto the mesh
+        (distributed_tensor.cpp ``shard_tensor_to_mesh_mapper``)."""
+        return MeshMapper((mesh_device.get_num_devices(),), (PlacementShard(dim),))
+
+    def create_mesh_mapper(self, mesh_device: FakeMeshDevice, config: _MapperConfig) -> MeshMapper:
+        """``TensorToMesh::create``: the distribution shape is the override or the mesh's
+        shape, no larger than the mesh, with one placement per dimension."""
+        shape = tuple(config.mesh_shape_override or mesh_device.shape)
+        if int(np.prod(shape)) > mesh_device.get_num_devices():
+            raise ContractViolation(
+                "mesh.mapper", f"mesh shape {shape} does not fit the device {mesh_device.shape}"
+            )
+        if len(shape) != len(config.placements):
+            raise ContractViolation(
+                "mesh.mapper",
+                f"The number of dimensions in the mesh shape {shape} does not match the number "
+                f"of placements in the config {list(config.placements)}",
+            )
+        return MeshMapper(shape, tuple(config.placements))
+
+    def ShardTensor2dMesh(
+        self,
+        mesh_device: FakeMeshDevice,
+        mesh_shape: tuple[int, int],
+        dims: tuple[int | None, int | None],
+    ) -> MeshMapper:
+        """The deprecated wrapper (ttnn/distributed/distributed.py): ``dims[i]`` None
+        replicates over mesh axis i."""
+        placements = [PlacementReplicate() if d is None else PlacementShard(d) for d in dims]
+        return self.create_mesh_mapper(
+            mesh_device, MeshMapperConfig(placements, MeshShape(*mesh_shape))
+        )
 
     def concat_mesh_to_tensor_composer(self, mesh_device: FakeMeshDevice, dim: int) -> MeshComposer:
         return MeshComposer(dim)
@@ -356,21 +467,14 @@ class FakeMeshTTNN:
         layout: Any = None,
         mesh_mapper: MeshMapper | None = None,
     ) -> ChipTensor | MeshTensor:
-        """Host tensor; with a mapper, one host shard per chip (``torch.chunk`` semantics: an
-        uneven split would leave a chip with nothing, which the SPMD program cannot run)."""
+        """Host tensor; with a mapper, one host shard per chip in row-major mesh order (1-D:
+        ``torch.chunk`` semantics, where an uneven split would leave a chip with nothing, which
+        the SPMD program cannot run; N-D: every axis splits evenly)."""
         if mesh_mapper is None:
             return self.chips[0].Tensor(array, data_type=data_type, layout=layout)
         arr = np.asarray(array)
         n = mesh_mapper.num_devices
-        if mesh_mapper.dim is None:
-            parts = [arr] * n
-        else:
-            size = arr.shape[mesh_mapper.dim]
-            if size % n:
-                raise ContractViolation(
-                    "mesh.shard_uneven", f"dim {mesh_mapper.dim} of {arr.shape} over {n} chips"
-                )
-            parts = np.split(arr, n, axis=mesh_mapper.dim)
+        parts = _distribute(arr, mesh_mapper)
         return MeshTensor(
             [
                 c.Tensor(np.ascontiguousarray(p), data_type=data_type, layout=layout)
@@ -379,18 +483,18 @@ class FakeMeshTTNN:
         )
 
     def _chips(self, n: int) -> list[FakeTTNN]:
-        if len(self.chips) < n:
+        if self._n < n:
             raise ContractViolation("mesh.open", "a mesh mapper before open_mesh_device")
-        return self.chips[:n]
+        return [self.chips[0]] * n if self.mirror else self.chips[:n]
 
     def to_device(
         self, tensor: ChipTensor | MeshTensor, device: Any, memory_config: Any = None
     ) -> ChipTensor | MeshTensor:
         """A host tensor without a mapper is replicated (Programming_Mesh_of_Devices 4.2.2)."""
         if isinstance(device, FakeMeshDevice) and not isinstance(tensor, MeshTensor):
-            if len(self.chips) == 1:
+            if self._n == 1:
                 return self.chips[0].to_device(tensor, device.chips[0], memory_config)
-            tensor = MeshTensor([tensor] * len(self.chips))
+            tensor = MeshTensor([tensor] * self._n)
         return self._spmd(
             "to_device", lambda c: c.to_device, (tensor, device), {"memory_config": memory_config}
         )
@@ -413,7 +517,7 @@ class FakeMeshTTNN:
     # ---- traces ----------------------------------------------------------------------------
     def begin_trace_capture(self, device: Any, *, cq_id: int = 0) -> Any:
         tid = self._spmd("begin_trace_capture", lambda c: c.begin_trace_capture, (device,), {})
-        if len(self.chips) > 1:
+        if self._n > 1:
             shared: list[Any] = []  # every chip's ops (and the CCLs) in call order
             for i, c in enumerate(self.chips):
                 c._traces[_at(tid, i)].steps = shared
@@ -422,7 +526,7 @@ class FakeMeshTTNN:
     def execute_trace(
         self, device: Any, trace_id: Any, *, cq_id: int = 0, blocking: bool = True
     ) -> None:
-        if len(self.chips) == 1:
+        if self._n == 1:
             self.chips[0].execute_trace(_at(device, 0), trace_id, cq_id=cq_id, blocking=blocking)
             return
         traces = [c.check_replay(_at(trace_id, i)) for i, c in enumerate(self.chips)]
@@ -446,17 +550,57 @@ class FakeMeshTTNN:
             raise ContractViolation("host_io", "create_global_semaphore while capturing a trace")
         return GlobalSemaphore(next(self._semaphores))
 
-    def _ccl_checks(self, name: str, topology: _Topology | None) -> str:
+    def _mesh_shape(self) -> tuple[int, int]:
+        if self.device is None:
+            raise ContractViolation("mesh.open", "a collective before open_mesh_device")
+        rows, cols = tuple(self.device.shape)
+        return rows, cols
+
+    def _lines(self, name: str, cluster_axis: int | None) -> list[list[int]]:
+        """The chips (row-major indices) of every independent line of the collective."""
+        rows, cols = self._mesh_shape()
+        if cluster_axis is None:
+            if rows > 1 and cols > 1 and self.fabric not in TWO_D_FABRICS:
+                raise ContractViolation(
+                    "ccl.cluster_axis",
+                    f"{name} without cluster_axis on the {rows} x {cols} mesh needs a 2-D fabric "
+                    f"(FABRIC_2D), not {self.fabric.name}: pass cluster_axis=0 or 1",
+                )
+            return [list(range(rows * cols))]
+        if cluster_axis not in (0, 1):
+            raise ContractViolation("ccl.cluster_axis", f"{name}: cluster_axis {cluster_axis}")
+        if cluster_axis == 1:
+            return [[r * cols + c for c in range(cols)] for r in range(rows)]
+        return [[r * cols + c for r in range(rows)] for c in range(cols)]
+
+    def _links_on(self, cluster_axis: int | None) -> int:
+        rows, cols = self._mesh_shape()
+        if cluster_axis is None:  # get_num_links(cluster_axis=None): the minimum over axes
+            used = [self.max_links[a] for a, n in enumerate((rows, cols)) if n > 1]
+            return min(used) if used else 0
+        return self.max_links[cluster_axis]
+
+    def _ccl_checks(self, name: str, topology: _Topology | None, cluster_axis: int | None) -> str:
         if self.fabric is FabricConfig.DISABLED:
             raise ContractViolation(
                 "ccl.fabric", f"{name} without a fabric: set_fabric_config before open_mesh_device"
             )
         topo = topology or Topology.Ring  # the experimental ops' default (notes 3.3)
-        if topo is Topology.Ring and self.fabric is not FabricConfig.FABRIC_1D_RING:
+        if topo is Topology.Ring and self.fabric not in RING_FABRICS:
             raise ContractViolation(
                 "ccl.topology",
                 f"{name} with Topology.Ring on {self.fabric.name}: pass Topology.Linear on a "
                 "FABRIC_1D system (the experimental CCLs default to Ring)",
+            )
+        rows, cols = self._mesh_shape()
+        axes = [a for a, n in enumerate((rows, cols)) if n > 1]
+        along = axes if cluster_axis is None else [cluster_axis]
+        if topo is Topology.Ring and any(a not in self.ring_axes for a in along):
+            raise ContractViolation(
+                "ccl.topology",
+                f"{name} with Topology.Ring along mesh axis {along} of {rows} x {cols}, whose "
+                "chips do not wrap around (get_usable_topology demotes it to Linear): pass "
+                "Topology.Linear",
             )
         return topo.value
 
@@ -477,29 +621,32 @@ class FakeMeshTTNN:
         num_workers_per_link: int | None = None,
         num_buffers_per_channel: int | None = None,
     ) -> MeshTensor:
-        """Concatenation of every chip's shard along ``dim`` in mesh order, on every chip."""
-        topo = self._ccl_checks("all_gather_async", topology)
+        """Concatenation of the shards of every chip on a line of ``cluster_axis`` along
+        ``dim`` in mesh order, on every chip of that line (each line independently)."""
+        name = "all_gather_async"
+        topo = self._ccl_checks(name, topology, cluster_axis)
         sems = _semaphores(multi_device_global_semaphore)
-        n = len(self.chips)
-        x = _mesh_input("all_gather_async", input_tensor, n)
+        x = _mesh_input(name, input_tensor, self._n)
+        lines = self._lines(name, cluster_axis)
+        line_of = {i: line for line in lines for i in line}
         with self.chips[0]._rules():
             out_shape = limits.all_gather_async(
                 self.chip,
                 x.info(),
                 dim,
-                n,
+                len(lines[0]),
                 len(sems),
                 1 if num_links is None else num_links,
-                self.max_links,
+                self._links_on(cluster_axis),
                 capturing=self.capturing,
             )
-        self.ccl_calls.append(("all_gather_async", x.shape, topo))
+        self.ccl_calls.append((name, x.shape, topo, cluster_axis))
         bufs = [s.buffer for s in x.shards]
 
         def gather(i: int) -> torch.Tensor:
             if bufs[0].data.is_meta:
                 return torch.empty(out_shape, device="meta")
-            return torch.cat([b.data for b in bufs], dim)
+            return torch.cat([bufs[j].data for j in line_of[i]], dim)
 
         return self._collective("all_gather_async", x, gather)
 
@@ -522,12 +669,16 @@ class FakeMeshTTNN:
         num_buffers_per_channel: int | None = None,
         compute_kernel_config: Any = None,
     ) -> MeshTensor:
-        """The sum over chips, chunk i of ``dim`` to chip i (fp32 in chip order). Its
-        intermediate DRAM buffer is allocated on every chip for the op's duration."""
-        topo = self._ccl_checks("reduce_scatter_minimal_async", topology)
+        """The sum over each line of ``cluster_axis``, chunk i of ``dim`` to the line's chip i
+        (fp32 in line order; each line independently). Its intermediate DRAM buffer is
+        allocated on every chip for the op's duration."""
+        name = "reduce_scatter_minimal_async"
+        topo = self._ccl_checks(name, topology, cluster_axis)
         sems = _semaphores(multi_device_global_semaphore)
-        n = len(self.chips)
-        x = _mesh_input("reduce_scatter_minimal_async", input_tensor, n)
+        x = _mesh_input(name, input_tensor, self._n)
+        lines = self._lines(name, cluster_axis)
+        n = len(lines[0])
+        place = {i: (line, k) for line in lines for k, i in enumerate(line)}
         with self.chips[0]._rules():
             inter, out_shape = limits.reduce_scatter_minimal_async(
                 self.chip,
@@ -536,10 +687,10 @@ class FakeMeshTTNN:
                 n,
                 len(sems),
                 1 if num_links is None else num_links,
-                self.max_links,
+                self._links_on(cluster_axis),
                 topo,
             )
-        self.ccl_calls.append(("reduce_scatter_minimal_async", x.shape, topo))
+        self.ccl_calls.append((name, x.shape, topo, cluster_axis))
         for c in self.chips:  # the staging buffer: charged while the op runs
             key = -(1 << 40) - c.dram.used_per_bank
             with c._rules():
@@ -552,10 +703,11 @@ class FakeMeshTTNN:
         def scatter(i: int) -> torch.Tensor:
             if bufs[0].data.is_meta:
                 return torch.empty(out_shape, device="meta")
-            total = bufs[0].data.clone()
-            for b in bufs[1:]:
-                total = total + b.data
-            return torch.chunk(total, n, d)[i].contiguous()
+            line, k = place[i]
+            total = bufs[line[0]].data.clone()
+            for j in line[1:]:
+                total = total + bufs[j].data
+            return torch.chunk(total, n, d)[k].contiguous()
 
         return self._collective("reduce_scatter_minimal_async", x, scatter)
 
@@ -572,7 +724,31 @@ class FakeMeshTTNN:
                 return part(i)
 
             outs.append(c._single(name, [x.shards[i]], run, x.dtype, x.layout))
-        return MeshTensor(outs)
+        return MeshTensor(outs * self._n if self.mirror else outs)
+
+
+def _distribute(arr: np.ndarray, mapper: MeshMapper) -> list[np.ndarray]:
+    """The host shards ``mapper`` gives, in row-major order of its distribution shape."""
+    dims = [p.dim % arr.ndim for p in mapper.placements if isinstance(p, PlacementShard)]
+    if len(dims) != len(set(dims)):
+        raise ContractViolation("mesh.mapper", f"dims must be unique: {list(mapper.placements)}")
+    pieces = [arr]
+    for ways, placement in zip(mapper.shape, mapper.placements, strict=True):
+        if isinstance(placement, PlacementReplicate):
+            pieces = [p for p in pieces for _ in range(ways)]
+            continue
+        d = placement.dim
+        if arr.shape[d] % ways:
+            rule = "mesh.shard_uneven"
+            if len(mapper.shape) > 1:
+                raise ContractViolation(
+                    rule,
+                    f"ND sharding requires the number of chunks to match the mesh dimension size "
+                    f"{ways}: dim {d} of {arr.shape}",
+                )
+            raise ContractViolation(rule, f"dim {d} of {arr.shape} over {ways} chips")
+        pieces = [q for p in pieces for q in np.split(p, ways, axis=d)]
+    return pieces
 
 
 def _semaphores(value: Any) -> list[Any]:
@@ -617,6 +793,15 @@ def _at(v: Any, i: int) -> Any:
     if isinstance(v, (list, tuple)):
         return type(v)(_at(x, i) for x in v)
     return v
+
+
+def _mirrored(result: Any, n: int) -> Any:
+    """One chip's result standing for all ``n`` (``mirror``)."""
+    if isinstance(result, ChipTensor):
+        return MeshTensor([result] * n)
+    if isinstance(result, (list, tuple)):
+        return type(result)(_mirrored(r, n) for r in result)
+    return result
 
 
 def _gather(results: list[Any]) -> Any:

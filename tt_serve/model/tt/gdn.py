@@ -21,10 +21,11 @@ decode skips the row and leaves its output unwritten) and 0 x NaN = NaN.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tt_serve.model.tt.layers import l2norm
+from tt_serve.model.tt.layers import l2norm, whole
 from tt_serve.model.tt.ops import Ops, Tensor
 
 KERNEL_CHUNK = 32  # chunk_gated_delta_rule's own chunk: its flat (rank-3) path requires 32
@@ -48,6 +49,9 @@ class GdnWeights:
     eps: float
     compute: Any = None  # the projections' compute kernel config (fidelity of their dtype)
     exact: Any = None  # HiFi4, for the one-hot conv-state selection matmul
+    # qkv and z outputs split over the mesh rows -> the column's whole projection
+    # (``ccl.TensorParallelCCL.gather_rows``; identity on one row)
+    rows: Callable[[Tensor], Tensor] = whole
 
     @property
     def widths(self) -> tuple[int, int, int]:
@@ -87,8 +91,8 @@ def gdn_prefill(
     t = x.shape[1]
     if w.head_k_dim != w.head_v_dim:
         raise ValueError("the flat chunked GDN op needs head_k_dim == head_v_dim")
-    qkv = ops.linear(x, w.qkv, w.compute)  # [1, T, C]
-    z = ops.linear(x, w.z, w.compute)
+    qkv = w.rows(ops.linear(x, w.qkv, w.compute))  # [1, T, C]
+    z = w.rows(ops.linear(x, w.z, w.compute))
     beta, g = _gates(ops, x, w, inp.gate_mask)
     q, k, v = ops.qkv_causal_conv1d_silu(
         qkv, conv_work, w.taps, w.widths, start=inp.start_u32, program_config=conv_config
@@ -128,8 +132,8 @@ def gdn_decode(
     s = x.shape[1]
     kd, _, vd = w.widths
     c = 2 * kd + vd
-    qkv = ops.linear(x, w.qkv, w.compute)
-    z = ops.linear(x, w.z, w.compute)
+    qkv = w.rows(ops.linear(x, w.qkv, w.compute))
+    z = w.rows(ops.linear(x, w.z, w.compute))
     beta, g = _gates(ops, x, w, inp.gate_mask)
     full = ops.concat([conv_pool, ops.reshape(qkv, [s, 1, 1, c])], 2)  # [S, 1, K, C]
     kernel = len(w.taps)

@@ -29,3 +29,8 @@ def swiglu(
 ) -> Tensor:
     hidden = ops.mul(ops.silu(ops.linear(x, gate, compute)), ops.linear(x, up, compute))
     return ops.linear(hidden, down, compute)
+
+
+def whole(t: Tensor) -> Tensor:
+    """A projection already whole on its chip (no row pieces to gather: one mesh row)."""
+    return t

@@ -70,8 +70,9 @@ class TTModel:
 
     On a mesh (``tp``) the programs are SPMD: every chip runs them on its shards with the
     per-chip head counts of ``parallel.TensorParallel``; each row-parallel projection's partial
-    sums are all-reduced before the residual add (``ccl.py``), so the residual stream is
-    replicated, and the LM head is vocabulary-sharded (``_head``)."""
+    sums are all-reduced before the residual add (``ccl.py``: the mixers' over the columns and
+    their row pieces gathered, the MLP's over every chip), so the residual stream is
+    replicated, and the LM head is vocabulary-sharded over every chip (``_head``)."""
 
     def __init__(
         self,
@@ -80,13 +81,13 @@ class TTModel:
         w: dict[str, Tensor],
         precision: Precision,
         tp: TensorParallel | None = None,
-        num_links: int = 1,
+        num_links: int | tuple[int, int] = 1,
         *,
         moe_dispatch: MoeDispatch = "sparse",
     ) -> None:
         self.ops, self.spec, self.precision = ops, spec, precision
         self.tp = tp or TensorParallel(spec, 1)
-        self.ccl = TensorParallelCCL(ops, self.tp.degree, num_links)
+        self.ccl = TensorParallelCCL(ops, self.tp.mesh, num_links)
         # One compute kernel config per weight dtype (math fidelity to match), one exact (HiFi4)
         # for bf16 weights and the one-hot / rotation matmuls.
         self.kernels = {d: ops.compute_config(f, fp32_acc=acc) for d, (f, acc) in FIDELITY.items()}
@@ -150,6 +151,7 @@ class TTModel:
                 eps=spec.rms_norm_eps,
                 compute=k[prec.attention],
                 exact=self.exact,
+                rows=self.ccl.gather_rows,
             )
             rank = spec.attention_layers.index(i)
         else:
@@ -170,6 +172,7 @@ class TTModel:
                 eps=spec.rms_norm_eps,
                 compute=k[prec.gdn],
                 exact=self.exact,
+                rows=self.ccl.gather_rows,
             )
             rank = spec.gdn_layers.index(i)
         mlp: tuple[Tensor, Tensor, Tensor] | MoeWeights
@@ -264,7 +267,7 @@ class TTModel:
             greedy = ops.argmax(logits)
         else:
             local = candidates(ops, parts, self.head_offsets, base=self.vocab_base)
-            cand, greedy = mesh_candidates(ops, local, lambda t: self.ccl.all_gather(t, -1))
+            cand, greedy = mesh_candidates(ops, local, lambda t: self.ccl.gather_all(t, -1))
             across = self._sum_across
         ops.copy(draw(ops, cand, inp.sampling, greedy, self.sampling_compute), inp.out_ids)
         ops.copy(cand.ids, inp.out_top_ids)
@@ -273,7 +276,7 @@ class TTModel:
     def _sum_across(self, t: Tensor) -> Tensor:
         """[1, R, 1] partial sums -> their sum over the chips, gathered on dim 0: a tile-padded
         last dim would take the composite gather, unsafe under trace (limits.all_gather_async)."""
-        return self.ops.sum(self.ccl.all_gather(t, 0), 0)
+        return self.ops.sum(self.ccl.gather_all(t, 0), 0)
 
     def _decode_ids(self, inp: InputBuffers) -> Tensor:
         """Each row's input id: the previous replay's pick for a fed row, else the host's
@@ -307,7 +310,7 @@ class TTModel:
                 )
             else:
                 h = attention_prefill(ops, h, layer.mixer, inp, pools.k[j], pools.v[j], rope, sdpa)
-            x = ops.add(x, self.ccl.all_reduce(h))
+            x = ops.add(x, self.ccl.reduce_heads(h))
             mlp = self._mlp(ops.rms_norm(x, layer.post_norm, eps), layer, inp)
             x = ops.add(x, self.ccl.all_reduce(mlp))
         self._head(ops.matmul(inp.last_select, x, self.exact), inp)  # the last valid token only
@@ -330,7 +333,7 @@ class TTModel:
                 h = attention_decode(
                     ops, h, layer.mixer, inp, pools.k[j], pools.v[j], rope, self.sdpa_decode
                 )
-            x = ops.add(x, self.ccl.all_reduce(h))
+            x = ops.add(x, self.ccl.reduce_heads(h))
             mlp = self._mlp(ops.rms_norm(x, layer.post_norm, eps), layer, inp)
             x = ops.add(x, self.ccl.all_reduce(mlp))
         self._head(x, inp)

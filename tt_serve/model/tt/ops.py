@@ -142,32 +142,60 @@ class Ops:
 
     # ---- host <-> device (never inside a trace capture) ----------------------------------
     def host(
-        self, array: np.ndarray, dtype: str, layout: str = TILE, *, shard_dim: int | None = None
+        self,
+        array: np.ndarray,
+        dtype: str,
+        layout: str = TILE,
+        *,
+        shard_dim: int | None = None,
+        mesh_dims: tuple[int | None, int | None] | None = None,
     ) -> Tensor:
         """A host ttnn tensor from numpy (torch-free: the nanobind ArrayLike constructor). On a
-        mesh it carries a distribution: replicated, or ``shard_dim`` split into one contiguous
-        chunk per chip (the host tensor of a persistent input must match its device tensor's
-        distribution for ``copy_host_to_device_tensor``)."""
+        mesh it carries a distribution: replicated, ``shard_dim`` split into one contiguous
+        chunk per chip in row-major chip order (``shard_tensor_to_mesh_mapper``), or
+        ``mesh_dims`` (the dim split over the rows, the one over the columns; None: replicated
+        on that axis: ``ShardTensor2dMesh``'s ``create_mesh_mapper`` config). The host tensor of
+        a persistent input must match its device tensor's distribution for
+        ``copy_host_to_device_tensor``."""
         src: np.ndarray = np.ascontiguousarray(array, dtype=_numpy_source_dtype(dtype))
         kw: dict[str, Any] = {}
         if self.num_chips > 1:
-            t = self.ttnn
-            kw["mesh_mapper"] = (
-                t.replicate_tensor_to_mesh_mapper(self.device)
-                if shard_dim is None
-                else t.shard_tensor_to_mesh_mapper(self.device, shard_dim)
-            )
-        elif shard_dim is not None:
-            raise ValueError("shard_dim needs a mesh")
+            kw["mesh_mapper"] = self._mapper(shard_dim, mesh_dims)
+        elif shard_dim is not None or mesh_dims is not None:
+            raise ValueError("shard_dim / mesh_dims need a mesh")
         return self.ttnn.Tensor(src, data_type=self.dtype(dtype), layout=self.layout(layout), **kw)
 
     def to_device(self, host: Tensor) -> Tensor:
         return self.ttnn.to_device(host, self.device, memory_config=self.ttnn.DRAM_MEMORY_CONFIG)
 
+    def _mapper(
+        self, shard_dim: int | None, mesh_dims: tuple[int | None, int | None] | None
+    ) -> Any:
+        t = self.ttnn
+        if mesh_dims is not None:
+            assert self.mesh is not None
+            placements = [
+                t.PlacementReplicate() if d is None else t.PlacementShard(d) for d in mesh_dims
+            ]
+            return t.create_mesh_mapper(
+                self.device, t.MeshMapperConfig(placements, t.MeshShape(*self.mesh))
+            )
+        if shard_dim is None:
+            return t.replicate_tensor_to_mesh_mapper(self.device)
+        return t.shard_tensor_to_mesh_mapper(self.device, shard_dim)
+
     def upload(
-        self, array: np.ndarray, dtype: str, layout: str = TILE, *, shard_dim: int | None = None
+        self,
+        array: np.ndarray,
+        dtype: str,
+        layout: str = TILE,
+        *,
+        shard_dim: int | None = None,
+        mesh_dims: tuple[int | None, int | None] | None = None,
     ) -> Tensor:
-        return self.to_device(self.host(array, dtype, layout, shard_dim=shard_dim))
+        return self.to_device(
+            self.host(array, dtype, layout, shard_dim=shard_dim, mesh_dims=mesh_dims)
+        )
 
     def zeros(self, shape: Sequence[int], dtype: str, layout: str = TILE) -> Tensor:
         """A zero-filled device tensor: how persistent buffers and pools are allocated."""
@@ -643,18 +671,21 @@ class Ops:
         x: Tensor,
         dim: int,
         *,
+        cluster_axis: int,
         semaphores: Sequence[Any],
         barrier: Any,
         num_links: int,
     ) -> Tensor:
-        """Every chip's ``x`` concatenated along ``dim`` on every chip:
-        ``ttnn.experimental.all_gather_async`` with caller-owned semaphores and a barrier (the
-        trace-safe gather, tt-metal #48404; ``Topology.Linear`` on the FABRIC_1D fabric)."""
+        """Every chip's ``x`` on its line of ``cluster_axis`` concatenated along ``dim`` on
+        every chip of the line: ``ttnn.experimental.all_gather_async`` with caller-owned
+        semaphores and a barrier (the trace-safe gather, tt-metal #48404; ``Topology.Linear``
+        on the FABRIC_1D fabric), as tt_transformers' ``tt_all_gather`` calls it."""
         return self.ttnn.experimental.all_gather_async(
             x,
             dim=dim,
             multi_device_global_semaphore=list(semaphores),
             num_links=num_links,
+            cluster_axis=cluster_axis,
             topology=self.ttnn.Topology.Linear,
             barrier_semaphore=barrier,
         )
@@ -664,19 +695,21 @@ class Ops:
         x: Tensor,
         dim: int,
         *,
+        cluster_axis: int,
         semaphores: Sequence[Any],
         barrier: Any,
         num_links: int,
     ) -> Tensor:
-        """The sum of every chip's ``x``, chunk i of ``dim`` left on chip i:
-        ``ttnn.experimental.reduce_scatter_minimal_async`` as tt_transformers' ``tt_all_reduce``
-        calls it on 1 x N meshes (DRAM intermediate, Linear topology)."""
+        """The sum of ``x`` over its line of ``cluster_axis``, chunk i of ``dim`` left on the
+        line's chip i: ``ttnn.experimental.reduce_scatter_minimal_async`` as tt_transformers'
+        ``tt_all_reduce`` calls it (DRAM intermediate, Linear topology, ``cluster_axis``)."""
         return self.ttnn.experimental.reduce_scatter_minimal_async(
             x,
             dim=dim,
             multi_device_global_semaphore=list(semaphores),
             barrier_semaphore=barrier,
             num_links=num_links,
+            cluster_axis=cluster_axis,
             memory_config=self.ttnn.DRAM_MEMORY_CONFIG,
             intermediate_memory_config=self.ttnn.DRAM_MEMORY_CONFIG,
             topology=self.ttnn.Topology.Linear,

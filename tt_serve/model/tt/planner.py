@@ -13,9 +13,11 @@ measures the peak DRAM of everything else (weights, states, snapshots, buffers, 
 trace region), then the pool takes what is left less ``SAFETY_FRACTION`` of the chip's DRAM, and
 a second run checks the result. :func:`plan_pools` is that sizing, for the server.
 
-A multi-chip device is planned as the backend runs on it: tensor parallel over its 1 x N mesh
-(``FakeMeshTTNN``: every chip its own DRAM banks, trace region and op rules on the per-chip
-shapes; the collectives' staging buffers are charged while they run). Figures are per chip.
+A multi-chip device is planned as the backend runs on it: tensor parallel over its mesh (1 x N,
+or 2-D: T3K 2x4 with ``mesh``, Galaxy 8x4; ``FakeMeshTTNN``: every chip its own DRAM banks,
+trace region and op rules on the per-chip shapes; the collectives of each ``cluster_axis`` and
+their staging buffers are charged while they run, links per axis as the device has them).
+Figures are per chip.
 :func:`smallest_mesh` picks the first device description whose plan fits.
 """
 
@@ -39,7 +41,7 @@ from tt_serve.model.tt.memory import DramBudget
 from tt_serve.model.tt.ops import Ops
 from tt_serve.model.tt.parallel import TensorParallel
 from tt_serve.model.tt.precision import Precision
-from tt_serve.model.tt.weights import layout_weights, shape_only_weights, shard_shape
+from tt_serve.model.tt.weights import layout_weights, shape_only_weights
 
 SAFETY_FRACTION = 0.02
 """DRAM kept free when the KV pool is sized from memory (allocator fragmentation, buffers the
@@ -268,7 +270,7 @@ def _weight_bytes(
     if tp.degree > 1:
         laid = tp.layout(laid)
     for name, hw in laid.items():
-        shape = shard_shape(tuple(hw.array.shape), hw.shard_dim, tp.degree)
+        shape = tp.chip_shape(hw)
         b = _bytes(dram, shape, hw.dtype, hw.layout)
         g = _weight_group(name, spec)
         groups[g] = groups.get(g, 0) + b
@@ -347,7 +349,11 @@ def _run(
             raise PlanError("tp.split", str(exc)) from None
         n = mesh[0] * mesh[1]
         fake = FakeMeshTTNN(
-            num_devices=n, chip=chip_dev.chip, shape_only=True, max_links=chip_dev.ccl_links
+            num_devices=n,
+            chip=chip_dev.chip,
+            shape_only=True,
+            max_links=chip_dev.links_on(mesh) if chip_dev.num_chips > 1 else 0,
+            mirror=True,  # SPMD on equal shapes: one chip's model stands for every chip
         )
     run = _Run(fake)
     ops = Ops(_Recorder(fake, log))
@@ -366,7 +372,7 @@ def _run(
             traced_prefill=req.traced_prefill,
             max_prefill_chunk=req.prefill_chunk,
             max_model_len=req.max_model_len or None,
-            ccl_links=max(1, chip_dev.ccl_links),
+            ccl_links=chip_dev.links_on(mesh),
         )
         run.backend = be
         capture_all = be.programs.capture_all
@@ -466,7 +472,12 @@ def plan_pools(
 ) -> PoolPlan:
     """The pools the server should allocate for ``cfg`` on ``device`` (KV sized from DRAM when
     ``cfg.kv_blocks`` is 0). Raises PlanError naming the limit when nothing fits."""
-    p = plan(spec, PlanRequest.from_config(cfg, device, trace_region_size))
+    from tt_serve.config import mesh_shape
+
+    req = PlanRequest.from_config(cfg, device, trace_region_size)
+    if mesh_shape(cfg) != (1, 1):  # each chip of the configured mesh, tensor parallel
+        req = replace(req, mesh=mesh_shape(cfg))
+    p = plan(spec, req)
     if not p.ok or p.pools is None:
         raise PlanError(p.limit_rule or "plan", f"{p.limit_message} ({p.hint})")
     return p.pools
@@ -521,11 +532,21 @@ def plan(spec: ModelSpec, req: PlanRequest, ops_out: IO[str] | None = None) -> P
     mesh = _mesh(req, dev)
     tp = _tp(spec, req, dev)
     result.chips = mesh[0] * mesh[1]
-    if result.chips > 1:
+    if result.chips > 1 and mesh[0] == 1:
         result.notes.append(
             f"tensor parallel over a {mesh[0]} x {mesh[1]} mesh: weights, pools and DRAM are "
             f"per chip (heads, widths and vocabulary split {tp.degree} ways; embedding, norms "
             "and router replicated); the collectives' staging buffers count in the peak"
+        )
+    elif result.chips > 1:
+        result.notes.append(
+            f"tensor parallel over a {mesh[0]} x {mesh[1]} mesh: weights, pools and DRAM are "
+            f"per chip; heads (attention, GDN) split over the {mesh[1]} columns (cluster_axis "
+            f"1) and every projection also over the {mesh[0]} rows (cluster_axis 0), so each "
+            f"chip holds 1/{tp.degree} of each projection; MLP and vocabulary over all "
+            f"{tp.degree} chips; KV, GDN states and snapshots per column, replicated over the "
+            "rows; embedding and norms replicated; both axes' collectives and staging buffers "
+            "count in the peak"
         )
     no_region = DramBudget(dev.chip)
     result.weights, result.weight_dtypes = _weight_bytes(spec, precision, no_region, tp)

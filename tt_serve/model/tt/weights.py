@@ -45,6 +45,9 @@ class HostWeight:
     dtype: str
     layout: str
     shard_dim: int | None = None  # on a mesh: split on this dim, one chunk per chip (parallel.py)
+    # on a 2-D mesh: the dim split over the mesh rows and the one over the columns (None:
+    # replicated on that axis), ``ttnn.ShardTensor2dMesh``'s ``dims`` (parallel.py)
+    mesh_dims: tuple[int | None, int | None] | None = None
 
 
 def shape_only_array(shape: tuple[int, ...]) -> np.ndarray:
@@ -273,9 +276,11 @@ def load_device_weights(
     if tp is not None and tp.degree > 1:
         laid = tp.layout(layout_weights(spec, source(), precision, moe_dispatch))
         return {
-            n: ops.zeros(shard_shape(hw.array.shape, hw.shard_dim, tp.degree), hw.dtype, hw.layout)
+            n: ops.zeros(tp.chip_shape(hw), hw.dtype, hw.layout)
             if is_shape_only(hw.array)
-            else ops.upload(hw.array, hw.dtype, hw.layout, shard_dim=hw.shard_dim)
+            else ops.upload(
+                hw.array, hw.dtype, hw.layout, shard_dim=hw.shard_dim, mesh_dims=hw.mesh_dims
+            )
             for n, hw in laid.items()
         }
     key = cache_key(spec, precision, moe_dispatch)
