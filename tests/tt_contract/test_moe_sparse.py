@@ -16,6 +16,7 @@ from tests.tt_contract import harness as h
 from tests.tt_contract.test_moe import INTER, TOP_K, H, _checkpoint, _dense, _ops, _weights
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt import limits, moe
+from tt_serve.model.tt.backend import TTBackend
 from tt_serve.model.tt.fake_ttnn import P150, ContractViolation, FakeTTNN
 from tt_serve.model.tt.limits import DeviceLimitError, Matmul1DConfig, TensorInfo
 from tt_serve.model.tt.ops import ROW_MAJOR, Ops
@@ -309,3 +310,24 @@ def test_shape_only_real_size_layer_charges_the_expanded_outputs() -> None:
     assert gu.b_batch_bytes == (hidden // 32) * (2 * inter // 32) * 576
     peak = fake.dram_peak_per_bank * fake.dram.banks - before
     assert peak > (128 + 256) << 20
+
+
+def test_weight_cache_keys_the_expert_layout(moe_dir: Path, tmp_path: Path) -> None:
+    """The converted-weight cache holds one folder per dispatch: a sparse backend loads the
+    sparse layout from it without reconverting, and a dense one does not take it."""
+    spec = ModelSpec.from_hf_dir(moe_dir)
+    first = h.tt_backend(moe_dir, weight_cache_dir=tmp_path)
+    folders = {p.parent for p in tmp_path.rglob("manifest.json")}
+
+    def boom() -> dict[str, np.ndarray]:
+        raise AssertionError("a cache hit must not reconvert the checkpoint")
+
+    ops = Ops(h.fake())
+    ops.open_device(0, trace_region_size=h.TRACE_REGION, l1_small_size=0)
+    second = TTBackend(spec, boom, ops=ops, max_prefill_chunk=h.CHUNK, weight_cache_dir=tmp_path)
+    layer = second.model.layers[0].mlp
+    assert isinstance(layer, moe.MoeWeights) and isinstance(layer.experts, moe.SparseExperts)
+    p = [h.prompt(70, 3)]
+    assert h.generate(h.engine(first, spec), p, 4) == h.generate(h.engine(second, spec), p, 4)
+    h.tt_backend(moe_dir, weight_cache_dir=tmp_path, moe_dispatch="dense")
+    assert len({p.parent for p in tmp_path.rglob("manifest.json")} - folders) == 1
