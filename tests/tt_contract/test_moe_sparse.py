@@ -205,8 +205,9 @@ def test_single_chip_sparse_equals_torch_and_dense(
     moe_torch_tokens: list[tuple[list[int], int]],
 ) -> None:
     """Sparse (the default) and dense dispatch give the torch tokens, the second prompt a warm
-    hit at 256 that equals its cold run; every decode step reads top_k of the 8 experts per
-    layer (one active row; idle rows route nowhere) where the dense path reads all 8."""
+    hit at 256 that equals its cold run, pipelined (deviceResident) as synchronous; every
+    decode step reads top_k of the 8 experts per layer (one active row; idle rows route
+    nowhere) where the dense path reads all 8."""
     spec = ModelSpec.from_hf_dir(moe_dir)
     fake = h.fake()
     sparse = h.generate(h.engine(h.tt_backend(moe_dir, fake), spec), list(prompts), 8)
@@ -222,6 +223,11 @@ def test_single_chip_sparse_equals_torch_and_dense(
     assert "sparse_matmul" not in dense_fake.counts
     cold = h.generate(h.engine(h.tt_backend(moe_dir), spec, prefix_caching=False), [prompts[1]], 8)
     assert cold[0][1] == 0 and cold[0][0] == sparse[1][0]
+    piped = h.tt_backend(moe_dir, device_resident=True)
+    eng = h.engine(piped, spec)
+    assert eng.pipelining
+    assert h.generate(eng, list(prompts), 8) == moe_torch_tokens
+    assert piped.device_fed_decodes > 0
 
 
 @pytest.mark.parametrize("n", [2, 4])
@@ -232,8 +238,9 @@ def test_mesh_expert_placement(
     n: int,
 ) -> None:
     """Whole experts per chip (8 / n), the router replicated, the chips' partial sums
-    all-reduced: the torch tokens with the warm hit, synchronous and pipelined (deviceResident);
-    a decode step's chips together compute top_k experts per layer."""
+    all-reduced: the torch tokens with the warm hit (equal to the cold run), synchronous and
+    pipelined (deviceResident); a decode step's chips together compute top_k experts per
+    layer."""
     spec = ModelSpec.from_hf_dir(moe_dir)
     fake = h.mesh_fake(n)
     be = h.mesh_backend(moe_dir, n, fake)
@@ -243,6 +250,9 @@ def test_mesh_expert_placement(
     assert layer.experts.gate_up.shape == (1, spec.num_experts // n, spec.hidden_size, 256)
     assert layer.experts.select is not None and layer.experts.select.shape[-1] == 8 // n
     assert set(_decode_reads(fake.chips, rows=4)) == {0, spec.num_experts_per_tok}
+    cold_be = h.mesh_backend(moe_dir, n)
+    cold = h.generate(h.engine(cold_be, spec, prefix_caching=False), [prompts[1]], 8)
+    assert cold == [(moe_torch_tokens[1][0], 0)]
     piped = h.mesh_backend(moe_dir, n, device_resident=True)
     eng = h.engine(piped, spec)
     assert eng.pipelining
