@@ -312,6 +312,8 @@ def test_2d_tokens_match_torch_with_warm_prefix_hit(
     }
     assert {topo for _, _, topo, _ in fake.ccl_calls} == {"linear"}
     assert len({c.dram.used_per_bank for c in fake.chips}) == 1
+    dev = be.device_description()  # the whole mesh, each chip planned as the grid's chip
+    assert dev.mesh == (rows, cols) and dev.num_chips == n and dev.name == "p100"
 
 
 def test_2d_warm_equals_cold(dense_dir: Path, prompts: tuple[list[int], list[int]]) -> None:

@@ -82,7 +82,9 @@ class Ops:
         """A MeshDevice of ``shape`` (rows, cols) over ``device_ids`` (empty: the first chips).
         The fabric is brought up first, as tt-metal's mesh fixture does (CCLs need it):
         ``FABRIC_1D``, the config qwen36 and tt_transformers use for 1 x N meshes; the
-        collectives then run ``Topology.Linear`` (notes/ttnn-mesh.md 1.4, 7)."""
+        collectives then run ``Topology.Linear`` (notes/ttnn-mesh.md 1.4, 7). On a 2-D mesh
+        every collective names its ``cluster_axis``, so the 1-D fabric serves both axes (a
+        collective over the whole 2-D mesh would need ``FABRIC_2D``)."""
         t = self.ttnn
         t.set_fabric_config(t.FabricConfig.FABRIC_1D)
         self.device = t.open_mesh_device(

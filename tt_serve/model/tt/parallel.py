@@ -116,8 +116,8 @@ class TensorParallel:
         if r > 1 and s.num_experts:
             raise ValueError(
                 f"{name} is a MoE model; MoE layers run tensor parallel on 1 x N meshes only, not "
-                f"on the {r} x {c} mesh: open the chips as one line (--mesh 1x{n}, e.g. 1x8 on "
-                "T3K)"
+                f"on the {r} x {c} mesh: open its chips as one line (--mesh 1x{min(n, 8)} with "
+                f"{min(n, 8)} --device-ids, e.g. 1x8 on T3K)"
             )
         problems = []
 
