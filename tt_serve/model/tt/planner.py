@@ -56,6 +56,10 @@ trace_bytes`` is an estimate until it is measured on a card), in whole ``TRACE_R
 TRACE_REGION_STEP = 16 << 20
 
 HINTS = {
+    "tp.split": (
+        "pick a mesh the model's heads and widths divide over (--mesh ROWSxCOLS, or another "
+        "--device); MoE models split over 1 x N meshes only"
+    ),
     "dram.capacity": (
         "use --precision mixed or bfp4-mlp (block-float weights), fewer --kv-blocks, fewer "
         "--snapshot-slots, a smaller --max-batch-size or --trace-region-size, or a device with "
