@@ -42,11 +42,12 @@ split over the rows (``cluster_axis=0``), so each chip holds 1/(R·C) of each pr
   replicated over the rows, so a state copy runs on all R·C chips (all or nothing:
   ``backend.StateCopyError``).
 
-tt-metal's own 8x4 Galaxy model (models/demos/llama3_70b_galaxy/tt/llama_mlp.py,
-llama_attention.py) shards each weight with ``ShardTensor2dMesh(dims=(-1, -2))`` (output over
-the 8 rows, hidden over the 4 columns) and keeps the residual fractured over the columns; this
-stack keeps its replicated residual and the 1 x C head split (every hybrid layer's per-chip
-program is the tested 1 x N one), and adds the row split on top. MoE layers run on 1 x N meshes
+tt-metal's own 8x4 Galaxy model (tt-metal:models/demos/llama3_70b_galaxy/tt/llama_mlp.py)
+shards w1/w3 with ``ShardTensor2dMesh(dims=(-1, -2))`` (intermediate over the 8 rows, hidden
+over the 4 columns) and w2 with ``dims=(-2, -1)``, keeps the residual fractured over the
+columns, reduce-scatters FF1/FF3 on ``cluster_axis=1`` and all-reduces FF2 on
+``cluster_axis=0``; this stack keeps its replicated residual and the 1 x C head split (every
+hybrid layer's per-chip program is the tested 1 x N one), and adds the row split on top. MoE layers run on 1 x N meshes
 only (``check``: experts are not split over rows yet).
 
 A row-parallel projection leaves partial sums on every chip; ``ccl.TensorParallelCCL`` sums
