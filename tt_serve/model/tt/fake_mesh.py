@@ -20,8 +20,9 @@ CCLs take ``cluster_axis``: the collective runs independently on every line of t
 chips that differ only in that coordinate), the other axis untouched (the 0.81.1 all_gather
 docstring: "Other mesh axes run independent gathers"). Without ``cluster_axis`` the line is the
 whole mesh, which on a mesh with more than one row and column needs a 2-D fabric (FABRIC_2D*:
-the vllm-tt-plugin fabric tests, notes 3.2). Links are checked per axis (tt_transformers
-ccl.py ``get_num_links``: TG / BHGLX (4, 3)); ``Topology.Ring`` needs a ring fabric and an axis
+tenstorrent/vllm-tt-plugin:tests/test_fabric_config.py, notes 3.2). Links are checked per axis
+(tt-metal:models/tt_transformers/tt/ccl.py ``get_num_links``: TG / BHGLX (4, 3));
+``Topology.Ring`` needs a ring fabric and an axis
 whose chips wrap around (``ttnn.get_usable_topology``: a ring "is demoted to linear when the
 tensor's devices along cluster_axis do not form a full wraparound"; this fake is strict and
 raises instead).
