@@ -393,10 +393,10 @@ def test_2d_restore_fault_on_one_chip_fails_the_hit_and_leaks_nothing(
     assert h.generate(eng, [b], 12) == [torch_tokens[1]]
 
 
-def test_2d_mesh_that_does_not_divide_or_moe_raises(dense_dir: Path, moe_dir: Path) -> None:
+def test_2d_mesh_that_does_not_divide_raises(dense_dir: Path, moe_dir: Path) -> None:
     """4 x 4: the hidden dim is not 16 tiles; with a wider model on 8 x 4, one head per column
-    leaves a 128-wide gate block that is not 8 whole tiles; a MoE model on a 2-D mesh is
-    refused, naming the 1 x N mesh to use."""
+    leaves a 128-wide gate block that is not 8 whole tiles; the tiny MoE model's 8 experts do
+    not place whole over 16 chips."""
     import dataclasses
 
     from tt_serve.model.tt.parallel import TensorParallel
@@ -408,5 +408,30 @@ def test_2d_mesh_that_does_not_divide_or_moe_raises(dense_dir: Path, moe_dir: Pa
     with pytest.raises(ValueError, match=r"8 x 4 mesh.*attention gate 128 per column % \(32 x 8"):
         TensorParallel.for_mesh(wide, (8, 4))
     assert TensorParallel.for_mesh(wide, (1, 4)).degree == 4
-    with pytest.raises(ValueError, match=r"MoE model.*2 x 2 mesh.*--mesh 1x4"):
-        mesh2d_backend(moe_dir, 2, 2)
+    moe = ModelSpec.from_hf_dir(moe_dir)
+    with pytest.raises(ValueError, match=r"2 x 8 mesh.*experts 8 % 16 \(whole experts per chip"):
+        TensorParallel.for_mesh(dataclasses.replace(moe, num_attention_heads=8), (2, 8))
+
+
+def test_2d_moe_tokens_match_torch_warm_and_pipelined(moe_dir: Path) -> None:
+    """2 x 2: whole experts over all four chips (2 each, row-major), the shared expert split
+    like the MLP, routed + shared partial sums reduced over both axes: the torch tokens with a
+    warm prefix hit, cold == warm, and pipelined == synchronous."""
+    spec = ModelSpec.from_hf_dir(moe_dir)
+    a = h.prompt(300, 11)
+    b = a[:256] + h.prompt(40, 12)
+    ref = h.generate(h.engine(h.torch_backend(moe_dir), spec), [a, b], 6)
+    fake = mesh2d_fake(2, 2)
+    be = mesh2d_backend(moe_dir, 2, 2, fake)
+    got = h.generate(h.engine(be, spec), [a, b], 6)
+    assert got == ref and got[1][1] == 256, "the second prompt must be a warm prefix hit"
+    layer = be.model.layers[0].mlp
+    assert not isinstance(layer, tuple) and isinstance(layer.experts, SparseExperts)
+    assert layer.experts.gate_up.shape[1] == spec.num_experts // 4
+    assert {call[-1] for call in fake.ccl_calls} == {0, 1}  # both axes' collectives ran
+    cold = h.generate(h.engine(mesh2d_backend(moe_dir, 2, 2), spec, prefix_caching=False), [b], 6)
+    assert cold[0][1] == 0 and cold[0][0] == got[1][0]
+    piped = mesh2d_backend(moe_dir, 2, 2, device_resident=True)
+    eng = h.engine(piped, spec)
+    assert eng.pipelining and h.generate(eng, [a, b], 6) == ref
+    assert piped.device_fed_decodes > 0

@@ -2,7 +2,7 @@
 planner): startup (every pool, every trace on the mesh), two prefill chunks, decode steps
 (greedy, device-sampled, host-sampled) and a snapshot save/restore/reset of Qwen3.6-27B on a
 4 x P150 box, on a Galaxy (8 x 4) and a T3K opened as 2 x 4, and Qwen3.6-35B-A3B on 4 x P150
-and a T3K, every rule checked per chip on the per-chip shapes and the DRAM charged per chip."""
+and a T3K (1 x 8 and 2 x 4), every rule checked per chip on the per-chip shapes and the DRAM charged per chip."""
 
 from __future__ import annotations
 
@@ -99,6 +99,27 @@ def test_qwen36_27b_on_a_2d_mesh(spec27: ModelSpec, device: str, mesh: tuple[int
 
 
 def test_a_split_that_does_not_divide_is_the_plan_verdict(spec35: ModelSpec) -> None:
-    """A MoE model on Galaxy (8 x 4): experts run on 1 x N meshes only; the plan names it."""
+    """Qwen3.6-35B-A3B on Galaxy (8 x 4): 256 experts are 8 per chip, but the 512-wide shared
+    expert is not a whole tile on each of 32 chips; the plan names the count."""
     p = planner.plan(spec35, planner.PlanRequest(device="galaxy", kv_blocks=64))
-    assert not p.ok and p.limit_rule == "tp.split" and "1 x N" in (p.limit_message or "")
+    assert not p.ok and p.limit_rule == "tp.split"
+    assert "shared expert intermediate 512 % (32 x 32)" in (p.limit_message or "")
+
+
+def test_qwen36_35b_a3b_on_t3k_2x4(spec35: ModelSpec) -> None:
+    """T3K opened as 2 x 4, bfp8: 32 whole experts per chip over all eight chips, heads over
+    the four columns; startup, prefill, decode and a snapshot save / restore / reset."""
+    req = planner.PlanRequest(
+        device="t3k",
+        mesh=(2, 4),
+        precision="mixed",
+        max_batch_size=1,
+        kv_blocks=256,
+        trace_region_size=96 << 20,
+    )
+    p = planner.plan(spec35, req)
+    assert p.ok, f"[{p.limit_rule}] {p.limit_message}"
+    assert p.chips == 8 and p.dram_peak < device_spec("t3k").chip.dram_bytes
+    experts = 40 * 256 // 8 * 3 * 2048 * 512 // 1024 * 1088  # bfp8 tiles, 32 experts a chip
+    assert abs(p.weights["experts"] - experts) < 1e-3 * experts
+    assert any("cluster_axis 0" in n for n in p.notes)

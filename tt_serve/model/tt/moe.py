@@ -29,7 +29,8 @@ is the expanded outputs: a 256-token chunk of Qwen3.6-35B-A3B allocates [1, 1, 1
 (128 MiB bf16) and [1, 256, 256, 2048] (256 MiB) on one chip, a quarter of that on 1 x 4 (the
 planner's shape-only run charges them).
 
-Expert placement on a 1 x N mesh: chip c holds the whole experts [c·E/N, (c+1)·E/N) (gate_up
+Expert placement on a mesh of N chips (1 x N, or R x C with N = R·C in row-major chip order):
+chip c holds the whole experts [c·E/N, (c+1)·E/N) (gate_up
 and down sharded on the expert dim, ``parallel.py``), the router is replicated, and each chip
 computes its local experts for the tokens routed to them. Its output is a partial sum over the
 experts, added to the shared expert's partial sum (column/row parallel) and reduced by the

@@ -114,12 +114,6 @@ class TensorParallel:
     def check(self) -> None:
         s, n, r, c = self.spec, self.degree, self.rows, self.cols
         name = s.model_id or "the model"
-        if r > 1 and s.num_experts:
-            raise ValueError(
-                f"{name} is a MoE model; MoE layers run tensor parallel on 1 x N meshes only, not "
-                f"on the {r} x {c} mesh: open its chips as one line (--mesh 1x{min(n, 8)} with "
-                f"{min(n, 8)} --device-ids, e.g. 1x8 on T3K)"
-            )
         problems = []
 
         def need(ok: bool, what: str) -> None:

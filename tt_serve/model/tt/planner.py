@@ -58,7 +58,7 @@ TRACE_REGION_STEP = 16 << 20
 HINTS = {
     "tp.split": (
         "pick a mesh the model's heads and widths divide over (--mesh ROWSxCOLS, or another "
-        "--device); MoE models split over 1 x N meshes only"
+        "--device)"
     ),
     "dram.capacity": (
         "use --precision mixed or bfp4-mlp (block-float weights), fewer --kv-blocks, fewer "
