@@ -140,3 +140,16 @@ def test_module_imports_without_ttnn() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == str(len(DEVICES))
+
+
+def test_a_mesh_names_its_box_and_links() -> None:
+    """What a server on a mesh takes its CCL link counts from: the box that opens as it."""
+    from tt_serve.model.tt.devices import box_for_mesh
+
+    assert box_for_mesh("blackhole", (1, 4)).name == "p150x4"  # type: ignore[union-attr]
+    assert box_for_mesh("blackhole", (1, 2)).name == "p300"  # type: ignore[union-attr]
+    t3k = box_for_mesh("wormhole_b0", (2, 4))
+    assert t3k is not None and t3k.name == "t3k" and t3k.links_on((2, 4)) == (1, 1)
+    galaxy = box_for_mesh("wormhole_b0", (8, 4))
+    assert galaxy is not None and galaxy.links_on((8, 4)) == (4, 3)
+    assert box_for_mesh("blackhole", (1, 3)) is None

@@ -246,7 +246,8 @@ def test_one_chip_mesh_is_the_single_device(
 
 def test_from_config_opens_the_mesh(dense_dir: Path, tmp_path: Path) -> None:
     """``device_ids`` (0, 1) with mesh "1x2" (config.mesh_shape) open a 1 x 2 MeshDevice with
-    the FABRIC_1D fabric and run the tensor-parallel programs."""
+    the FABRIC_1D fabric and run the tensor-parallel programs; the collectives use the box's
+    links (two Blackhole chips: a P300, 2 links in tt_transformers' get_num_links)."""
     import dataclasses
 
     from tt_serve.config import ServeConfig
@@ -264,6 +265,7 @@ def test_from_config_opens_the_mesh(dense_dir: Path, tmp_path: Path) -> None:
     spec = ModelSpec.from_hf_dir(dense_dir)
     be = h.TTBackend.from_config(cfg, spec, max_model_len=512, ops=Ops(fake))
     assert be.ops.mesh == (1, 2) and be.tp.degree == 2
+    assert be.model.ccl.links == (2, 2)
     assert fake.fabric.name == "FABRIC_1D" and fake.device is not None
     assert fake.device.get_device_ids() == [0, 1]
     be.close()

@@ -47,7 +47,12 @@ from tt_serve.model.interface import StateCopy, StepBatch, StepOutput, StepRow
 from tt_serve.model.resident import ResidentSlots
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.buffers import InputBuffers
-from tt_serve.model.tt.devices import DeviceSpec, single_chip_for_arch, single_chip_for_grid
+from tt_serve.model.tt.devices import (
+    DeviceSpec,
+    box_for_mesh,
+    single_chip_for_arch,
+    single_chip_for_grid,
+)
 from tt_serve.model.tt.inputs import (
     DecodeValues,
     PrefillValues,
@@ -202,6 +207,10 @@ class TTBackend:
 
         mesh = mesh_shape(cfg)  # config.py owns "ROWSxCOLS" / 1 x len(device_ids)
         ops = ops or Ops.load()
+        # The links tt_transformers' get_num_links gives the box (2 on P150x4 / P300, 4 and 3 on
+        # a Galaxy's axes); a mesh no description opens as keeps DEFAULT_CCL_LINKS.
+        box = box_for_mesh(ops.arch_name(), mesh) if mesh != (1, 1) else None
+        links = box.links_on(mesh) if box is not None else DEFAULT_CCL_LINKS
         region = cfg.trace_region_size
         if region == 0:
             from tt_serve.model.tt.planner import PlanRequest, trace_region_for
@@ -224,6 +233,7 @@ class TTBackend:
             device_resident=cfg.device_resident,
             max_prefill_chunk=cfg.prefill_chunk,
             max_model_len=max_model_len,
+            ccl_links=links,
         )
 
     # ---- pools and traces ----------------------------------------------------------------

@@ -399,6 +399,17 @@ def single_chip_for_grid(grid_x: int, grid_y: int) -> DeviceSpec:
     return min(matches, key=lambda d: (d.num_chips, d.chip.dram_bytes))
 
 
+def box_for_mesh(arch: str, mesh: tuple[int, int]) -> DeviceSpec | None:
+    """The multi-chip description a ``mesh`` of ``arch`` chips is opened on (T3K for 1x8 or 2x4
+    Wormhole chips, P150x4 for 1x4 Blackhole, ...), or None when no description opens as it:
+    what a server on a mesh takes its per-axis CCL link counts from (``links_on``)."""
+    chips = mesh[0] * mesh[1]
+    for d in DEVICES.values():
+        if d.chip.arch == arch and d.num_chips == chips and mesh in d.meshes:
+            return d
+    return None
+
+
 def single_chip_for_arch(arch: str) -> DeviceSpec:
     """The one-chip description to size a trace region with before a device of ``arch``
     (``ttnn.get_arch_name()``: "wormhole_b0", "blackhole") is opened: the one with the most
