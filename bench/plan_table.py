@@ -10,6 +10,7 @@ how long planning took.
     python -m bench.plan_table                      # the issue's table (6 models x 2 x 3 x 3)
     python -m bench.plan_table --models qwen3.5-9b --devices p150 --batches 16
     python -m bench.plan_table --agents 8 --context 131072 --devices p150 p300 p150x4 p150x8
+    python -m bench.plan_table --models qwen3.6-27b --devices t3k t3k:2x4 galaxy --batches 1 32
 
 With ``--agents N --context T`` it answers the production question instead: N concurrent agents
 each holding T tokens of history, prefix caching on (a KV pool of N x T tokens, two snapshot
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.provenance import REPO_ROOT, git_info, machine_info
-from tt_serve.config import PRECISIONS
+from tt_serve.config import PRECISIONS, parse_mesh
 from tt_serve.model.published import SIZES, published_config
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt import planner
@@ -49,9 +50,16 @@ LEDGER = REPO_ROOT / "bench" / "runs" / "plan-table.jsonl"
 
 
 def plan_one(model: str, device: str, batch: int, precision: str, **shape: int) -> dict[str, Any]:
-    """One plan; ``shape``: further PlanRequest fields (max_model_len, kv_blocks, ...)."""
+    """One plan; ``shape``: further PlanRequest fields (max_model_len, kv_blocks, ...).
+    ``device`` may name a mesh shape the device opens as: ``t3k:2x4``."""
     spec = ModelSpec.from_config(published_config(model), model_id=model)
-    req = planner.PlanRequest(device=device, precision=precision, max_batch_size=batch, **shape)
+    name, _, shape_text = device.partition(":")
+    mesh = parse_mesh(shape_text) if shape_text else None
+    if shape_text and mesh is None:
+        raise SystemExit(f"plan_table: {device!r}: the mesh must be ROWSxCOLS, e.g. t3k:2x4")
+    req = planner.PlanRequest(
+        device=name, precision=precision, max_batch_size=batch, mesh=mesh, **shape
+    )
     start = time.perf_counter()
     p = planner.plan(spec, req)
     return {
@@ -84,7 +92,9 @@ def table(rows: Sequence[dict[str, Any]], batches: Sequence[int]) -> list[str]:
     keys: dict[tuple[str, str, str], dict[int, dict[str, Any]]] = {}
     for r in rows:
         q = r["request"]
-        keys.setdefault((r["model"], q["device"], q["precision"]), {})[q["max_batch_size"]] = r
+        mesh = q.get("mesh")
+        device = q["device"] + (f":{mesh[0]}x{mesh[1]}" if mesh else "")
+        keys.setdefault((r["model"], device, q["precision"]), {})[q["max_batch_size"]] = r
     for (model, device, precision), by_batch in keys.items():
         weights = next(iter(by_batch.values()))["weights_bytes"] / 1e9
         cells = [cell(by_batch[b]) if b in by_batch else "-" for b in batches]
