@@ -55,17 +55,17 @@ def tt_num_devices() -> int:
 
 @pytest.fixture
 def tt_mesh_ops(request: pytest.FixtureRequest, tt_num_devices: int) -> Iterator[object]:
-    """The real ttnn with a 1 x N MeshDevice open (N: the test's ``indirect`` parameter) on
-    the first N chips, as ``TTBackend.from_pretrained`` opens one (FABRIC_1D, the backend's
-    L1_SMALL); skips, saying why, when ttnn sees fewer than N chips."""
+    """The real ttnn with a MeshDevice open on the first chips, as ``TTBackend.from_pretrained``
+    opens one (FABRIC_1D, the backend's L1_SMALL): the test's ``indirect`` parameter is N (a
+    1 x N mesh) or (rows, cols); skips, saying why, when ttnn sees fewer chips."""
     from tt_serve.model.tt.backend import DEFAULT_L1_SMALL
     from tt_serve.model.tt.ops import Ops
 
-    n = int(request.param)
-    if tt_num_devices < n:
-        _skip(f"needs a 1 x {n} mesh: ttnn sees {tt_num_devices} Tenstorrent device(s)")
+    rows, cols = request.param if isinstance(request.param, tuple) else (1, int(request.param))
+    if tt_num_devices < rows * cols:
+        _skip(f"needs a {rows} x {cols} mesh: ttnn sees {tt_num_devices} Tenstorrent device(s)")
     ops = Ops.load()
-    ops.open_mesh((1, n), trace_region_size=MESH_TRACE_REGION, l1_small_size=DEFAULT_L1_SMALL)
+    ops.open_mesh((rows, cols), trace_region_size=MESH_TRACE_REGION, l1_small_size=DEFAULT_L1_SMALL)
     yield ops
     ops.close_device()
 

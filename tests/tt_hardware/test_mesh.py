@@ -1,5 +1,5 @@
-"""Tensor parallel on a real MeshDevice (1 x 2, 1 x 4, 1 x 8; each skips, with the reason
-printed, where ttnn sees fewer chips): greedy tokens against the torch backend's, a prefix hit
+"""Tensor parallel on a real MeshDevice (1 x 2, 1 x 4, 1 x 8 and the 2-D 2 x 4 of a T3K; each
+skips, with the reason printed, where ttnn sees fewer chips): greedy tokens against the torch backend's, a prefix hit
 restoring every chip's snapshot shard, and the collectives' bandwidth and numerics through
 ``bench/tt_ccl.py``. ``tests/tt_contract/test_tp_backend.py`` runs the same programs on the
 fake mesh in ``make test``.
@@ -25,6 +25,9 @@ from tt_serve.model.weights import load_weights
 
 pytestmark = pytest.mark.tt_hardware
 DEGREES = [2, 4, 8]
+# The token and snapshot checks also run 2-D: heads over the 4 columns, every projection also
+# over the 2 rows (tests/tt_contract/test_tp_backend.py's 2-D programs, on a card).
+MESHES = [*DEGREES, pytest.param((2, 4), id="2x4")]
 NEW_TOKENS = 12
 # Relative error of the device's logits against the reference's: bf16 activations and weights
 # (the bfloat16 profile these tests run) give a relative RMS error rho <~ 3e-2 (the derivation
@@ -105,7 +108,7 @@ def _decisive(path: Path, prompt: list[int], tokens: list[int]) -> list[bool]:
     return out
 
 
-@pytest.mark.parametrize("tt_mesh_ops", DEGREES, indirect=True)
+@pytest.mark.parametrize("tt_mesh_ops", MESHES, indirect=True)
 def test_tp_greedy_tokens_equal_torch(
     hw_mesh_dense_dir: Path,
     tt_mesh_ops: Any,
@@ -119,7 +122,7 @@ def test_tp_greedy_tokens_equal_torch(
     spec = ModelSpec.from_hf_dir(hw_mesh_dense_dir)
     n = tt_mesh_ops.num_chips
     be = _backend(hw_mesh_dense_dir, tt_mesh_ops)
-    assert be.tp.degree == n and tt_mesh_ops.mesh == (1, n)
+    assert be.tp.degree == n and be.tp.mesh == tt_mesh_ops.mesh
     got = h.generate(h.engine(be, spec), list(prompts), NEW_TOKENS)
     be.programs.release()
     assert got[1][1] == 256, "the second prompt must be a warm prefix hit"
@@ -153,7 +156,7 @@ def _state(be: TTBackend, row: int) -> list[list[np.ndarray]]:
     return conv + rec
 
 
-@pytest.mark.parametrize("tt_mesh_ops", DEGREES, indirect=True)
+@pytest.mark.parametrize("tt_mesh_ops", MESHES, indirect=True)
 def test_tp_snapshot_restore_on_every_chip(
     hw_mesh_dense_dir: Path, tt_mesh_ops: Any, prompts: tuple[list[int], list[int]]
 ) -> None:
