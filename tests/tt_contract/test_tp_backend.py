@@ -176,16 +176,17 @@ def test_tp_logits_match_torch(dense_dir: Path) -> None:
         np.testing.assert_allclose(tt, ref, atol=nm.logits_bound(float(np.abs(ref).max()), dims))
 
 
-def test_restore_fault_on_one_chip_fails_the_hit_and_leaks_nothing(
-    dense_dir: Path, prompts: tuple[list[int], list[int]], torch_tokens: list[tuple[list[int], int]]
+def _fault_on_restore(
+    be: h.TTBackend,
+    fake: FakeMeshTTNN,
+    chip: int,
+    spec: ModelSpec,
+    prompts: tuple[list[int], list[int]],
+    torch_tokens: list[tuple[list[int], int]],
 ) -> None:
-    """The second prompt's warm hit restores its snapshot on every chip; chip 1's copy fails
-    (chip 0 has run its copy). The backend raises StateCopyError, the engine fails that request
-    only, and every block, state slot and snapshot pin returns; the same request then runs
-    warm and gives the torch tokens."""
-    spec = ModelSpec.from_hf_dir(dense_dir)
-    fake = h.mesh_fake(2)
-    be = h.mesh_backend(dense_dir, 2, fake)
+    """The first prompt cold, then its warm hit with a fault injected into ``chip``'s part of
+    the snapshot restore: StateCopyError, that request fails naming the chip, nothing leaks
+    (blocks, slots), and the same hit again gives the torch tokens."""
     eng = h.engine(be, spec)
     a, b = prompts
     assert h.generate(eng, [a], 12) == torch_tokens[:1]
@@ -200,22 +201,33 @@ def test_restore_fault_on_one_chip_fails_the_hit_and_leaks_nothing(
             raise
 
     be.copy_states = spy  # type: ignore[method-assign]
-    fake.inject_fault(1, "fill_cache")
+    fake.inject_fault(chip, "fill_cache")
     eng.add_request("hit", b, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
     done = None
     while eng.has_unfinished():
         for o in eng.step():
             if o.finished:
                 done = o
-    assert done is not None and done.error is not None and "chip 1" in done.error
+    assert done is not None and done.error is not None and f"chip {chip}" in done.error
     assert len(errors) == 1 and isinstance(errors[0], StateCopyError)
     c = eng.scheduler.cache
     c.check_invariants()
     assert c.num_active_blocks == 0
     assert c.num_free_blocks + c.num_inactive_blocks == c.num_usable_blocks
     assert len(eng.scheduler._free_slots) == eng.scheduler.config.max_batch
-    again = h.generate(eng, [b], 12)
-    assert again == [torch_tokens[1]]
+    assert h.generate(eng, [b], 12) == [torch_tokens[1]]
+
+
+def test_restore_fault_on_one_chip_fails_the_hit_and_leaks_nothing(
+    dense_dir: Path, prompts: tuple[list[int], list[int]], torch_tokens: list[tuple[list[int], int]]
+) -> None:
+    """The second prompt's warm hit restores its snapshot on every chip; chip 1's copy fails
+    (chip 0 has run its copy). The backend raises StateCopyError, the engine fails that request
+    only, and every block, state slot and snapshot pin returns; the same request then runs
+    warm and gives the torch tokens."""
+    fake = h.mesh_fake(2)
+    be = h.mesh_backend(dense_dir, 2, fake)
+    _fault_on_restore(be, fake, 1, ModelSpec.from_hf_dir(dense_dir), prompts, torch_tokens)
 
 
 def test_heads_not_divisible_by_the_mesh_raise_at_construction(dense_dir: Path) -> None:
@@ -361,38 +373,9 @@ def test_2d_restore_fault_on_one_chip_fails_the_hit_and_leaks_nothing(
 ) -> None:
     """On 2 x 4 the warm hit's restore fails on chip 5 (row 1, column 1) after chips 0-4 ran
     theirs: StateCopyError, that request fails, nothing leaks, and the retry is exact."""
-    spec = ModelSpec.from_hf_dir(dense_dir)
     fake = mesh2d_fake(2, 4)
     be = mesh2d_backend(dense_dir, 2, 4, fake)
-    eng = h.engine(be, spec)
-    a, b = prompts
-    assert h.generate(eng, [a], 12) == torch_tokens[:1]
-    errors: list[BaseException] = []
-    original = be.copy_states
-
-    def spy(copies: list[StateCopy] | tuple[StateCopy, ...]) -> None:
-        try:
-            original(copies)
-        except Exception as exc:
-            errors.append(exc)
-            raise
-
-    be.copy_states = spy  # type: ignore[method-assign]
-    fake.inject_fault(5, "fill_cache")
-    eng.add_request("hit", b, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
-    done = None
-    while eng.has_unfinished():
-        for o in eng.step():
-            if o.finished:
-                done = o
-    assert done is not None and done.error is not None and "chip 5" in done.error
-    assert len(errors) == 1 and isinstance(errors[0], StateCopyError)
-    c = eng.scheduler.cache
-    c.check_invariants()
-    assert c.num_active_blocks == 0
-    assert c.num_free_blocks + c.num_inactive_blocks == c.num_usable_blocks
-    assert len(eng.scheduler._free_slots) == eng.scheduler.config.max_batch
-    assert h.generate(eng, [b], 12) == [torch_tokens[1]]
+    _fault_on_restore(be, fake, 5, ModelSpec.from_hf_dir(dense_dir), prompts, torch_tokens)
 
 
 def test_2d_mesh_that_does_not_divide_raises(dense_dir: Path, moe_dir: Path) -> None:
