@@ -60,6 +60,24 @@ def test_draws_equal_the_host_reference(setting: dict[str, Any], sync_free: bool
     assert n == 96
 
 
+def test_bf16_ties_at_the_kth_value_stay_on_the_candidate_path() -> None:
+    """Logits rounded to bf16 over a Qwen-size vocabulary tie at the k-th value for most rows;
+    the ties fit in TIE_ROOM extra candidates, so the rows are drawn there (not over the whole
+    vocabulary), with the kept set's ties included: the host reference's token every time."""
+    from tt_serve.model.ref import sampling as rs
+
+    rng = np.random.default_rng(11)
+    logits = torch.from_numpy(rng.standard_normal((16, 248320)).astype(np.float32) * 2.0)
+    logits = logits.bfloat16().float()
+    specs = [RowSampling(0.7, top_k=20, top_p=0.9, uniform=float(rng.random())) for _ in range(16)]
+    top = logits.topk(21, dim=-1).values
+    assert (top[:, 20] == top[:, 19]).sum() >= 4, "the fixture must tie at the k-th value"
+    fast, _, _ = rs._untied_topk(logits, specs)
+    assert fast == list(range(16))  # every row on the candidate path
+    got = draw_rows(logits, specs).tolist()
+    assert got == [sampler.draw(logits[i].numpy(), specs[i]) for i in range(16)]
+
+
 def test_top_p_falls_back_to_the_whole_vocabulary() -> None:
     """A flat distribution whose nucleus is wider than both candidate counts (16,384 tokens)."""
     logits = np.zeros((2, 40000), dtype=np.float32)
