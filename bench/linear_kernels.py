@@ -13,7 +13,6 @@ and its largest difference from ``F.linear``. One ledger line to
 from __future__ import annotations
 
 import argparse
-import statistics
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.provenance import REPO_ROOT, append_ledger
-from bench.timing import median_ms
+from bench.timing import interleaved_ms
 from tt_serve.model.ref.layers import Linear, packs
 from tt_serve.model.spec import ModelSpec
 
@@ -80,11 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                 "f_linear": lambda x=x, w=w: F.linear(x, w),
                 "packed": lambda x=x, p=packed: p(x),
             }
-            got: dict[str, list[float]] = {k: [] for k in arms}
-            for r in range(a.rounds):
-                for arm in list(arms) if r % 2 == 0 else list(reversed(arms)):
-                    got[arm].append(median_ms(arms[arm], a.calls))
-            ms = {k: statistics.median(v) for k, v in got.items()}
+            ms = interleaved_ms(arms, a.calls, a.rounds)
             speedup = ms["f_linear"] / ms["packed"]
             results[name][str(rows)] = {**ms, "speedup": speedup}
             print(

@@ -10,7 +10,6 @@ decode step has, interleaved over rounds in one process. One ledger line to
 from __future__ import annotations
 
 import argparse
-import statistics
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.provenance import REPO_ROOT, append_ledger
-from bench.timing import median_ms
+from bench.timing import interleaved_ms
 from tt_serve.model.ref.model import LmHead
 
 LEDGER = REPO_ROOT / "bench" / "runs" / "lm-head-layout.jsonl"
@@ -44,11 +43,7 @@ def main(argv: list[str] | None = None) -> int:
             "matmul_hidden_major": lambda x=x: x @ w_t,
             "onednn_packed": lambda x=x: packed(x),
         }
-        got: dict[str, list[float]] = {k: [] for k in arms}
-        for r in range(a.rounds):
-            for name in list(arms) if r % 2 == 0 else list(reversed(arms)):
-                got[name].append(median_ms(arms[name], a.calls))
-        ms = {k: statistics.median(v) for k, v in got.items()}
+        ms = interleaved_ms(arms, a.calls, a.rounds)
         ratio = ms["linear_vocab_major"] / ms["matmul_hidden_major"]
         packed_ratio = ms["matmul_hidden_major"] / ms["onednn_packed"]
         results[str(rows)] = {**ms, "speedup": ratio, "packed_over_matmul": packed_ratio}

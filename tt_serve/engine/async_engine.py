@@ -206,10 +206,17 @@ class AsyncEngine:
         self._streams[r.request_id] = cmd
 
     def _send(self, add: _Add, out: RequestOutput) -> None:
+        self._post(add.loop, [(add, out)])
+
+    def _post(
+        self, loop: asyncio.AbstractEventLoop, batch: list[tuple[_Add, RequestOutput]]
+    ) -> None:
+        """Outputs to their queues on ``loop``, in one wake-up of it."""
         try:
-            add.loop.call_soon_threadsafe(add.out.put_nowait, out)
-        except RuntimeError:  # the consumer's loop is closed
-            self.engine.abort(out.request_id)
+            loop.call_soon_threadsafe(_put_all, batch)
+        except RuntimeError:  # the consumers' loop is closed
+            for _, o in batch:
+                self.engine.abort(o.request_id)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         """A step's outputs to their streams: one wake-up of each consumer loop per step (not
@@ -224,11 +231,7 @@ class AsyncEngine:
                 self._streams.pop(o.request_id, None)
             by_loop.setdefault(s.loop, []).append((s, o))
         for loop, batch in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(_put_all, batch)
-            except RuntimeError:  # the consumers' loop is closed
-                for _, o in batch:
-                    self.engine.abort(o.request_id)
+            self._post(loop, batch)
 
     def _run(self) -> None:
         while not self._stopping:

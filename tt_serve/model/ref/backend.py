@@ -224,10 +224,10 @@ class TorchBackend:
             sampled = [j for j, r in enumerate(rows) if r.sample]
             if not sampled:
                 return
-            last = plan.last_tokens
+            last = hidden[plan.last_tokens]  # every row's last token (a view when contiguous)
             if len(sampled) < len(rows):
-                last = torch.arange(hidden.shape[0], device=self.device)[last][sampled]
-            logits = self.model.logits(hidden[last])  # [R, vocab] fp32
+                last = last[sampled]
+            logits = self.model.logits(last)  # [R, vocab] fp32
             picked = [n for n, j in enumerate(sampled) if not rows[j].want_logits]
             host = [n for n, j in enumerate(sampled) if rows[j].want_logits]
             if host:
