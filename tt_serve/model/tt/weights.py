@@ -311,12 +311,3 @@ def load_device_weights(
             ops.dump(folder / f"{i}.tensorbin", host[n])
         manifest.write_text(json.dumps({"key": key, "names": names}))
     return {n: ops.to_device(t) for n, t in host.items()}
-
-
-def shard_shape(shape: tuple[int, ...], shard_dim: int | None, degree: int) -> tuple[int, ...]:
-    """The per-chip shape of a tensor split ``degree`` ways on ``shard_dim`` (None: whole)."""
-    if shard_dim is None:
-        return shape
-    s = list(shape)
-    s[shard_dim] //= degree
-    return tuple(s)
