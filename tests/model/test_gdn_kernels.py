@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers.models.qwen3_5.modeling_qwen3_5 import (
     torch_chunk_gated_delta_rule,
     torch_recurrent_gated_delta_rule,
 )
 
 from tests import numerics as nm
-from tt_serve.model.ref.gdn import chunk_gated_delta, recurrent_gated_delta_step
+from tt_serve.model.ref.gdn import causal_conv, chunk_gated_delta, recurrent_gated_delta_step
 from tt_serve.model.ref.layers import l2norm
 
 
@@ -58,3 +59,20 @@ def test_recurrent_step_matches_hf() -> None:
     n = q.shape[-1]
     assert (out[0] - ref[0, 0]).abs().max().item() <= nm.reorder_bound(ref.abs().max().item(), n)
     assert (s - ref_s).abs().max().item() <= nm.reorder_bound(ref_s.abs().max().item(), n)
+
+
+@pytest.mark.parametrize("n", [1, 3, 64, 256, 301])
+@pytest.mark.parametrize("tap_major", [False, True])
+def test_causal_conv_is_bitwise_the_depthwise_conv1d(n: int, tap_major: bool) -> None:
+    """Token-major taps give exactly F.conv1d's numbers (the order it sums in), and the new
+    history is the last K-1 inputs, whatever the weight's strides."""
+    g = torch.Generator().manual_seed(n)
+    c, k = 96, 4
+    xs, history = torch.randn(n, c, generator=g), torch.randn(c, k - 1, generator=g)
+    conv = torch.randn(c, k, generator=g)
+    full = torch.cat([history, xs.T], dim=-1)
+    want = F.silu(F.conv1d(full[None], conv[:, None, :], groups=c)[0]).T
+    weight = conv.T.contiguous().T if tap_major else conv
+    out, new_history = causal_conv(history, xs, weight)
+    assert torch.equal(out, want)
+    assert torch.equal(new_history, full[:, -(k - 1) :])

@@ -80,6 +80,8 @@ def _lone_surrogate(value: object, path: str = "") -> str | None:
                 return found
     elif isinstance(value, list):
         for i, v in enumerate(value):
+            if type(v) is int:  # a token-id prompt: thousands of them, nothing to check
+                continue
             found = _lone_surrogate(v, f"{path}[{i}]")
             if found:
                 return found

@@ -23,7 +23,7 @@ class AttentionWeights:
     qkv_proj: Linear  # [q_proj (2·heads·hd, per head [q | gate]) | k_proj | v_proj] x H fused
     qkv_splits: tuple[int, ...]
     o_proj: Linear
-    q_norm: torch.Tensor  # [hd]
+    q_norm: torch.Tensor  # [hd] norm_scale(w)
     k_norm: torch.Tensor
     num_heads: int
     num_kv_heads: int

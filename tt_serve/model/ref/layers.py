@@ -6,11 +6,17 @@ import torch
 import torch.nn.functional as F
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Qwen3.5 RMSNorm: ``x * rsqrt(mean(x²) + eps) * (1 + w)``, computed in fp32."""
+def norm_scale(weight: torch.Tensor) -> torch.Tensor:
+    """The fp32 ``1 + w`` a Qwen3.5 RMSNorm multiplies by: computed once at load, not per call."""
+    return 1.0 + weight.float()
+
+
+def rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
+    """Qwen3.5 RMSNorm: ``x * rsqrt(mean(x²) + eps) * (1 + w)``, computed in fp32; ``scale`` is
+    ``norm_scale(w)`` (the same bits as HF's per-call ``1.0 + w.float()``)."""
     xf = x.float()
     out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (out * (1.0 + weight.float())).to(x.dtype)
+    return (out * scale).to(x.dtype)
 
 
 def rms_norm_gated(

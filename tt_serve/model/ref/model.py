@@ -13,6 +13,7 @@ from tt_serve.model.ref.gdn import GdnWeights, gdn_forward
 from tt_serve.model.ref.layers import (
     Linear,
     fused,
+    norm_scale,
     packs,
     rms_norm,
     rope_cos_sin,
@@ -36,7 +37,7 @@ class DenseMlpWeights:
 
 @dataclass(frozen=True)
 class LayerWeights:
-    input_norm: torch.Tensor
+    input_norm: torch.Tensor  # norm_scale(w): fp32 1 + w
     post_norm: torch.Tensor
     mixer: GdnWeights | AttentionWeights
     mlp: DenseMlpWeights | MoeWeights
@@ -52,7 +53,7 @@ class HybridModel:
         self.spec = spec
         w = {n: t.to(device) for n, t in weights.items()}
         self.embed = w["embed_tokens.weight"]
-        self.final_norm = w["norm.weight"]
+        self.final_norm = norm_scale(w["norm.weight"])
         self.lm_head = LmHead(w["lm_head.weight"])
         self.inv_freq = rope_inv_freq(spec.rotary_dim, spec.rope_theta, device)
         self.layers = [self._layer(spec, w, i) for i in range(spec.num_layers)]
@@ -68,8 +69,8 @@ class HybridModel:
                 qkv_proj=qkv,
                 qkv_splits=qkv_splits,
                 o_proj=Linear(w[a + "o_proj.weight"]),
-                q_norm=w[a + "q_norm.weight"],
-                k_norm=w[a + "k_norm.weight"],
+                q_norm=norm_scale(w[a + "q_norm.weight"]),
+                k_norm=norm_scale(w[a + "k_norm.weight"]),
                 num_heads=spec.num_attention_heads,
                 num_kv_heads=spec.num_kv_heads,
                 head_dim=spec.head_dim,
@@ -84,8 +85,9 @@ class HybridModel:
             mixer = GdnWeights(
                 in_proj=in_proj,
                 in_splits=in_splits,
-                conv=w[g + "conv1d.weight"].float(),
-                a_log=w[g + "A_log"].float(),
+                # tap-major storage: causal_conv reads one tap (a [C] column) at a time
+                conv=w[g + "conv1d.weight"].float().T.contiguous().T,
+                neg_a=-w[g + "A_log"].float().exp(),
                 dt_bias=w[g + "dt_bias"].float(),
                 norm=w[g + "norm.weight"],
                 out_proj=Linear(w[g + "out_proj.weight"]),
@@ -115,8 +117,8 @@ class HybridModel:
             gate_up, _ = fused(w[m + "gate_proj.weight"], w[m + "up_proj.weight"])
             mlp = DenseMlpWeights(gate_up, Linear(w[m + "down_proj.weight"]))
         return LayerWeights(
-            w[p + "input_layernorm.weight"],
-            w[p + "post_attention_layernorm.weight"],
+            norm_scale(w[p + "input_layernorm.weight"]),
+            norm_scale(w[p + "post_attention_layernorm.weight"]),
             mixer,
             mlp,
             rank,
