@@ -24,6 +24,7 @@ from tt_serve.engine.engine import Engine, EngineConfig
 from tt_serve.engine.scheduler import SchedulerConfig
 from tt_serve.model.interface import RowSampling
 from tt_serve.model.ref import TorchBackend
+from tt_serve.model.ref.outputs import greedy_ids
 from tt_serve.model.ref.sampling import draw_rows
 from tt_serve.sequence import SamplingParams
 
@@ -229,3 +230,20 @@ def test_pipelined_sampled_batch_equals_synchronous(dense_dir: Path) -> None:
     assert be.static is not None and be.static.num_fed_rows > 0
     assert [o.picked_on_host for o in piped[5:]] == [10, 10]
     assert all(o.picked_on_device == 10 for o in piped[:5])
+
+
+@pytest.mark.parametrize("vocab", [248_320, 151_936, 4096, 300])
+def test_greedy_ids_are_argmax_ties_and_nan_included(vocab: int) -> None:
+    """The sliced argmax gives argmax's ids: the first of tied maxima (in one slice, across
+    slices, at the vocabulary's ends), NaN as the largest, all -inf, bf16-rounded ties."""
+    g = torch.Generator().manual_seed(vocab)
+    x = torch.randn(12, vocab, generator=g)
+    x[1, [7, vocab - 1]] = 50.0  # a tie far apart: the first wins
+    x[2, [vocab // 2, vocab // 2 + 1]] = 50.0  # a tie on neighbouring ids
+    x[3, -1] = 60.0  # the very last id
+    x[4, [3, vocab - 5]] = float("nan")  # NaN beats every number; the first NaN
+    x[5] = float("-inf")
+    x[6] = 1.0  # every entry tied
+    x[7:] = x[7:].bfloat16().float()  # many ties at the top, as bf16 logits have
+    assert torch.equal(greedy_ids(x), x.argmax(dim=-1))
+    assert torch.equal(greedy_ids(x[3:4]), x[3:4].argmax(dim=-1))

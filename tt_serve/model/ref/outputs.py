@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -10,20 +11,48 @@ from tt_serve.model.interface import RowSampling, StepOutput, StepRow
 from tt_serve.model.ref.sampling import draw_rows
 
 
+def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
+    """``logits.argmax(-1)`` [R, vocab] -> long [R], the same ids (the first maximum, NaN
+    counting as the largest), at a CPU's reduction speed.
+
+    On the CPU ``argmax`` is a scalar loop (2 cores, 248,320 entries: 0.26 ms a row, 6.7 ms at
+    32 rows) while ``amax`` is vectorized: the maximum of each of about 128 equal slices, the
+    first slice holding the row's maximum, then ``argmax`` inside that slice alone (0.09 ms a
+    row, 1.1 ms at 32). Exact: a slice before the chosen one holds no value equal to the
+    maximum, and inside it the first is taken. Elsewhere, or when the vocabulary has no
+    divisor of a useful size, it is ``argmax``."""
+    rows, vocab = logits.shape
+    width = _slice_width(vocab)
+    if logits.device.type != "cpu" or width == 0 or not logits.is_contiguous():
+        return logits.argmax(dim=-1)
+    slices = logits.view(rows, vocab // width, width)
+    first = slices.amax(dim=-1).argmax(dim=-1)  # [R] the first slice holding the maximum
+    inner = slices[torch.arange(rows, device=logits.device), first].argmax(dim=-1)
+    return first * width + inner
+
+
+@functools.cache
+def _slice_width(vocab: int) -> int:
+    """The divisor of ``vocab`` in [512, 8192] closest to vocab / 128 (0: none)."""
+    target = vocab / 128
+    widths = [w for w in range(512, min(vocab, 8192) + 1) if vocab % w == 0]
+    return min(widths, key=lambda w: abs(w - target), default=0)
+
+
 def pick_on_device(
     logits: torch.Tensor, rows: Sequence[StepRow], *, sync_free: bool = False
 ) -> torch.Tensor:
     """Each row's token from its logits [R, vocab]: argmax, or its ``RowSampling`` draw."""
     drawn = [n for n, r in enumerate(rows) if r.sampling is not None]
     if not drawn:
-        return logits.argmax(dim=-1)
+        return greedy_ids(logits)
     specs: list[RowSampling] = [s for r in rows if (s := r.sampling) is not None]
     ids = draw_rows(
         logits if len(drawn) == len(rows) else logits[drawn], specs, sync_free=sync_free
     )
     if len(drawn) == len(rows):
         return ids
-    chosen = logits.argmax(dim=-1)
+    chosen = greedy_ids(logits)
     chosen[torch.tensor(drawn, device=logits.device)] = ids
     return chosen
 
