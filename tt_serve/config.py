@@ -196,9 +196,14 @@ class ServeConfig:
 
     @property
     def mixed_steps(self) -> bool:
-        """Decode rows and prefill chunks in one step: torch yes; ttnn traces need all-prefill or
-        all-decode steps."""
-        return self.backend == "torch"
+        """Decode rows and prefill chunks in one step: off on both backends (ttnn traces need
+        all-prefill or all-decode steps). On torch, prefill-first steps (decodes wait at most
+        ``max_prefill_streak`` = 2 prefill steps, as SGLang's default) gave a burst of 32
+        256-token prompts a lower max TTFT than mixed steps in 10 of 10 interleaved rounds
+        (median 1.09 s against 1.17 s on 2 cores, equal tokens/s: ``python -m
+        bench.step_policy``, bench/runs/step-policy.jsonl). The cost: while a burst prefills,
+        a running decode's longest gap is two prefill steps instead of one."""
+        return False
 
     @property
     def num_snapshot_slots(self) -> int:
