@@ -42,7 +42,8 @@ def burst(llm: LLM, mixed: bool, streak: int, a: argparse.Namespace, rng: random
         eng.scheduler.config, mixed_steps=mixed, max_prefill_streak=streak
     )
     params = SamplingParams(max_tokens=a.output, temperature=0, ignore_eos=True)
-    lo, hi = 1000, llm.spec.vocab_size - 1
+    hi = llm.spec.vocab_size - 1
+    lo = min(1000, hi // 2)  # past the special and byte tokens of a real vocabulary
     t0 = time.perf_counter()
     first: dict[str, float] = {}
     for i in range(a.requests):

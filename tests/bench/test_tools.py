@@ -194,3 +194,18 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
     out = plot([_line(1), _line(2)], tmp_path / "charts" / "t.png", title="t")
     data = out.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def test_step_policy_runs_both_policies_and_writes_a_line(tmp_path: Path) -> None:
+    from bench import step_policy
+    from tests import tiny_models as tm
+
+    model = tm.make_dense(tmp_path / "dense", seed=0)
+    ledger = tmp_path / "sp.jsonl"
+    argv = ["--model", str(model), "--requests", "3", "--prompt", "40", "--output", "3"]
+    assert step_policy.main([*argv, "--rounds", "2", "--ledger", str(ledger)]) == 0
+    (line,) = [json.loads(t) for t in ledger.read_text().splitlines()]
+    assert set(line["rounds"]) == {"mixed", "prefill_first"}
+    assert all(len(v) == 2 for v in line["rounds"].values())
+    for res in line["medians"].values():
+        assert res["max_ttft_s"] > 0 and res["output_tok_s"] > 0
