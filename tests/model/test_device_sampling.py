@@ -25,7 +25,7 @@ from tt_serve.engine.scheduler import SchedulerConfig
 from tt_serve.model.interface import RowSampling
 from tt_serve.model.ref import TorchBackend
 from tt_serve.model.ref.outputs import greedy_ids
-from tt_serve.model.ref.sampling import draw_rows
+from tt_serve.model.ref.sampling import draw_rows, largest
 from tt_serve.sequence import SamplingParams
 
 SETTINGS: list[dict[str, Any]] = [
@@ -247,3 +247,21 @@ def test_greedy_ids_are_argmax_ties_and_nan_included(vocab: int) -> None:
     x[7:] = x[7:].bfloat16().float()  # many ties at the top, as bf16 logits have
     assert torch.equal(greedy_ids(x), x.argmax(dim=-1))
     assert torch.equal(greedy_ids(x[3:4]), x[3:4].argmax(dim=-1))
+
+
+@pytest.mark.parametrize("vocab", [248_320, 151_936, 4096])
+def test_largest_gives_topk_values_with_ties_at_the_boundary(vocab: int) -> None:
+    """The sliced top-n has topk's values (ties inside one slice, across slices, at the n-th
+    place, a whole tied row, bf16-rounded logits), and each id holds its value."""
+    g = torch.Generator().manual_seed(vocab)
+    x = torch.randn(10, vocab, generator=g)
+    x[1, :40] = 9.0  # many ties in the first slice, more than n
+    x[2, torch.arange(0, vocab, vocab // 60)[:60]] = 9.0  # 60 ties spread over 60 slices
+    x[3] = 1.0
+    x[4:] = x[4:].bfloat16().float()
+    for n in (1, 21, 53):
+        want = x.topk(n, dim=-1).values
+        vals, ids = largest(x, n)
+        assert torch.equal(vals, want)
+        assert torch.equal(x.gather(1, ids), vals)
+        assert all(len(set(r)) == n for r in ids.tolist())

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 
 import torch
 
 from tt_serve.model.interface import RowSampling, StepOutput, StepRow
-from tt_serve.model.ref.sampling import draw_rows
+from tt_serve.model.ref.sampling import draw_rows, slice_width
 
 
 def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
@@ -22,21 +21,13 @@ def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
     maximum, and inside it the first is taken. Elsewhere, or when the vocabulary has no
     divisor of a useful size, it is ``argmax``."""
     rows, vocab = logits.shape
-    width = _slice_width(vocab)
+    width = slice_width(vocab, 128)
     if logits.device.type != "cpu" or width == 0 or not logits.is_contiguous():
         return logits.argmax(dim=-1)
     slices = logits.view(rows, vocab // width, width)
     first = slices.amax(dim=-1).argmax(dim=-1)  # [R] the first slice holding the maximum
     inner = slices[torch.arange(rows, device=logits.device), first].argmax(dim=-1)
     return first * width + inner
-
-
-@functools.cache
-def _slice_width(vocab: int) -> int:
-    """The divisor of ``vocab`` in [512, 8192] closest to vocab / 128 (0: none)."""
-    target = vocab / 128
-    widths = [w for w in range(512, min(vocab, 8192) + 1) if vocab % w == 0]
-    return min(widths, key=lambda w: abs(w - target), default=0)
 
 
 def pick_on_device(

@@ -18,6 +18,7 @@ same tokens at a GPU's sort speed.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -61,6 +62,38 @@ def _take(t: torch.Tensor, rows: list[int]) -> torch.Tensor:
     return t[torch.tensor(rows, device=t.device)]
 
 
+def largest(x: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The n largest values of each row of x [R, vocab] with their ids, by descending value:
+    the values of ``x.topk(n)`` exactly (ids may differ only among equal values), about 3x
+    faster on the CPU (2 cores, 248,320 entries, n = 53: 0.24 against 0.81 ms at 1 row, 0.88
+    against 2.9 ms at 8 rows, 4.6 against 11.9 ms at 32).
+
+    The row is cut into about 512 equal slices; only the n slices with the largest maxima are
+    searched. Exact: a value above the row's n-th largest lies in a slice whose maximum is
+    above it, and fewer than n slices can have such a maximum; when more than n slices reach
+    the n-th value, the n chosen ones hold at least n values that large. Elsewhere (CUDA, no
+    divisor of a useful size, n too large for the cut to pay) it is ``topk``."""
+    rows, vocab = x.shape
+    width = slice_width(vocab, 512)
+    if x.device.type != "cpu" or width == 0 or not x.is_contiguous() or 4 * n * width > vocab:
+        return x.topk(n, dim=-1)
+    per_row = vocab // width
+    best = x.view(rows, per_row, width).amax(dim=-1).topk(n, dim=-1).indices  # [R, n] slices
+    whole = best + torch.arange(rows, device=x.device)[:, None] * per_row
+    picked = x.view(rows * per_row, width)[whole.reshape(-1)].reshape(rows, n * width)
+    vals, at = picked.topk(n, dim=-1)
+    return vals, best.gather(1, at // width) * width + at % width
+
+
+@functools.cache
+def slice_width(vocab: int, slices: int) -> int:
+    """The divisor of ``vocab`` in [256, 8192] closest to vocab / slices (0: none), for
+    reductions that cut a row of logits into equal slices."""
+    target = vocab / slices
+    widths = [w for w in range(256, min(vocab, 8192) + 1) if vocab % w == 0]
+    return min(widths, key=lambda w: abs(w - target), default=0)
+
+
 def _untied_topk(
     logits: torch.Tensor, specs: Sequence[RowSampling]
 ) -> tuple[list[int], torch.Tensor, torch.Tensor]:
@@ -73,7 +106,7 @@ def _untied_topk(
         return [], logits[:0], logits[:0].long()
     ks = torch.tensor([specs[i].top_k for i in cand], device=logits.device)
     m = min(int(ks.max()) + TIE_ROOM, vocab - 1)
-    top, ids = _take(logits, cand).topk(m + 1, dim=-1)
+    top, ids = largest(_take(logits, cand), m + 1)
     untied = (top[:, m:] < top.gather(1, (ks - 1)[:, None]))[:, 0].tolist()
     keep = [n for n, ok in enumerate(untied) if ok]
     pick = torch.tensor(keep, device=logits.device, dtype=torch.long)
