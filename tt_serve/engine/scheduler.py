@@ -10,9 +10,11 @@ every page it can ever need is reserved, so a running request never waits for me
 is ever preempted. A request whose shared prefix is being computed right now by another request
 waits for that computation instead of repeating it.
 
-Two step shapes: mixed steps (decode rows plus prefill chunks, the default on torch) and
-all-prefill / all-decode steps (what Tenstorrent traces need). In the latter a decode step runs
-after at most ``max_prefill_streak`` consecutive prefill steps, bounding decode stalls.
+Two step shapes: mixed steps (decode rows plus prefill chunks; ``SchedulerConfig``'s own
+default) and all-prefill / all-decode steps, which the server runs on both backends
+(``ServeConfig.mixed_steps``: Tenstorrent traces need them, and on torch they gave a burst of
+prompts a lower max TTFT). In the latter a decode step runs after at most
+``max_prefill_streak`` consecutive prefill steps, bounding decode stalls.
 """
 
 from __future__ import annotations
