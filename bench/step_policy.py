@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from bench.provenance import REPO_ROOT, append_ledger
+from tt_serve.demo import ensure_demo_model
 from tt_serve.llm import LLM
 from tt_serve.sequence import SamplingParams
 
@@ -68,11 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ledger", type=Path, default=LEDGER)
     a = ap.parse_args(argv)
-    if a.model is None:
-        from tt_serve.demo import ensure_demo_model
-
-        a.model = Path(ensure_demo_model())
-    llm = LLM(a.model, max_batch_size=max(a.requests, 1))
+    model = a.model or ensure_demo_model(log=lambda s: None)
+    llm = LLM(model, max_batch_size=max(a.requests, 1))
     rng = random.Random(a.seed)
     burst(llm, True, a.streak, a, rng)  # warm-up: first-call costs of every shape
     runs: dict[str, list[dict[str, Any]]] = {p: [] for p in POLICIES}
@@ -103,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     append_ledger(
         a.ledger,
         "step_policy",
-        params={**{k: v for k, v in vars(a).items() if k not in ("ledger", "model")}}
-        | {"model": a.model.name},
+        params={k: v for k, v in vars(a).items() if k not in ("ledger", "model")}
+        | {"model": Path(model).name},
         threads=torch.get_num_threads(),
         medians=summary,
         prefill_first_wins=wins,

@@ -21,6 +21,7 @@ import torch
 
 from tt_serve.model.dtypes import torch_dtype
 from tt_serve.model.interface import StateCopy, StepBatch, StepOutput
+from tt_serve.model.ref.layers import cpu_bf16
 from tt_serve.model.ref.model import HybridModel
 from tt_serve.model.ref.outputs import fill_logprobs, pick_on_device
 from tt_serve.model.ref.pending import PendingStep
@@ -74,7 +75,7 @@ class TorchBackend:
         self.spec = spec
         self.device = torch.device(options.get("device", "cpu"))
         self.dtype = torch_dtype(options.get("dtype", torch.float32))
-        if self.dtype == torch.bfloat16 and self.device.type == "cpu" and not _cpu_bf16():
+        if self.dtype == torch.bfloat16 and self.device.type == "cpu" and not cpu_bf16():
             # Without AVX512-BF16 / AMX, torch's bf16 matmuls fall off oneDNN onto a scalar
             # path: the demo model's LM head takes 100 ms a token in bf16 against 10 in fp32.
             log.warning(
@@ -275,10 +276,3 @@ class TorchBackend:
 
     def close(self) -> None:
         """Nothing to release: the pools and graphs go with the object."""
-
-
-def _cpu_bf16() -> bool:
-    """Whether this CPU runs bf16 matmuls on oneDNN's native kernels."""
-    return bool(
-        torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    )

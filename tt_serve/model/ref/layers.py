@@ -100,7 +100,14 @@ def packs(weight: torch.Tensor) -> bool:
         weight.device.type == "cpu"
         and weight.dtype in (torch.float32, torch.bfloat16)
         and torch.backends.mkldnn.is_available()
-        and (weight.dtype == torch.float32 or torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        and (weight.dtype == torch.float32 or cpu_bf16())
+    )
+
+
+def cpu_bf16() -> bool:
+    """Whether this CPU runs bf16 matmuls on oneDNN's native kernels (AVX512-BF16 or AMX)."""
+    return bool(
+        torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
     )
 
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from tt_serve.model.interface import RowSampling, StepOutput, StepRow
-from tt_serve.model.ref.sampling import draw_rows, slice_width
+from tt_serve.model.ref.sampling import draw_rows, sliced
 
 
 def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
@@ -20,14 +20,12 @@ def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
     row, 1.1 ms at 32). Exact: a slice before the chosen one holds no value equal to the
     maximum, and inside it the first is taken. Elsewhere, or when the vocabulary has no
     divisor of a useful size, it is ``argmax``."""
-    rows, vocab = logits.shape
-    width = slice_width(vocab, 128)
-    if logits.device.type != "cpu" or width == 0 or not logits.is_contiguous():
+    cut = sliced(logits, 128)
+    if cut is None:
         return logits.argmax(dim=-1)
-    slices = logits.view(rows, vocab // width, width)
-    first = slices.amax(dim=-1).argmax(dim=-1)  # [R] the first slice holding the maximum
-    inner = slices[torch.arange(rows, device=logits.device), first].argmax(dim=-1)
-    return first * width + inner
+    first = cut.amax(dim=-1).argmax(dim=-1)  # [R] the first slice holding the maximum
+    inner = cut[torch.arange(cut.shape[0], device=logits.device), first].argmax(dim=-1)
+    return first * cut.shape[2] + inner
 
 
 def pick_on_device(

@@ -73,22 +73,30 @@ def largest(x: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     above it, and fewer than n slices can have such a maximum; when more than n slices reach
     the n-th value, the n chosen ones hold at least n values that large. Elsewhere (CUDA, no
     divisor of a useful size, n too large for the cut to pay) it is ``topk``."""
-    rows, vocab = x.shape
-    width = slice_width(vocab, 512)
-    if x.device.type != "cpu" or width == 0 or not x.is_contiguous() or 4 * n * width > vocab:
+    cut = sliced(x, 512)
+    if cut is None or 4 * n > cut.shape[1]:
         return x.topk(n, dim=-1)
-    per_row = vocab // width
-    best = x.view(rows, per_row, width).amax(dim=-1).topk(n, dim=-1).indices  # [R, n] slices
+    rows, per_row, width = cut.shape
+    best = cut.amax(dim=-1).topk(n, dim=-1).indices  # [R, n] slices
     whole = best + torch.arange(rows, device=x.device)[:, None] * per_row
     picked = x.view(rows * per_row, width)[whole.reshape(-1)].reshape(rows, n * width)
     vals, at = picked.topk(n, dim=-1)
     return vals, best.gather(1, at // width) * width + at % width
 
 
+def sliced(x: torch.Tensor, slices: int) -> torch.Tensor | None:
+    """x [R, vocab] viewed as [R, about ``slices``, width] equal slices, for the CPU's
+    vectorized reductions (``amax``) to narrow a search before a scalar one; None off the CPU,
+    for a non-contiguous x, or when vocab has no divisor of a useful size."""
+    width = _slice_width(x.shape[1], slices)
+    if x.device.type != "cpu" or width == 0 or not x.is_contiguous():
+        return None
+    return x.view(x.shape[0], x.shape[1] // width, width)
+
+
 @functools.cache
-def slice_width(vocab: int, slices: int) -> int:
-    """The divisor of ``vocab`` in [256, 8192] closest to vocab / slices (0: none), for
-    reductions that cut a row of logits into equal slices."""
+def _slice_width(vocab: int, slices: int) -> int:
+    """The divisor of ``vocab`` in [256, 8192] closest to vocab / slices (0: none)."""
     target = vocab / slices
     widths = [w for w in range(256, min(vocab, 8192) + 1) if vocab % w == 0]
     return min(widths, key=lambda w: abs(w - target), default=0)
