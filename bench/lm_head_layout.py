@@ -1,7 +1,10 @@
 """The torch backend's LM-head kernel, side by side: ``F.linear(x, W)`` on the checkpoint's
-[vocab, H] weight, ``x @ W_t`` on a contiguous [H, vocab] copy, and the weight reordered once
-into oneDNN's blocked layout (``ref/model.py`` ``LmHead`` on the CPU), at the row counts a
-decode step has, interleaved over rounds in one process. One ledger line to
+[vocab, H] weight, ``x @ W_t`` on a contiguous [H, vocab] copy, the weight reordered once
+into oneDNN's blocked layout (``ref/model.py`` ``LmHead`` on the CPU), and the int8 screen
+(``ref/screen.py``: a greedy pick, and a top-20 draw, from the candidates alone; the packed
+arm's time is what the full head costs such a pick before its argmax or draw), at the row
+counts a decode step has, interleaved over rounds in one process. The screen's picks are
+checked equal to the packed head's first. One ledger line to
 ``bench/runs/lm-head-layout.jsonl``.
 
     OMP_NUM_THREADS=2 python -m bench.lm_head_layout [--hidden 256 --vocab 248320]
@@ -18,7 +21,9 @@ import torch.nn.functional as F
 
 from bench.provenance import REPO_ROOT, append_ledger
 from bench.timing import interleaved_ms
+from tt_serve.model.interface import RowSampling, StepRow
 from tt_serve.model.ref.model import LmHead
+from tt_serve.model.ref.outputs import pick_on_device, pick_screened
 
 LEDGER = REPO_ROOT / "bench" / "runs" / "lm-head-layout.jsonl"
 
@@ -32,9 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--ledger", type=Path, default=LEDGER)
     a = ap.parse_args(argv)
-    w = torch.randn(a.vocab, a.hidden)
+    w = torch.randn(a.vocab, a.hidden) * a.hidden**-0.5
     w_t = w.t().contiguous()
     packed = LmHead(w)
+    screen = packed.screened
     results = {}
     for rows in a.rows:
         x = torch.randn(rows, a.hidden)
@@ -43,14 +49,24 @@ def main(argv: list[str] | None = None) -> int:
             "matmul_hidden_major": lambda x=x: x @ w_t,
             "onednn_packed": lambda x=x: packed(x),
         }
+        if screen is not None:
+            greedy, top20 = _rows(rows, 0), _rows(rows, 20)
+            for r in (greedy, top20):
+                if not torch.equal(pick_screened(screen, x, r), pick_on_device(packed(x), r)):
+                    raise SystemExit("the screened head picked other tokens than the full one")
+            arms["screen_greedy"] = lambda x=x, r=greedy: pick_screened(screen, x, r)
+            arms["screen_top20"] = lambda x=x, r=top20: pick_screened(screen, x, r)
         ms = interleaved_ms(arms, a.calls, a.rounds)
         ratio = ms["linear_vocab_major"] / ms["matmul_hidden_major"]
         packed_ratio = ms["matmul_hidden_major"] / ms["onednn_packed"]
         results[str(rows)] = {**ms, "speedup": ratio, "packed_over_matmul": packed_ratio}
+        shown = "".join(
+            f", {k} {ms[k]:6.2f} ms" for k in ("screen_greedy", "screen_top20") if k in ms
+        )
         print(
             f"rows {rows:3d}: [V,H] linear {ms['linear_vocab_major']:6.2f} ms, "
             f"[H,V] matmul {ms['matmul_hidden_major']:6.2f} ms, "
-            f"oneDNN packed {ms['onednn_packed']:6.2f} ms (x{packed_ratio:.2f} vs matmul)",
+            f"oneDNN packed {ms['onednn_packed']:6.2f} ms (x{packed_ratio:.2f} vs matmul)" + shown,
             flush=True,
         )
     append_ledger(
@@ -61,6 +77,22 @@ def main(argv: list[str] | None = None) -> int:
         results_ms=results,
     )
     return 0
+
+
+def _rows(n: int, top_k: int) -> list[StepRow]:
+    """n decode rows: greedy (top_k 0) or drawn at temperature 0.7, top-p 0.9, that top-k."""
+    return [
+        StepRow(
+            seq_id=i,
+            token_ids=(1,),
+            start_pos=1,
+            block_table=(1,),
+            state_slot=i,
+            sample=True,
+            sampling=RowSampling(0.7, top_k, 0.9, 0.0, (i + 0.5) / n) if top_k else None,
+        )
+        for i in range(n)
+    ]
 
 
 if __name__ == "__main__":

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, TypedDict, Unpack
 import torch
 
 from tt_serve.model.dtypes import torch_dtype
-from tt_serve.model.interface import StateCopy, StepBatch, StepOutput
+from tt_serve.model.interface import StateCopy, StepBatch, StepOutput, StepRow
 from tt_serve.model.ref.layers import cpu_bf16
 from tt_serve.model.ref.model import HybridModel
-from tt_serve.model.ref.outputs import fill_logprobs, pick_on_device
+from tt_serve.model.ref.outputs import fill_logprobs, pick_on_device, pick_screened, screens
 from tt_serve.model.ref.pending import PendingStep
 from tt_serve.model.ref.plan import StepPlan
 from tt_serve.model.ref.pools import Pools
@@ -49,6 +49,7 @@ class TorchOptions(TypedDict, total=False):
     max_prefill_chunk: int  # [DEFAULT_PREFILL_CHUNK] the largest prefill bucket
     max_model_len: int | None  # [None: the model's own] sizes the programs' block tables
     capture_graphs: bool  # [True] capture on CUDA (False: run the bucketed programs eagerly)
+    screen_lm_head: bool  # [True] greedy / top-k picks through the int8 screen (CPU fp32)
 
 
 class TorchBackend:
@@ -86,7 +87,9 @@ class TorchBackend:
             n: t if n.endswith(("A_log", "dt_bias")) else t.to(self.dtype)
             for n, t in weights.items()
         }
-        self.model = HybridModel(spec, cast, self.device)
+        self.model = HybridModel(
+            spec, cast, self.device, screen=options.get("screen_lm_head", True)
+        )
         self.pools: Pools | None = None
         self.max_prefill_chunk = options.get("max_prefill_chunk", DEFAULT_PREFILL_CHUNK)
         self.max_model_len = options.get("max_model_len")
@@ -235,25 +238,47 @@ class TorchBackend:
             last = hidden[plan.last_tokens]  # every row's last token (a view when contiguous)
             if len(sampled) < len(rows):
                 last = last[sampled]
-            logits = self.model.logits(last)  # [R, vocab] fp32
-            picked = [n for n, j in enumerate(sampled) if not rows[j].want_logits]
-            host = [n for n, j in enumerate(sampled) if rows[j].want_logits]
-            if host:
-                host_logits = logits[torch.tensor(host, device=self.device)].cpu().numpy()
-                self.host_bytes += host_logits.nbytes
-                for m, n in enumerate(host):
-                    out.logits[idx[sampled[n]]] = host_logits[m]
-            if picked:
-                g = logits
-                if len(picked) < len(sampled):
-                    g = logits[torch.tensor(picked, device=self.device)]
-                chosen = pick_on_device(g, [rows[sampled[n]] for n in picked])
-                for n, tok in zip(picked, chosen.tolist(), strict=True):
-                    out.token_ids[idx[sampled[n]]] = int(tok)
-                self.host_bytes += chosen.numel() * chosen.element_size()
-                self.host_bytes += fill_logprobs(
-                    out, g, chosen, [idx[sampled[n]] for n in picked], all_rows
-                )
+            head = self.model.lm_head.screened
+            vocab = self.spec.vocab_size
+            quick = [
+                n for n, j in enumerate(sampled) if head is not None and screens(rows[j], vocab)
+            ]
+            if head is not None and quick:
+                part = last if len(quick) == len(sampled) else last[quick]
+                ids = pick_screened(head, part, [rows[sampled[n]] for n in quick])
+                if ids is not None:
+                    for n, tok in zip(quick, ids.tolist(), strict=True):
+                        out.token_ids[idx[sampled[n]]] = int(tok)
+                    self.host_bytes += ids.numel() * ids.element_size()
+                    done = set(quick)
+                    rest = [n for n in range(len(sampled)) if n not in done]
+                    if not rest:
+                        return
+                    last, sampled = last[rest], [sampled[n] for n in rest]
+            self._full_head(last, [idx[j] for j in sampled], all_rows, out)
+
+    def _full_head(
+        self, last: torch.Tensor, at: list[int], all_rows: tuple[StepRow, ...], out: StepOutput
+    ) -> None:
+        """Rows ``at`` of the batch (hidden states ``last``) through the full fp32 LM head:
+        host logits, device picks, logprobs."""
+        logits = self.model.logits(last)  # [R, vocab] fp32
+        picked = [n for n, i in enumerate(at) if not all_rows[i].want_logits]
+        host = [n for n, i in enumerate(at) if all_rows[i].want_logits]
+        if host:
+            host_logits = logits[torch.tensor(host, device=self.device)].cpu().numpy()
+            self.host_bytes += host_logits.nbytes
+            for m, n in enumerate(host):
+                out.logits[at[n]] = host_logits[m]
+        if picked:
+            g = logits
+            if len(picked) < len(at):
+                g = logits[torch.tensor(picked, device=self.device)]
+            chosen = pick_on_device(g, [all_rows[at[n]] for n in picked])
+            for n, tok in zip(picked, chosen.tolist(), strict=True):
+                out.token_ids[at[n]] = int(tok)
+            self.host_bytes += chosen.numel() * chosen.element_size()
+            self.host_bytes += fill_logprobs(out, g, chosen, [at[n] for n in picked], all_rows)
 
     def execute_all_logits(self, batch: StepBatch) -> list[torch.Tensor]:
         """Run a step and return every row's logits at every position (fp32, on the host).

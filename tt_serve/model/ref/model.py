@@ -23,6 +23,8 @@ from tt_serve.model.ref.layers import (
 from tt_serve.model.ref.moe import MoeWeights, moe_forward
 from tt_serve.model.ref.plan import StepPlan
 from tt_serve.model.ref.pools import Pools
+from tt_serve.model.ref.screen import ScreenedHead
+from tt_serve.model.ref.screen import available as screen_available
 from tt_serve.model.spec import FULL_ATTENTION, ModelSpec
 
 GdnMixer = Callable[[torch.Tensor, GdnWeights, int], torch.Tensor]
@@ -48,13 +50,18 @@ class HybridModel:
     """Stateless forward over a StepPlan; all sequence state lives in ``Pools``."""
 
     def __init__(
-        self, spec: ModelSpec, weights: dict[str, torch.Tensor], device: torch.device
+        self,
+        spec: ModelSpec,
+        weights: dict[str, torch.Tensor],
+        device: torch.device,
+        *,
+        screen: bool = True,
     ) -> None:
         self.spec = spec
         w = {n: t.to(device) for n, t in weights.items()}
         self.embed = w["embed_tokens.weight"]
         self.final_norm = norm_scale(w["norm.weight"])
-        self.lm_head = LmHead(w["lm_head.weight"])
+        self.lm_head = LmHead(w["lm_head.weight"], screen=screen)
         self.inv_freq = rope_inv_freq(spec.rotary_dim, spec.rope_theta, device)
         self.layers = [self._layer(spec, w, i) for i in range(spec.num_layers)]
 
@@ -171,11 +178,19 @@ class LmHead:
     than ``h @ W.T`` on a contiguous [H, vocab] copy, 2x and more at 8 to 32 rows:
     ``python -m bench.lm_head_layout``, bench/runs/lm-head-layout.jsonl). Elsewhere (CUDA) the
     weight is kept [H, vocab] contiguous. fp32 stays fp32: only the summation order differs
-    (<= 1e-4 on the logits). A tied model keeps the embedding too (one more [vocab, H] copy)."""
+    (<= 1e-4 on the logits). A tied model keeps the embedding too (one more [vocab, H] copy).
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    ``screened`` (fp32 on a CPU with an exact int8 GEMM, unless ``screen=False``): the int8
+    screen of ``ref/screen.py`` that greedy and top-k rows are picked through, the same tokens
+    at about a third of the read. It keeps the plain weight (the embedding itself when tied: no
+    copy; one more fp32 copy when not) and an int8 one (a quarter of its size)."""
+
+    def __init__(self, weight: torch.Tensor, *, screen: bool = True) -> None:
         self.packed: Linear | None = None
         self.weight_t: torch.Tensor | None = None
+        self.screened: ScreenedHead | None = None
+        if screen and weight.dtype == torch.float32 and packs(weight) and screen_available():
+            self.screened = ScreenedHead(weight)
         if packs(weight):
             self.packed = Linear(weight)
         else:

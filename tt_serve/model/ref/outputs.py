@@ -7,7 +7,8 @@ from collections.abc import Sequence
 import torch
 
 from tt_serve.model.interface import RowSampling, StepOutput, StepRow
-from tt_serve.model.ref.sampling import draw_rows, sliced
+from tt_serve.model.ref.sampling import draw_candidates, draw_rows, sliced
+from tt_serve.model.ref.screen import MAX_TOP_K, ScreenedHead
 
 
 def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
@@ -44,6 +45,36 @@ def pick_on_device(
     chosen = greedy_ids(logits)
     chosen[torch.tensor(drawn, device=logits.device)] = ids
     return chosen
+
+
+def screens(row: StepRow, vocab: int) -> bool:
+    """Whether a row's token can come from the screened head: it is picked on the device,
+    asks for no logprobs, and is greedy or a top-k draw (a draw over the whole vocabulary needs
+    every logit)."""
+    s = row.sampling
+    return (
+        not row.want_logits
+        and row.top_logprobs <= 0
+        and (s is None or 0 < s.top_k < min(vocab, MAX_TOP_K + 1))
+    )
+
+
+def pick_screened(
+    head: ScreenedHead, hidden: torch.Tensor, rows: Sequence[StepRow]
+) -> torch.Tensor | None:
+    """``pick_on_device`` for rows that ``screens``, from their hidden states [R, H] through
+    the screened head: the same tokens as from the full fp32 logits. None when the hidden
+    states are not finite (the caller uses the full head)."""
+    cands = head.candidates(hidden, [1 if r.sampling is None else r.sampling.top_k for r in rows])
+    if cands is None:
+        return None
+    ids = cands.greedy()
+    drawn = [n for n, r in enumerate(rows) if r.sampling is not None]
+    if drawn:
+        specs = [s for r in rows if (s := r.sampling) is not None]
+        vals, tokens = cands.compact(drawn, 0)
+        ids[torch.tensor(drawn)] = draw_candidates(vals, tokens, cands.vocab, specs)
+    return ids
 
 
 def fill_logprobs(

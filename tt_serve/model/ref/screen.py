@@ -1,0 +1,249 @@
+"""Exact fp32 LM-head picks at an int8 read of the weight (CPU).
+
+A decode step multiplies a few rows by the [vocab, H] head; in fp32 that is the whole weight
+read per step (254 MB on the demo model: 8.8 ms at 1 row on 2 cores, half of a token's time).
+A greedy or top-k row needs the logits of its best few tokens only, so the head is *screened*:
+an int8 copy of the weight (per-row scales, a quarter of the bytes, oneDNN's u8·s8 GEMM: 2.5 ms
+at 1 row, 3.3 ms at 16) gives approximate logits ``a`` with a proven bound ``|y - a| <= B`` for
+each hidden row; every token that can be among the row's n largest fp32 logits has
+``a >= (n-th largest a) - 2B``, and only those candidates (tens to a few hundred of 248,320 on
+the demo model) get their logit computed exactly in fp32 from the plain weight. Every other
+logit is -inf. The token picked from these logits (argmax, or a top-k draw with its top-p and
+min-p) is the one the full fp32 logits give: the screen decides which logits are computed,
+never their values.
+
+The bound, for a hidden row x quantized to x̂ = s_x (q_x - z) and a weight row w_j = ŵ_j + e_j,
+ŵ_j = s_j q_j (Cauchy-Schwarz on both terms):
+
+    |x·w_j - x̂·ŵ_j| <= ||x - x̂||_2 · max_j ||w_j||_2 + ||x̂||_2 · max_j ||e_j||_2
+
+plus the fp32 rounding of the exact dot products (γ_H ||x||_2 max_j ||w_j||_2) and of the
+kernel's scaling (1e-6 of the largest |a|), with 1 % to spare. Activations are quantized to 7
+bits (0..127) so that no u8·s8 pair sum can saturate int16 on a CPU without VNNI: the kernel's
+result is then the dequantized product to rounding (tested). A row whose candidates exceed
+``MAX_CANDIDATES`` (a hidden state with outliers the 7-bit scale resolves poorly) has every
+logit computed the exact way; a non-finite hidden state goes back to the full head.
+
+An exact logit is ``(w_j * x).sum()`` in fp32: the same bits for a token whatever other
+candidates share the call (tested), so the picks of a row do not depend on its batch.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from tt_serve.model.ref.sampling import largest, sliced
+
+# Rows one int8 GEMM takes at once (2 cores, demo head: 2.5 ms at 1 row, 3.3 at 16, 4.5 at 32
+# against 8.8 / 10.8 / 13.5 ms for the packed fp32 head: python -m bench.lm_head_layout).
+SCREEN_ROWS = 32
+# Past this many candidates a row's logits are all computed exactly (the screen no longer pays).
+MAX_CANDIDATES = 4096
+# The largest top-k a screened row may ask for.
+MAX_TOP_K = 1024
+_EXACT_CHUNK = 16384  # weight rows per exact pass over the whole vocabulary
+_SLACK = 1.01
+
+
+@functools.cache
+def activation_levels() -> int:
+    """The largest u8 activation code the int8 GEMM is exact for on this CPU: 255 when full
+    8-bit products give the integer result (oneDNN keeps u8·s8 exact where it can), 127 when
+    only 7-bit ones do (no int16 pair sum saturates), 0 when there is no such kernel."""
+    if not torch.backends.mkldnn.is_available():
+        return 0
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randint(-127, 128, (64, 256), dtype=torch.int8, generator=gen)
+    w[:8], w[8:16] = 127, -127
+    ones, zeros = torch.ones(64), torch.zeros(64, dtype=torch.long)
+    try:
+        packed = torch.ops.onednn.qlinear_prepack(w, None)
+        for levels in (255, 127):
+            x = torch.randint(0, levels + 1, (4, 256), dtype=torch.uint8, generator=gen)
+            x[0], x[1] = levels, 0
+            for zx in (0, levels // 2):
+                y = _qlinear(x, 1.0, zx, packed, ones, zeros).double()
+                if not torch.equal(y, (x.double() - zx) @ w.double().T):
+                    break
+            else:
+                return levels
+    except (RuntimeError, AttributeError):
+        return 0
+    return 0
+
+
+def available() -> bool:
+    """Whether this torch has an exact int8 GEMM (oneDNN's quantized linear) on this CPU."""
+    return activation_levels() > 0
+
+
+def _qlinear(
+    qx: torch.Tensor,
+    sx: float,
+    zx: int,
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+) -> torch.Tensor:
+    return torch.ops.onednn.qlinear_pointwise(
+        qx, sx, zx, packed, scales, zeros, None, 1.0, 0, torch.float32, "none", [], ""
+    )
+
+
+class ScreenedHead:
+    """The screen of one [vocab, H] fp32 weight (kept by reference, not copied)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
+            raise ValueError("ScreenedHead screens a 2-d fp32 CPU weight")
+        self.weight = weight.contiguous()
+        vocab = self.weight.shape[0]
+        scales = torch.empty(vocab, dtype=torch.float32)
+        q = torch.empty(self.weight.shape, dtype=torch.int8)
+        err = norm = 0.0
+        for lo in range(0, vocab, _EXACT_CHUNK):
+            w = self.weight[lo : lo + _EXACT_CHUNK]
+            s = w.abs().amax(-1) / 127.0
+            s = torch.where(s > 0, s, torch.ones_like(s))
+            qc = torch.round(w / s[:, None]).clamp_(-127, 127)
+            scales[lo : lo + w.shape[0]] = s
+            q[lo : lo + w.shape[0]] = qc.to(torch.int8)
+            wd = w.double()
+            e = wd - qc.double() * s.double()[:, None]
+            err = max(err, float(e.norm(dim=-1).max()))
+            norm = max(norm, float(wd.norm(dim=-1).max()))
+        self.scales = scales
+        self.packed = torch.ops.onednn.qlinear_prepack(q, None)
+        self.levels = activation_levels()
+        if not self.levels:
+            raise RuntimeError("no exact int8 GEMM on this CPU (oneDNN quantized linear)")
+        self.zeros = torch.zeros(vocab, dtype=torch.long)  # the weight's zero points
+        self.err_norm = err  # max_j ||w_j - ŵ_j||_2
+        self.w_norm = norm  # max_j ||w_j||_2
+        h = self.weight.shape[1]
+        u = 2.0**-24
+        self.gamma = h * u / (1 - h * u)
+
+    def candidates(self, x: torch.Tensor, n: list[int]) -> Candidates | None:
+        """The exact fp32 logits of hidden rows x [R, H] at every token that can be among row
+        r's ``n[r]`` largest; None when x is not finite (the caller uses the full head)."""
+        if not bool(torch.isfinite(x).all()):
+            return None
+        counts: list[int] = []
+        cols: list[torch.Tensor] = []
+        vals: list[torch.Tensor] = []
+        for lo in range(0, x.shape[0], SCREEN_ROWS):
+            xs = x[lo : lo + SCREEN_ROWS].contiguous()
+            rows, part, sizes = self._chunk(xs, n[lo : lo + SCREEN_ROWS])
+            counts += sizes
+            cols.append(part)
+            vals.append(self._exact(xs, rows, part))
+        return Candidates(self.weight.shape[0], counts, torch.cat(cols), torch.cat(vals))
+
+    def _chunk(self, x: torch.Tensor, n: list[int]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """(row, token) of every candidate, row-major with tokens ascending, and each row's
+        count; a row with too many has every token."""
+        approx, bound = self._approx(x)
+        cut = sliced(approx, 512)
+        maxima = None if cut is None else cut.amax(-1)
+        # The exact logits of each row's n best by the screen: their n-th largest is a floor
+        # for the row's n-th largest logit, so a candidate needs a >= floor - B.
+        width = max(n)
+        best = largest(approx, width, maxima=maxima)[1]
+        mine = torch.arange(x.shape[0]).repeat_interleave(width)
+        exact = self._exact(x, mine, best.reshape(-1)).reshape(-1, width)
+        need = torch.tensor(n)
+        exact = exact.masked_fill(torch.arange(width)[None, :] >= need[:, None], float("-inf"))
+        floor = exact.sort(dim=-1, descending=True).values.gather(1, (need - 1)[:, None])[:, 0]
+        thr = (floor.double() - bound).float()
+        thr = torch.nextafter(thr, torch.full_like(thr, float("-inf")))  # rounded down
+        if cut is None or maxima is None:
+            rows, cols = (approx >= thr[:, None]).nonzero(as_tuple=True)
+        else:  # entry by entry only in the slices whose maximum reaches the threshold
+            r, sl = (maxima >= thr[:, None]).nonzero(as_tuple=True)
+            if 4 * r.shape[0] < maxima.numel():
+                hit = cut[r, sl] >= thr[r][:, None]
+            else:
+                hit = (cut >= thr[:, None, None])[r, sl]
+            p, c = hit.nonzero(as_tuple=True)
+            rows, cols = r[p], sl[p] * cut.shape[2] + c
+        counts = torch.bincount(rows, minlength=x.shape[0]).tolist()
+        wide = [i for i, c in enumerate(counts) if c > MAX_CANDIDATES]
+        if wide:
+            vocab = self.weight.shape[0]
+            parts = list(zip(rows.split(counts), cols.split(counts), strict=True))
+            for i in wide:
+                parts[i] = (torch.full((vocab,), i, dtype=torch.long), torch.arange(vocab))
+                counts[i] = vocab
+            rows, cols = (torch.cat(t) for t in zip(*parts, strict=True))
+        return rows, cols, counts
+
+    def _exact(self, x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """fp32 logits of hidden rows x [R, H] at (rows, cols): ``(w_j * x_r).sum()`` one
+        product and one last-dimension sum each, whose bits do not depend on which other
+        entries share the call (tested)."""
+        return torch.cat(
+            [
+                (self.weight[c] * x[r]).sum(-1)
+                for r, c in zip(rows.split(_EXACT_CHUNK), cols.split(_EXACT_CHUNK), strict=True)
+            ]
+            or [x.new_empty(0)]
+        )
+
+    def _approx(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """int8 logits [R, vocab] and each row's bound on |fp32 - int8| (fp64 [R])."""
+        levels = self.levels
+        lo, hi = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
+        sx = (hi - lo) / levels if hi > lo else 1.0
+        zx = min(max(round(-lo / sx), 0), levels)
+        qx = torch.clamp(torch.round(x / sx) + zx, 0, levels)
+        approx = _qlinear(qx.to(torch.uint8), sx, zx, self.packed, self.scales, self.zeros)
+        xd = x.double()
+        xhat = (qx.double() - zx) * sx
+        hat = xhat.norm(dim=-1)
+        bound = (
+            (xd - xhat).norm(dim=-1) * self.w_norm
+            + hat * self.err_norm
+            + self.gamma * xd.norm(dim=-1) * self.w_norm
+            + 1e-6 * hat * (self.w_norm + self.err_norm)  # the kernel's scaling, |a| <= this
+        )
+        return approx, bound * _SLACK
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """Exact logits ``vals`` at tokens ``cols`` of a [rows, vocab] logit matrix whose other
+    entries are below every row's candidates: row r holds the next ``counts[r]`` entries, its
+    tokens ascending."""
+
+    vocab: int
+    counts: list[int]
+    cols: torch.Tensor
+    vals: torch.Tensor
+
+    def greedy(self) -> torch.Tensor:
+        """Each row's argmax (the first maximum), long [rows]: the full logits' argmax."""
+        n = len(self.counts)
+        rows = torch.repeat_interleave(torch.arange(n), torch.tensor(self.counts))
+        best = torch.full((n,), float("-inf")).scatter_reduce(0, rows, self.vals, "amax")
+        top = self.vals == best[rows]
+        first = torch.full((n,), self.vocab, dtype=torch.long)
+        return first.scatter_reduce(0, rows[top], self.cols[top], "amin")
+
+    def compact(self, which: list[int], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows ``which`` as (values, tokens) [len(which), max(width, their counts)], -inf
+        (token 0) past a row's candidates."""
+        starts = [0]
+        for c in self.counts:
+            starts.append(starts[-1] + c)
+        wide = max([width, *(self.counts[r] for r in which)])
+        vals = torch.full((len(which), wide), float("-inf"))
+        ids = torch.zeros((len(which), wide), dtype=torch.long)
+        for i, r in enumerate(which):
+            a, b = starts[r], starts[r + 1]
+            vals[i, : b - a] = self.vals[a:b]
+            ids[i, : b - a] = self.cols[a:b]
+        return vals, ids
