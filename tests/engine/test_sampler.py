@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from tt_serve.engine import sampler
+from tt_serve.model import draw as model_draw
 from tt_serve.sequence import SamplingParams
 
 VOCAB = 248320  # the Qwen3.5 vocabulary: the size the bounded path exists for
@@ -76,7 +77,7 @@ def test_kept_set_equals_the_full_computation(kind: str, params: SamplingParams)
     rng = np.random.default_rng(zlib.crc32(f"{kind} {params}".encode()))
     for _ in range(2):
         x = logits_of(kind, rng) / params.temperature
-        ids, probs = sampler._kept(x, params)
+        ids, probs = model_draw._kept(x, params)
         got = dict(zip(ids.tolist(), probs.tolist(), strict=True))
         want = oracle(x, params)
         assert got.keys() == want.keys()
@@ -88,8 +89,8 @@ def test_every_nucleus_path_is_exercised() -> None:
     among the second, flat ones need the full sort (so the equality above covers all three)."""
     rng = np.random.default_rng(0)
     p = SamplingParams(temperature=1.0, top_p=0.9)
-    first, second = sampler.TOP_P_CANDIDATES
-    sizes = [sampler._kept(logits_of(k, rng), p)[0].size for k in ("peaked", "random", "flat")]
+    first, second = model_draw.TOP_P_CANDIDATES
+    sizes = [model_draw._kept(logits_of(k, rng), p)[0].size for k in ("peaked", "random", "flat")]
     assert sizes[0] < first < sizes[1] < second < sizes[2], sizes
 
 

@@ -22,6 +22,7 @@ from tt_serve import LLM
 from tt_serve.engine import sampler
 from tt_serve.engine.engine import Engine, EngineConfig
 from tt_serve.engine.scheduler import SchedulerConfig
+from tt_serve.model import draw as model_draw
 from tt_serve.model.interface import RowSampling
 from tt_serve.model.ref import TorchBackend
 from tt_serve.model.ref.outputs import greedy_ids
@@ -108,7 +109,7 @@ def test_draw_frequencies_follow_the_host_distribution(
     be = d.backend(dense_dir)
     logits = d.prefill_logits(be, 0, d.prompt(40, 3), [])[-1].numpy()  # next-token logits
     spec = RowSampling(**setting)
-    ids, weights = sampler._kept(logits.astype(np.float64) / spec.temperature, spec)
+    ids, weights = model_draw._kept(logits.astype(np.float64) / spec.temperature, spec)
     probs = np.zeros(logits.shape[0])
     probs[ids] = weights / weights.sum()
     uniforms = np.random.default_rng(11).random(6000)

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from tests.tt_contract import harness as h
-from tt_serve.engine.sampler import _kept, draw
 from tt_serve.logprobs import top_logprobs
+from tt_serve.model.draw import _kept, draw
 from tt_serve.model.interface import RowSampling, StateCopy, StepBatch, StepOutput, StepRow
 from tt_serve.model.published import write_published_config
 from tt_serve.model.spec import ModelSpec

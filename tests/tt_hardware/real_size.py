@@ -28,9 +28,9 @@ import torch
 from tests import numerics as nm
 from tests.tt_contract import harness as h
 from tt_serve.config import ServeConfig
-from tt_serve.engine.sampler import _kept, draw
 from tt_serve.logprobs import top_logprobs
 from tt_serve.model.buckets import choose_bucket
+from tt_serve.model.draw import _kept, draw
 from tt_serve.model.interface import RowSampling, StateCopy, StepBatch, StepRow
 from tt_serve.model.ref import TorchBackend
 from tt_serve.model.ref.attention import AttentionWeights as RefAttention

@@ -6,8 +6,9 @@ from collections.abc import Sequence
 
 import torch
 
+from tt_serve.model.draw import draw
 from tt_serve.model.interface import RowSampling, StepOutput, StepRow
-from tt_serve.model.ref.sampling import draw_candidates, draw_rows, sliced
+from tt_serve.model.ref.sampling import draw_rows, sliced
 from tt_serve.model.ref.screen import MAX_TOP_K, ScreenedHead
 
 
@@ -64,16 +65,22 @@ def pick_screened(
 ) -> torch.Tensor | None:
     """``pick_on_device`` for rows that ``screens``, from their hidden states [R, H] through
     the screened head: the same tokens as from the full fp32 logits. None when the hidden
-    states are not finite (the caller uses the full head)."""
+    states are not finite (the caller uses the full head).
+
+    A drawn row is drawn by the host reference (``engine.sampler.draw``) over its candidates in
+    id order: its top-k keeps the same tokens as over the whole vocabulary (every token at or
+    above the k-th logit is a candidate), so top-p, min-p and the inverse CDF see the same
+    values; numpy on a hundred-odd logits is cheaper than torch's per-op cost."""
     cands = head.candidates(hidden, [1 if r.sampling is None else r.sampling.top_k for r in rows])
     if cands is None:
         return None
     ids = cands.greedy()
-    drawn = [n for n, r in enumerate(rows) if r.sampling is not None]
-    if drawn:
-        specs = [s for r in rows if (s := r.sampling) is not None]
-        vals, tokens = cands.compact(drawn, 0)
-        ids[torch.tensor(drawn)] = draw_candidates(vals, tokens, cands.vocab, specs)
+    start = 0
+    for n, (r, count) in enumerate(zip(rows, cands.counts, strict=True)):
+        if r.sampling is not None:
+            got = draw(cands.vals[start : start + count].numpy(), r.sampling)
+            ids[n] = cands.cols[start + got]
+        start += count
     return ids
 
 

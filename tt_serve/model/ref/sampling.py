@@ -55,39 +55,6 @@ def draw_rows(
     return out
 
 
-def draw_candidates(
-    vals: torch.Tensor, ids: torch.Tensor, vocab: int, specs: Sequence[RowSampling]
-) -> torch.Tensor:
-    """``draw_rows`` for top-k rows given only candidates: exact logits ``vals`` [R, C] at
-    tokens ``ids`` (-inf padding) holding every token each row's top-k keeps (its k largest and
-    their ties), every other logit being smaller. The same tokens as ``draw_rows`` on the full
-    logits: the same untied check on the k + ``TIE_ROOM`` largest, the same draw among them; a
-    tied row is drawn on its candidates spread over the vocabulary (-inf elsewhere)."""
-    if any(not 0 < s.top_k < vocab for s in specs):
-        raise ValueError("draw_candidates draws top-k rows only")
-    ks = torch.tensor([s.top_k for s in specs])
-    m = min(int(ks.max()) + TIE_ROOM, vocab - 1)
-    if vals.shape[1] < m + 1:
-        pad = m + 1 - vals.shape[1]
-        vals = torch.cat([vals, vals.new_full((vals.shape[0], pad), float("-inf"))], 1)
-        ids = torch.cat([ids, ids.new_zeros((ids.shape[0], pad))], 1)
-    top, at = vals.topk(m + 1, dim=-1)
-    cand = ids.gather(1, at)
-    untied = (top[:, m:] < top.gather(1, (ks - 1)[:, None]))[:, 0].tolist()
-    out = torch.empty(len(specs), dtype=torch.long)
-    small = [i for i, ok in enumerate(untied) if ok]
-    if small:
-        sel = torch.tensor(small)
-        out[sel] = _draw_topk(top[sel, :-1], cand[sel, :-1], [specs[i] for i in small])
-    rest = [i for i, ok in enumerate(untied) if not ok]
-    if rest:
-        sel = torch.tensor(rest)
-        dense = torch.full((len(rest), vocab), float("-inf"), dtype=vals.dtype)
-        dense = dense.scatter_reduce(1, ids[sel], vals[sel], "amax")
-        out[sel] = _draw_full(dense, [specs[i] for i in rest], sync_free=False)
-    return out
-
-
 def _take(t: torch.Tensor, rows: list[int]) -> torch.Tensor:
     """Rows ``rows`` of ``t``; ``t`` itself when that is all of them (no [R, vocab] copy)."""
     if rows == list(range(t.shape[0])):

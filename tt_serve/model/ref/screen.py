@@ -232,18 +232,3 @@ class Candidates:
         top = self.vals == best[rows]
         first = torch.full((n,), self.vocab, dtype=torch.long)
         return first.scatter_reduce(0, rows[top], self.cols[top], "amin")
-
-    def compact(self, which: list[int], width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows ``which`` as (values, tokens) [len(which), max(width, their counts)], -inf
-        (token 0) past a row's candidates."""
-        starts = [0]
-        for c in self.counts:
-            starts.append(starts[-1] + c)
-        wide = max([width, *(self.counts[r] for r in which)])
-        vals = torch.full((len(which), wide), float("-inf"))
-        ids = torch.zeros((len(which), wide), dtype=torch.long)
-        for i, r in enumerate(which):
-            a, b = starts[r], starts[r + 1]
-            vals[i, : b - a] = self.vals[a:b]
-            ids[i, : b - a] = self.cols[a:b]
-        return vals, ids

@@ -1,0 +1,188 @@
+"""The int8 screen of the LM head (``ref/screen.py``): its bound holds for every token, its picks
+(argmax, top-k draws with top-p and min-p) are the full fp32 head's, a candidate's logit has the
+same bits whatever shares the call, and the rows it cannot serve go back to the full head."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from tt_serve.model.interface import RowSampling, StepRow
+from tt_serve.model.ref import TorchBackend
+from tt_serve.model.ref import screen as sc
+from tt_serve.model.ref.model import LmHead
+from tt_serve.model.ref.outputs import pick_on_device, pick_screened, screens
+
+pytestmark = pytest.mark.skipif(not sc.available(), reason="no exact int8 GEMM on this CPU")
+
+# vocab 49,152 has 512-way slices (the sliced candidate search); 5,003 is prime (the plain one)
+VOCABS = (49152, 5003)
+
+
+def _head(vocab: int, hidden: int = 64, seed: int = 0) -> LmHead:
+    g = torch.Generator().manual_seed(seed)
+    return LmHead(torch.randn(vocab, hidden, generator=g) * hidden**-0.5)
+
+
+def _rows(n: int, sampling: dict[str, float] | None, seed: int = 0) -> list[StepRow]:
+    g = torch.Generator().manual_seed(seed)
+    return [
+        StepRow(
+            seq_id=i,
+            token_ids=(1,),
+            start_pos=1,
+            block_table=(1,),
+            state_slot=i,
+            sample=True,
+            sampling=None
+            if sampling is None
+            else RowSampling(uniform=float(torch.rand((), generator=g)), **sampling),  # type: ignore[arg-type]
+        )
+        for i in range(n)
+    ]
+
+
+def _hidden(n: int, hidden: int = 64, seed: int = 1, outlier: float = 0.0) -> torch.Tensor:
+    x = torch.randn(n, hidden, generator=torch.Generator().manual_seed(seed))
+    if outlier:
+        x[0, 3] = outlier
+    return x
+
+
+@pytest.mark.parametrize("vocab", VOCABS)
+def test_bound_holds_for_every_token(vocab: int) -> None:
+    head = _head(vocab)
+    s = head.screened
+    assert s is not None
+    for x in (_hidden(5), _hidden(3, outlier=30.0), _hidden(1, seed=4) * 1e-3):
+        approx, bound = s._approx(x)
+        rows = torch.arange(x.shape[0]).repeat_interleave(vocab)
+        exact = s._exact(x, rows, torch.arange(vocab).repeat(x.shape[0])).reshape(-1, vocab)
+        gap = (exact.double() - approx.double()).abs().amax(-1)
+        assert bool((gap <= bound).all()), (gap, bound)
+        assert bool((gap > 0).any())  # the int8 logits are approximate, the bound is not idle
+
+
+@pytest.mark.parametrize(("vocab", "n"), itertools.product(VOCABS, (1, 7, 33)))
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        None,
+        dict(temperature=0.7, top_k=20, top_p=0.9),
+        dict(temperature=1.0, top_k=1),
+        dict(temperature=1.0, top_k=50, min_p=0.05),
+        dict(temperature=1.5, top_k=5, top_p=0.5),
+    ],
+)
+def test_picks_equal_the_full_head(vocab: int, n: int, sampling: dict[str, float] | None) -> None:
+    head = _head(vocab)
+    assert head.screened is not None
+    for seed in range(3):
+        x, rows = _hidden(n, seed=seed), _rows(n, sampling, seed=seed)
+        got = pick_screened(head.screened, x, rows)
+        assert got is not None
+        assert torch.equal(got, pick_on_device(head(x), rows))
+
+
+def test_ties_keep_the_first_maximum_and_the_tied_top_k() -> None:
+    w = torch.randn(8192, 32, generator=torch.Generator().manual_seed(2)) * 0.1
+    x = torch.randn(3, 32, generator=torch.Generator().manual_seed(3))
+    for t in (4000, 77, 5000, 8191):  # one best row, copied to several tokens
+        w[t] = x[0] * 0.5
+    head = LmHead(w)
+    assert head.screened is not None
+    got = pick_screened(head.screened, x, _rows(3, None))
+    assert got is not None and int(got[0]) == 77
+    assert torch.equal(got, pick_on_device(head(x), _rows(3, None)))
+    drawn = _rows(3, dict(temperature=1.0, top_k=2))  # the k-th value is tied 4 ways
+    got = pick_screened(head.screened, x, drawn)
+    assert got is not None and int(got[0]) in (77, 4000, 5000, 8191)
+    assert torch.equal(got, pick_on_device(head(x), drawn))
+
+
+def test_a_candidate_has_the_same_bits_whatever_shares_the_call() -> None:
+    head = _head(49152)
+    s = head.screened
+    assert s is not None
+    x = _hidden(9)
+    alone = s.candidates(x[4:5], [20])
+    batch = s.candidates(x, [1, 5, 20, 50, 20, 1, 3, 20, 7])
+    assert alone is not None and batch is not None
+    start = sum(batch.counts[:4])
+    cols = batch.cols[start : start + batch.counts[4]]
+    vals = batch.vals[start : start + batch.counts[4]]
+    # Which tokens are candidates depends on the batch (one activation scale per call), a
+    # candidate's logit does not.
+    every = s._exact(x[4:5], torch.zeros(49152, dtype=torch.long), torch.arange(49152))
+    assert torch.equal(every[cols], vals) and torch.equal(every[alone.cols], alone.vals)
+    assert bool(torch.isin(cols, alone.cols).any())
+
+
+def test_rows_with_too_many_candidates_get_every_logit(monkeypatch: pytest.MonkeyPatch) -> None:
+    head = _head(49152)
+    assert head.screened is not None
+    monkeypatch.setattr(sc, "MAX_CANDIDATES", 3)
+    x = _hidden(4, outlier=40.0)
+    for sampling in (None, dict(temperature=0.7, top_k=20, top_p=0.9)):
+        rows = _rows(4, sampling)
+        cands = head.screened.candidates(x, [1 if sampling is None else 20] * 4)
+        assert cands is not None and 49152 in cands.counts
+        got = pick_screened(head.screened, x, rows)
+        assert got is not None and torch.equal(got, pick_on_device(head(x), rows))
+
+
+def test_non_finite_hidden_states_go_to_the_full_head() -> None:
+    head = _head(5003)
+    assert head.screened is not None
+    x = _hidden(2)
+    x[1, 0] = float("nan")
+    assert pick_screened(head.screened, x, _rows(2, None)) is None
+
+
+def test_which_rows_the_screen_serves() -> None:
+    base = _rows(1, None)[0]
+    drawn = _rows(1, dict(temperature=0.7, top_k=20))[0]
+    full = _rows(1, dict(temperature=0.7, top_p=0.9))[0]  # needs every logit
+    assert screens(base, 4096) and screens(drawn, 4096)
+    assert not screens(full, 4096)
+    assert not screens(_rows(1, dict(temperature=0.7, top_k=4096))[0], 4096)  # k >= vocab: all
+    assert not screens(_rows(1, dict(temperature=0.7, top_k=sc.MAX_TOP_K + 1))[0], 10**6)
+    from dataclasses import replace
+
+    assert not screens(replace(base, top_logprobs=2), 4096)
+    assert not screens(replace(base, want_logits=True), 4096)
+
+
+def test_only_fp32_cpu_weights_are_screened() -> None:
+    w = torch.randn(4096, 32)
+    assert LmHead(w).screened is not None
+    assert LmHead(w, screen=False).screened is None
+    assert LmHead(w.to(torch.bfloat16)).screened is None
+
+
+def test_backend_tokens_equal_with_and_without_the_screen(tied_dir, dense_dir) -> None:  # type: ignore[no-untyped-def]
+    """Greedy and seeded top-k decode through the engine: the same tokens either way."""
+    from tt_serve import LLM
+    from tt_serve.sequence import SamplingParams
+
+    prompts = [[5 + (7 * i + 3 * j) % 4000 for j in range(20 + 9 * i)] for i in range(4)]
+    params = [
+        SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True),
+        SamplingParams(max_tokens=12, temperature=0.8, top_k=20, top_p=0.9, seed=3),
+        SamplingParams(max_tokens=12, temperature=0.8, top_k=5, seed=4, ignore_eos=True),
+        SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=2),
+    ]
+    for ckpt in (tied_dir, dense_dir):
+        outs = {}
+        for on in (True, False):
+            llm = LLM(ckpt)
+            backend = llm.engine.backend
+            assert isinstance(backend, TorchBackend)
+            if not on:
+                backend.model.lm_head.screened = None
+            else:
+                assert backend.model.lm_head.screened is not None
+            outs[on] = [o.token_ids for o in llm.generate(prompts, params)]
+        assert outs[True] == outs[False]
