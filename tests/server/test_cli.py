@@ -105,6 +105,27 @@ def test_serve_refuses_invalid_config() -> None:
     assert "deviceResident" in r.stderr and "deviceArgmax" in r.stderr
 
 
+def test_serve_refuses_bf16_on_a_cpu_without_bf16_matmuls(tmp_path: Path) -> None:
+    from tt_serve.config import ServeConfig
+    from tt_serve.model.ref.layers import cpu_bf16
+    from tt_serve.server.run import slow_precision
+
+    assert slow_precision(ServeConfig()) is None  # float32 on the CPU
+    assert slow_precision(ServeConfig(backend="ttnn")) is None
+    bf16 = slow_precision(ServeConfig(dtype="bfloat16"))
+    if cpu_bf16():
+        assert bf16 is None
+        return
+    assert bf16 is not None and "AVX512-BF16" in bf16 and "--dtype float32" in bf16
+    r = subprocess.run(
+        [*CLI, "serve", "--dtype", "bfloat16", "--model", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2 and "--dtype float32" in r.stderr
+
+
 def test_serve_rejects_a_folder_without_config(tmp_path: Path) -> None:
     r = subprocess.run(
         [*CLI, "serve", "--model", str(tmp_path)], capture_output=True, text=True, timeout=120

@@ -57,6 +57,24 @@ def make_loader(cfg: ServeConfig) -> Callable[[ServerState], None]:
     return load
 
 
+def slow_precision(cfg: ServeConfig) -> str | None:
+    """Why the server refuses ``cfg``'s precision on this machine, if it does: bfloat16 on a
+    CPU without native bfloat16 matmuls (AVX512-BF16 or AMX), where torch's bf16 GEMMs fall
+    to a scalar path about 10x slower than float32 (the offline API only warns)."""
+    if cfg.backend != "torch" or cfg.resolved_dtype != "bfloat16":
+        return None
+    import torch
+
+    from tt_serve.model.ref.layers import cpu_bf16
+
+    if torch.device(cfg.device).type != "cpu" or cpu_bf16():
+        return None
+    return (
+        "--dtype bfloat16 needs a CPU with native bfloat16 matmuls (AVX512-BF16 or AMX); this "
+        "one has neither and would run about 10x slower than float32: use --dtype float32"
+    )
+
+
 def serve_main(argv: Sequence[str]) -> int:
     try:
         return _serve(argv)
@@ -82,6 +100,10 @@ def _serve(argv: Sequence[str]) -> int:
             print(f"tt-serve serve: {e}", file=sys.stderr)
         return 2
     logging.getLogger().setLevel(cfg.log_level.upper())
+    slow = slow_precision(cfg)
+    if slow:
+        print(f"tt-serve serve: {slow}", file=sys.stderr)
+        return 2
     if cfg.backend == "ttnn":
         from tt_serve.model.tt.device import require_device
 
