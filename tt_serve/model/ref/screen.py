@@ -37,8 +37,9 @@ import torch
 
 from tt_serve.model.ref.sampling import largest, sliced
 
-# Rows one int8 GEMM takes at once (2 cores, demo head: 2.5 ms at 1 row, 3.3 at 16, 4.5 at 32
-# against 8.8 / 10.8 / 13.5 ms for the packed fp32 head: python -m bench.lm_head_layout).
+# Rows one int8 GEMM takes at once (2 cores, demo head, the GEMM alone: 2.5 ms at 1 row, 3.3 at
+# 16, 4.5-5.4 at 32, against 8.8 / 10.8 / 13.5 ms for the packed fp32 head; whole picks:
+# python -m bench.lm_head_layout).
 SCREEN_ROWS = 32
 # Past this many candidates a row's logits are all computed exactly (the screen no longer pays).
 MAX_CANDIDATES = 4096
