@@ -9,6 +9,7 @@ import itertools
 import pytest
 import torch
 
+from tests.model import driver as d
 from tt_serve.model.interface import RowSampling, StepRow
 from tt_serve.model.ref import TorchBackend
 from tt_serve.model.ref import screen as sc
@@ -29,13 +30,10 @@ def _head(vocab: int, hidden: int = 64, seed: int = 0) -> LmHead:
 def _rows(n: int, sampling: dict[str, float] | None, seed: int = 0) -> list[StepRow]:
     g = torch.Generator().manual_seed(seed)
     return [
-        StepRow(
-            seq_id=i,
-            token_ids=(1,),
-            start_pos=1,
-            block_table=(1,),
-            state_slot=i,
-            sample=True,
+        d.row(
+            i,
+            [1],
+            1,
             sampling=None
             if sampling is None
             else RowSampling(uniform=float(torch.rand((), generator=g)), **sampling),  # type: ignore[arg-type]

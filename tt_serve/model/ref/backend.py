@@ -240,9 +240,11 @@ class TorchBackend:
                 last = last[sampled]
             head = self.model.lm_head.screened
             vocab = self.spec.vocab_size
-            quick = [
-                n for n, j in enumerate(sampled) if head is not None and screens(rows[j], vocab)
-            ]
+            quick = (
+                []
+                if head is None
+                else [n for n, j in enumerate(sampled) if screens(rows[j], vocab)]
+            )
             if head is not None and quick:
                 part = last if len(quick) == len(sampled) else last[quick]
                 ids = pick_screened(head, part, [rows[sampled[n]] for n in quick])
@@ -250,8 +252,7 @@ class TorchBackend:
                     for n, tok in zip(quick, ids.tolist(), strict=True):
                         out.token_ids[idx[sampled[n]]] = int(tok)
                     self.host_bytes += ids.numel() * ids.element_size()
-                    done = set(quick)
-                    rest = [n for n in range(len(sampled)) if n not in done]
+                    rest = sorted(set(range(len(sampled))) - set(quick))
                     if not rest:
                         return
                     last, sampled = last[rest], [sampled[n] for n in rest]

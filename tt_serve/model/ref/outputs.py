@@ -67,7 +67,7 @@ def pick_screened(
     the screened head: the same tokens as from the full fp32 logits. None when the hidden
     states are not finite (the caller uses the full head).
 
-    A drawn row is drawn by the host reference (``engine.sampler.draw``) over its candidates in
+    A drawn row is drawn by the reference ``model.draw.draw`` over its candidates in
     id order: its top-k keeps the same tokens as over the whole vocabulary (every token at or
     above the k-th logit is a candidate), so top-p, min-p and the inverse CDF see the same
     values; numpy on a hundred-odd logits is cheaper than torch's per-op cost."""

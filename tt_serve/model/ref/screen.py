@@ -5,12 +5,12 @@ read per step (254 MB on the demo model: 8.8 ms at 1 row on 2 cores, half of a t
 A greedy or top-k row needs the logits of its best few tokens only, so the head is *screened*:
 an int8 copy of the weight (per-row scales, a quarter of the bytes, oneDNN's u8·s8 GEMM: 2.5 ms
 at 1 row, 3.3 ms at 16) gives approximate logits ``a`` with a proven bound ``|y - a| <= B`` for
-each hidden row; every token that can be among the row's n largest fp32 logits has
-``a >= (n-th largest a) - 2B``, and only those candidates (tens to a few hundred of 248,320 on
-the demo model) get their logit computed exactly in fp32 from the plain weight. Every other
-logit is -inf. The token picked from these logits (argmax, or a top-k draw with its top-p and
-min-p) is the one the full fp32 logits give: the screen decides which logits are computed,
-never their values.
+each hidden row. The exact logits of the row's n best by ``a`` give a floor for its n-th largest
+logit, so every token that can be among its n largest has ``a >= floor - B``; only those
+candidates (a few to about a hundred of 248,320 on the demo model) get their logit computed
+exactly in fp32 from the plain weight, and the pick (argmax, or a top-k draw with its top-p and
+min-p) is made among them. It is the pick the full fp32 logits give: the screen decides which
+logits are computed, never their values.
 
 The bound, for a hidden row x quantized to x̂ = s_x (q_x - z) and a weight row w_j = ŵ_j + e_j,
 ŵ_j = s_j q_j (Cauchy-Schwarz on both terms):
@@ -18,10 +18,11 @@ The bound, for a hidden row x quantized to x̂ = s_x (q_x - z) and a weight row 
     |x·w_j - x̂·ŵ_j| <= ||x - x̂||_2 · max_j ||w_j||_2 + ||x̂||_2 · max_j ||e_j||_2
 
 plus the fp32 rounding of the exact dot products (γ_H ||x||_2 max_j ||w_j||_2) and of the
-kernel's scaling (1e-6 of the largest |a|), with 1 % to spare. Activations are quantized to 7
-bits (0..127) so that no u8·s8 pair sum can saturate int16 on a CPU without VNNI: the kernel's
-result is then the dequantized product to rounding (tested). A row whose candidates exceed
-``MAX_CANDIDATES`` (a hidden state with outliers the 7-bit scale resolves poorly) has every
+kernel's scaling (1e-6 of the largest |a|), with 1 % to spare. Activations are quantized to 8
+bits where a probe at startup finds the kernel's u8·s8 products exact (``activation_levels``),
+to 7 bits otherwise (no int16 pair sum can saturate on a CPU without VNNI): the kernel's result
+is then the dequantized product to rounding (tested). A row whose candidates exceed
+``MAX_CANDIDATES`` (a hidden state with outliers the activation scale resolves poorly) has every
 logit computed the exact way; a non-finite hidden state goes back to the full head.
 
 An exact logit is ``(w_j * x).sum()`` in fp32: the same bits for a token whatever other
@@ -149,7 +150,7 @@ class ScreenedHead:
         count; a row with too many has every token."""
         approx, bound = self._approx(x)
         cut = sliced(approx, 512)
-        maxima = None if cut is None else cut.amax(-1)
+        maxima = None if cut is None else cut.amax(-1)  # [R, slices]
         # The exact logits of each row's n best by the screen: their n-th largest is a floor
         # for the row's n-th largest logit, so a candidate needs a >= floor - B.
         width = max(n)
@@ -161,7 +162,7 @@ class ScreenedHead:
         floor = exact.sort(dim=-1, descending=True).values.gather(1, (need - 1)[:, None])[:, 0]
         thr = (floor.double() - bound).float()
         thr = torch.nextafter(thr, torch.full_like(thr, float("-inf")))  # rounded down
-        if cut is None or maxima is None:
+        if cut is None or maxima is None:  # (both or neither)
             rows, cols = (approx >= thr[:, None]).nonzero(as_tuple=True)
         else:  # entry by entry only in the slices whose maximum reaches the threshold
             r, sl = (maxima >= thr[:, None]).nonzero(as_tuple=True)
