@@ -55,12 +55,15 @@ def test_bound_holds_for_every_token(vocab: int) -> None:
     s = head.screened
     assert s is not None
     for x in (_hidden(5), _hidden(3, outlier=30.0), _hidden(1, seed=4) * 1e-3):
-        approx, bound = s._approx(x)
+        approx, act, wgt = s._approx(x)
         rows = torch.arange(x.shape[0]).repeat_interleave(vocab)
         exact = s._exact(x, rows, torch.arange(vocab).repeat(x.shape[0])).reshape(-1, vocab)
-        gap = (exact.double() - approx.double()).abs().amax(-1)
-        assert bool((gap <= bound).all()), (gap, bound)
+        gap = (exact.double() - approx.double()).abs()
+        bound = s.token_bound(act, wgt)
+        assert bool((gap <= bound).all()), float((gap - bound).max())
         assert bool((gap > 0).any())  # the int8 logits are approximate, the bound is not idle
+        # each token's bound is at most the bound of the row's worst token (per-token norms)
+        assert bool((bound <= (act * s.w_norm + wgt * s.err_norm)[:, None] * (1 + 1e-6)).all())
 
 
 @pytest.mark.parametrize(("vocab", "n"), itertools.product(VOCABS, (1, 7, 33)))
@@ -82,6 +85,40 @@ def test_picks_equal_the_full_head(vocab: int, n: int, sampling: dict[str, float
         got = pick_screened(head.screened, x, rows)
         assert got is not None
         assert torch.equal(got, pick_on_device(head(x), rows))
+
+
+@pytest.mark.parametrize("vocab", VOCABS)
+def test_candidates_hold_every_token_of_the_top_n(vocab: int) -> None:
+    """Rows of very different norms (a real head's are): each token is screened against its
+    own bound, which still keeps every token that can be among the n largest, and keeps fewer
+    than the bound of the head's largest row would."""
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(vocab, 64, generator=g) * 64**-0.5
+    w *= torch.exp(torch.randn(vocab, 1, generator=g))  # norms over about e^±2
+    head = LmHead(w)
+    s = head.screened
+    assert s is not None
+    x = torch.randn(6, 64, generator=g)
+    n = [1, 2, 5, 20, 50, 20]
+    cands = s.candidates(x, n)
+    assert cands is not None
+    every = s._exact(
+        x, torch.arange(6).repeat_interleave(vocab), torch.arange(vocab).repeat(6)
+    ).reshape(6, vocab)
+    approx, act, wgt = s._approx(x)
+    start = narrowed = 0
+    for r, count in enumerate(cands.counts):
+        cols = cands.cols[start : start + count]
+        start += count
+        assert torch.equal(cands.vals[start - count : start], every[r, cols])
+        nth = every[r].topk(n[r]).values[-1]
+        assert bool(torch.isin(torch.nonzero(every[r] >= nth)[:, 0], cols).all())
+        floor = float(every[r, cols].topk(n[r]).values[-1])
+        worst = float(act[r] * s.w_norm + wgt[r] * s.err_norm)
+        widest = int((approx[r].double() >= floor - worst).sum())
+        assert count <= widest
+        narrowed += widest - count
+    assert narrowed > 0
 
 
 def test_ties_keep_the_first_maximum_and_the_tied_top_k() -> None:

@@ -75,11 +75,13 @@ def pick_screened(
     if cands is None:
         return None
     ids = cands.greedy()
+    if all(r.sampling is None for r in rows):
+        return ids
+    picked, vals, cols = ids.numpy(), cands.vals.numpy(), cands.cols.numpy()  # views: no copies
     start = 0
     for n, (r, count) in enumerate(zip(rows, cands.counts, strict=True)):
         if r.sampling is not None:
-            got = draw(cands.vals[start : start + count].numpy(), r.sampling)
-            ids[n] = cands.cols[start + got]
+            picked[n] = cols[start + draw(vals[start : start + count], r.sampling)]
         start += count
     return ids
 

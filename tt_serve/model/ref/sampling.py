@@ -84,7 +84,8 @@ def largest(
         maxima = cut.amax(dim=-1)
     best = maxima.topk(n, dim=-1).indices  # [R, n] slices
     whole = best + torch.arange(rows, device=x.device)[:, None] * per_row
-    picked = x.view(rows * per_row, width)[whole.reshape(-1)].reshape(rows, n * width)
+    picked = x.view(rows * per_row, width).index_select(0, whole.reshape(-1))
+    picked = picked.reshape(rows, n * width)
     vals, at = picked.topk(n, dim=-1)
     return vals, best.gather(1, at // width) * width + at % width
 
