@@ -168,3 +168,40 @@ def test_generate_bad_input_names_the_problem(demo_dir: Path, args: list[str]) -
     )
     assert r.returncode == 2
     assert "prompt" in r.stderr or "integers" in r.stderr
+
+
+def test_the_server_thread_runs_torch_single_threaded_and_the_engine_does_not() -> None:
+    """``keep_compute_off_this_thread`` (what ``tt-serve serve`` calls on its main thread): that
+    thread's torch ops run on one thread (no OpenMP team next to the engine's), while a loader
+    given the returned count, and the engine thread it starts, run with the full count."""
+    import threading
+
+    import torch
+
+    from tt_serve.server.run import keep_compute_off_this_thread
+
+    before = torch.get_num_threads()
+    seen: dict[str, int] = {}
+
+    def server_main() -> None:  # stands in for the main thread (pytest's must stay as it is)
+        threads = keep_compute_off_this_thread()
+        seen["returned"], seen["main"] = threads, torch.get_num_threads()
+
+        def loader() -> None:
+            torch.set_num_threads(threads)
+            engine = threading.Thread(target=lambda: seen.update(engine=torch.get_num_threads()))
+            engine.start()
+            engine.join()
+
+        t = threading.Thread(target=loader)
+        t.start()
+        t.join()
+        seen["main_after"] = torch.get_num_threads()
+
+    try:
+        t = threading.Thread(target=server_main)
+        t.start()
+        t.join()
+    finally:
+        torch.set_num_threads(before)
+    assert seen == {"returned": before, "main": 1, "engine": before, "main_after": 1}
