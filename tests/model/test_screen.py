@@ -13,6 +13,7 @@ from tests.model import driver as d
 from tt_serve.model.interface import RowSampling, StepRow
 from tt_serve.model.ref import TorchBackend
 from tt_serve.model.ref import screen as sc
+from tt_serve.model.ref.layers import cpu_bf16
 from tt_serve.model.ref.model import LmHead
 from tt_serve.model.ref.outputs import pick_on_device, pick_screened, screens
 
@@ -190,15 +191,53 @@ def test_which_rows_the_screen_serves() -> None:
     assert not screens(replace(base, want_logits=True), 4096)
 
 
-def test_only_fp32_cpu_weights_are_screened() -> None:
+def test_which_heads_are_screened() -> None:
     w = torch.randn(4096, 32)
     assert LmHead(w).screened is not None
     assert LmHead(w, screen=False).screened is None
-    assert LmHead(w.to(torch.bfloat16)).screened is None
+    # bf16 where the CPU multiplies bf16 natively (elsewhere bf16 is not served on the CPU)
+    assert (LmHead(w.to(torch.bfloat16)).screened is not None) == cpu_bf16()
+    assert LmHead(w.double()).screened is None
+
+
+@pytest.mark.skipif(not cpu_bf16(), reason="no native bf16 matmul on this CPU")
+@pytest.mark.parametrize(
+    "sampling", [None, dict(temperature=0.7, top_k=20, top_p=0.9), dict(temperature=1.0, top_k=3)]
+)
+def test_a_bf16_head_picks_what_its_gemm_picks(sampling: dict[str, float] | None) -> None:
+    """bf16 logits are the GEMM's fp32 sums rounded to bf16; the screen rounds its exact
+    logits the same way, so a token whose sum is a little smaller but rounds to the same bf16
+    value wins as the first maximum (and is kept by a top-k)."""
+    vocab = 49152
+    w = torch.randn(vocab, 64, generator=torch.Generator().manual_seed(7)).bfloat16()
+    x = _hidden(7).bfloat16()
+    best = int(LmHead(w, screen=False)(x[:1]).argmax())
+    twin = w[best].clone()  # one element a bf16 ulp off: a sum that rounds to the same value
+    twin[:1] = (twin[:1].view(torch.int16) - 1).view(torch.bfloat16)  # the next bf16 value
+    w[3] = twin
+    head = LmHead(w)
+    s = head.screened
+    assert s is not None
+    dots = s._dots(x.float(), torch.zeros(2, dtype=torch.long), torch.tensor([3, best]))
+    assert float(dots[0]) != float(dots[1])
+    for seed in range(4):
+        xs = x if seed == 0 else _hidden(7, seed=seed).bfloat16()
+        rows = _rows(7, sampling, seed=seed)
+        full = head(xs)  # [7, vocab] fp32 holding bf16 values
+        got = pick_screened(s, xs, rows)
+        assert got is not None
+        assert torch.equal(got, pick_on_device(full, rows))
+        if seed == 0 and sampling is None:
+            assert float(full[0, 3]) == float(full[0, best]) and int(got[0]) == 3
+        approx, act, wgt = s._approx(xs.float())
+        at = torch.arange(7).repeat_interleave(vocab)
+        exact = s._dots(xs.float(), at, torch.arange(vocab).repeat(7)).reshape(7, vocab)
+        assert bool(((exact.double() - approx.double()).abs() <= s.token_bound(act, wgt)).all())
 
 
 def test_backend_tokens_equal_with_and_without_the_screen(tied_dir, dense_dir) -> None:  # type: ignore[no-untyped-def]
-    """Greedy and seeded top-k decode through the engine: the same tokens either way."""
+    """Greedy and seeded top-k decode through the engine, fp32 and bf16: the same tokens
+    either way."""
     from tt_serve import LLM
     from tt_serve.sequence import SamplingParams
 
@@ -209,10 +248,11 @@ def test_backend_tokens_equal_with_and_without_the_screen(tied_dir, dense_dir) -
         SamplingParams(max_tokens=12, temperature=0.8, top_k=5, seed=4, ignore_eos=True),
         SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=2),
     ]
-    for ckpt in (tied_dir, dense_dir):
+    dtypes = ["float32", "bfloat16"] if cpu_bf16() else ["float32"]
+    for ckpt, dtype in itertools.product((tied_dir, dense_dir), dtypes):
         outs = {}
         for on in (True, False):
-            llm = LLM(ckpt)
+            llm = LLM(ckpt, dtype=dtype)
             backend = llm.engine.backend
             assert isinstance(backend, TorchBackend)
             if not on:

@@ -49,7 +49,7 @@ class TorchOptions(TypedDict, total=False):
     max_prefill_chunk: int  # [DEFAULT_PREFILL_CHUNK] the largest prefill bucket
     max_model_len: int | None  # [None: the model's own] sizes the programs' block tables
     capture_graphs: bool  # [True] capture on CUDA (False: run the bucketed programs eagerly)
-    screen_lm_head: bool  # [True] greedy / top-k picks through the int8 screen (CPU fp32)
+    screen_lm_head: bool  # [True] greedy / top-k picks through the int8 screen (CPU)
 
 
 class TorchBackend:

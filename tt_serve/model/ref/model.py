@@ -180,16 +180,17 @@ class LmHead:
     weight is kept [H, vocab] contiguous. fp32 stays fp32: only the summation order differs
     (<= 1e-4 on the logits). A tied model keeps the embedding too (one more [vocab, H] copy).
 
-    ``screened`` (fp32 on a CPU with an exact int8 GEMM, unless ``screen=False``): the int8
-    screen of ``ref/screen.py`` that greedy and top-k rows are picked through, the same tokens
-    at about a third of the read. It keeps the plain weight (the embedding itself when tied: no
+    ``screened`` (fp32, or bf16 where the CPU multiplies bf16 natively, on a CPU with an exact
+    int8 GEMM, unless ``screen=False``): the int8 screen of ``ref/screen.py`` that greedy and
+    top-k rows are picked through, the same tokens at about a third of the read (a half in
+    bf16). It keeps the plain weight (the embedding itself when tied: no
     copy; one more fp32 copy when not) and an int8 one (a quarter of its size)."""
 
     def __init__(self, weight: torch.Tensor, *, screen: bool = True) -> None:
         self.packed: Linear | None = None
         self.weight_t: torch.Tensor | None = None
         self.screened: ScreenedHead | None = None
-        if screen and weight.dtype == torch.float32 and packs(weight) and screen_available():
+        if screen and packs(weight) and screen_available():  # fp32, or bf16 on a bf16 CPU
             self.screened = ScreenedHead(weight)
         if packs(weight):
             self.packed = Linear(weight)

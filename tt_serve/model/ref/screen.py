@@ -100,19 +100,30 @@ def _qlinear(
 
 
 class ScreenedHead:
-    """The screen of one [vocab, H] fp32 weight (kept by reference, not copied)."""
+    """The screen of one [vocab, H] fp32 or bf16 weight (kept by reference, not copied).
+
+    A bf16 head's logits are its GEMM's: fp32 sums of the (exact) bf16 products, rounded to
+    bf16. The screen's exact logits are rounded the same way, and its window widened by that
+    rounding (half a bf16 ulp of the floor), so its picks are the bf16 head's: ties included,
+    to the summation order (a sum within 1e-6 of a rounding boundary may round the other way).
+    """
 
     def __init__(self, weight: torch.Tensor) -> None:
-        if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
-            raise ValueError("ScreenedHead screens a 2-d fp32 CPU weight")
+        if (
+            weight.dtype not in (torch.float32, torch.bfloat16)
+            or weight.device.type != "cpu"
+            or weight.dim() != 2
+        ):
+            raise ValueError("ScreenedHead screens a 2-d fp32 or bf16 CPU weight")
         self.weight = weight.contiguous()
+        self.dtype = weight.dtype  # the logits' precision
         vocab = self.weight.shape[0]
         scales = torch.empty(vocab, dtype=torch.float32)
         q = torch.empty(self.weight.shape, dtype=torch.int8)
         w_norms = torch.empty(vocab, dtype=torch.float64)
         e_norms = torch.empty(vocab, dtype=torch.float64)
         for lo in range(0, vocab, _EXACT_CHUNK):
-            w = self.weight[lo : lo + _EXACT_CHUNK]
+            w = self.weight[lo : lo + _EXACT_CHUNK].float()
             s = w.abs().amax(-1) / 127.0
             s = torch.where(s > 0, s, torch.ones_like(s))
             qc = torch.round(w / s[:, None]).clamp_(-127, 127)
@@ -149,6 +160,7 @@ class ScreenedHead:
         r's ``n[r]`` largest; None when x is not finite (the caller uses the full head)."""
         if not bool(torch.isfinite(x).all()):
             return None
+        x = x.float()  # a bf16 model's hidden states, exactly
         counts: list[int] = []
         cols: list[torch.Tensor] = []
         vals: list[torch.Tensor] = []
@@ -183,6 +195,8 @@ class ScreenedHead:
         # |floor| + max_j B_j each): ``margin`` more is subtracted, so no candidate is lost.
         fd = floor.double()
         margin = 8 * 2.0**-24 * (fd.abs() + act * self.w_norm + wgt * self.err_norm)
+        if self.dtype == torch.bfloat16:  # a logit rounding up to the floor: from half an ulp
+            margin = margin + 2.0**-8 * fd.abs()
         floor32, act32, wgt32 = floor - _up32(margin), _up32(act), _up32(wgt)
         if fine is None or self.w_slice_max is None or self.e_slice_max is None:
             loose = _down32(fd - act * self.w_norm - wgt * self.err_norm - margin)
@@ -219,12 +233,17 @@ class ScreenedHead:
         return rows, cols, counts
 
     def _exact(self, x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        """fp32 logits of hidden rows x [R, H] at (rows, cols): ``(w_j * x_r).sum()`` one
-        product and one last-dimension sum each, whose bits do not depend on which other
-        entries share the call (tested)."""
+        """The head's logits of hidden rows x [R, H] (fp32) at (rows, cols), as fp32: the
+        ``_dots``, rounded to bf16 for a bf16 head."""
+        dots = self._dots(x, rows, cols)
+        return dots if self.dtype == torch.float32 else dots.to(self.dtype).float()
+
+    def _dots(self, x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """fp32 ``(w_j * x_r).sum()`` at (rows, cols): one product and one last-dimension sum
+        each, whose bits do not depend on which other entries share the call (tested)."""
         return torch.cat(
             [
-                (self.weight.index_select(0, c) * x.index_select(0, r)).sum(-1)
+                (self.weight.index_select(0, c).float() * x.index_select(0, r)).sum(-1)
                 for r, c in zip(rows.split(_EXACT_CHUNK), cols.split(_EXACT_CHUNK), strict=True)
             ]
             or [x.new_empty(0)]
