@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -166,7 +166,12 @@ class SamplingRequest(BaseModel):
         )
 
 
-PromptType = str | list[str] | list[int] | list[list[int]]
+# Token ids first, tried left to right: pydantic's default ("smart") union validates a
+# 4,160-id prompt against every member, 1.19 ms, against 0.05 ms here: a millisecond of every
+# prefix-hit TTFT. An empty list is then a list of ids (the emptiness error is the same).
+PromptType = Annotated[
+    list[int] | str | list[str] | list[list[int]], Field(union_mode="left_to_right")
+]
 
 
 class CompletionRequest(SamplingRequest):

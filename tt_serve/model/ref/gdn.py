@@ -65,18 +65,24 @@ def chunk_gated_delta(
     kb = k * beta[..., None]
     vb = v * beta[..., None]
     ut = (kb @ k.transpose(-1, -2)) * decay
-    u = torch.linalg.solve_triangular(ut, vb, upper=False, unitriangular=True)
-    w = torch.linalg.solve_triangular(ut, kb * gc.exp()[..., None], upper=False, unitriangular=True)
+    # one triangular solve for both right-hand sides: U = T⁻¹ βV and W = T⁻¹ (βK ⊙ e^gc)
+    dv = v.shape[-1]
+    uw = torch.linalg.solve_triangular(
+        ut, torch.cat([vb, kb * gc.exp()[..., None]], -1), upper=False, unitriangular=True
+    )
+    u = uw[..., :dv]
     intra = (q @ k.transpose(-1, -2)) * decay
-    q_dec = q * gc.exp()[..., None]
+    # [W; Q ⊙ e^gc] against the state in one product per chunk (rows :chunk are W S)
+    wq = torch.cat([uw[..., dv:], q * gc.exp()[..., None]], -2)
     k_dec = k * (gc[..., -1:] - gc).exp()[..., None]
     chunk_decay = gc[..., -1].exp()[..., None, None]
 
     out = torch.empty_like(v)
     s = state
     for i in range(n):
-        v_new = u[:, i] - w[:, i] @ s
-        out[:, i] = q_dec[:, i] @ s + intra[:, i] @ v_new
+        ws = wq[:, i] @ s
+        v_new = u[:, i] - ws[:, :chunk]
+        out[:, i] = ws[:, chunk:] + intra[:, i] @ v_new
         s = s * chunk_decay[:, i] + k_dec[:, i].transpose(-1, -2) @ v_new
     out = out.reshape(h, n * chunk, -1)[:, :t].transpose(0, 1)
     return out, s
