@@ -1,4 +1,4 @@
-"""Exact fp32 LM-head picks at an int8 read of the weight (CPU).
+"""Exact LM-head picks at an int8 read of the weight (CPU; fp32 heads, and bf16 ones).
 
 A decode step multiplies a few rows by the [vocab, H] head; in fp32 that is the whole weight
 read per step (254 MB on the demo model: 8.8 ms at 1 row on 2 cores, half of a token's time).
@@ -156,8 +156,9 @@ class ScreenedHead:
         self.gamma = h * u / (1 - h * u)
 
     def candidates(self, x: torch.Tensor, n: list[int]) -> Candidates | None:
-        """The exact fp32 logits of hidden rows x [R, H] at every token that can be among row
-        r's ``n[r]`` largest; None when x is not finite (the caller uses the full head)."""
+        """The head's exact logits (fp32; bf16 values for a bf16 head) of hidden rows x [R, H]
+        at every token that can be among row r's ``n[r]`` largest; None when x is not finite
+        (the caller uses the full head)."""
         if not bool(torch.isfinite(x).all()):
             return None
         x = x.float()  # a bf16 model's hidden states, exactly
