@@ -43,6 +43,13 @@ def _rows(n: int, sampling: dict[str, float] | None, seed: int = 0) -> list[Step
     ]
 
 
+def _every(s: sc.ScreenedHead, x: torch.Tensor, dots: bool = False) -> torch.Tensor:
+    """Every exact logit (``_dots``: before a bf16 head's rounding) of rows x: [R, vocab]."""
+    r, vocab = x.shape[0], s.weight.shape[0]
+    at, cols = torch.arange(r).repeat_interleave(vocab), torch.arange(vocab).repeat(r)
+    return (s._dots if dots else s._exact)(x, at, cols).reshape(r, vocab)
+
+
 def _hidden(n: int, hidden: int = 64, seed: int = 1, outlier: float = 0.0) -> torch.Tensor:
     x = torch.randn(n, hidden, generator=torch.Generator().manual_seed(seed))
     if outlier:
@@ -57,8 +64,7 @@ def test_bound_holds_for_every_token(vocab: int) -> None:
     assert s is not None
     for x in (_hidden(5), _hidden(3, outlier=30.0), _hidden(1, seed=4) * 1e-3):
         approx, act, wgt = s._approx(x)
-        rows = torch.arange(x.shape[0]).repeat_interleave(vocab)
-        exact = s._exact(x, rows, torch.arange(vocab).repeat(x.shape[0])).reshape(-1, vocab)
+        exact = _every(s, x)
         gap = (exact.double() - approx.double()).abs()
         bound = s.token_bound(act, wgt)
         assert bool((gap <= bound).all()), float((gap - bound).max())
@@ -103,9 +109,7 @@ def test_candidates_hold_every_token_of_the_top_n(vocab: int) -> None:
     n = [1, 2, 5, 20, 50, 20]
     cands = s.candidates(x, n)
     assert cands is not None
-    every = s._exact(
-        x, torch.arange(6).repeat_interleave(vocab), torch.arange(vocab).repeat(6)
-    ).reshape(6, vocab)
+    every = _every(s, x)
     approx, act, wgt = s._approx(x)
     start = narrowed = 0
     for r, count in enumerate(cands.counts):
@@ -230,8 +234,7 @@ def test_a_bf16_head_picks_what_its_gemm_picks(sampling: dict[str, float] | None
         if seed == 0 and sampling is None:
             assert float(full[0, 3]) == float(full[0, best]) and int(got[0]) == 3
         approx, act, wgt = s._approx(xs.float())
-        at = torch.arange(7).repeat_interleave(vocab)
-        exact = s._dots(xs.float(), at, torch.arange(vocab).repeat(7)).reshape(7, vocab)
+        exact = _every(s, xs.float(), dots=True)
         assert bool(((exact.double() - approx.double()).abs() <= s.token_bound(act, wgt)).all())
 
 

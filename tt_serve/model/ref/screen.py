@@ -138,13 +138,15 @@ class ScreenedHead:
         if not self.levels:
             raise RuntimeError("no exact int8 GEMM on this CPU (oneDNN quantized linear)")
         self.zeros = torch.zeros(vocab, dtype=torch.long)  # the weight's zero points
-        # Each token's ||w_j|| and ||w_j - ŵ_j|| (fp32, rounded up), their maxima (fp64) and,
-        # per slice of ``sliced(·, 512)``, their slice maxima (fp64 [slices]).
+        # Each token's ||w_j|| and ||w_j - ŵ_j|| (fp32, rounded up), their maxima, and their
+        # maxima per fine slice (fp32 [vocab / fine]).
         self.w_norms, self.e_norms = _up32(w_norms), _up32(e_norms)
         self.w_norm, self.err_norm = float(w_norms.max()), float(e_norms.max())
-        # Candidates are searched in fine slices (a divisor of the 512-slice width, about 100
-        # tokens): a top-20 row reaches some 60 of them, where 512-slices hit about as many.
+        # Candidates are searched in fine slices (a divisor of the width of ``sliced(·, 512)``,
+        # about 100 tokens; 0: the vocabulary has no such slicing): a top-20 row reaches some
+        # 60 of them, where 512-slices hit about as many. ``slices``: the 512-slice count.
         cut = sliced(self.w_norms[None], 512)
+        self.slices = 0 if cut is None else cut.shape[1]
         self.fine = 0 if cut is None else _fine_width(cut.shape[2])
         self.w_slice_max: torch.Tensor | None = None
         self.e_slice_max: torch.Tensor | None = None
@@ -177,12 +179,11 @@ class ScreenedHead:
         """(row, token) of every candidate, row-major with tokens ascending, and each row's
         count; a row with too many has every token."""
         approx, act, wgt = self._approx(x)
-        cut = sliced(approx, 512)
         maxima = fine = None
-        if cut is not None and self.fine:  # [R, fine slices] maxima, then the 512-slice ones
+        if self.fine:  # [R, fine slices] maxima, then the 512-slice ones
             fine = approx.view(x.shape[0], -1, self.fine)
             fine_max = fine.amax(-1)
-            maxima = fine_max.view(x.shape[0], cut.shape[1], -1).amax(-1)
+            maxima = fine_max.view(x.shape[0], self.slices, -1).amax(-1)
         # The exact logits of each row's n best by the screen: their n-th largest is a floor
         # for the row's n-th largest logit, so a candidate needs a_j >= floor - B_j.
         width = max(n)
@@ -200,7 +201,7 @@ class ScreenedHead:
             margin = margin + 2.0**-8 * fd.abs()
         floor32, act32, wgt32 = floor - _up32(margin), _up32(act), _up32(wgt)
         if fine is None or self.w_slice_max is None or self.e_slice_max is None:
-            loose = _down32(fd - act * self.w_norm - wgt * self.err_norm - margin)
+            loose = floor32 - (act32 * self.w_norm + wgt32 * self.err_norm)
             rows, cols = (approx >= loose[:, None]).nonzero(as_tuple=True)
         else:  # entry by entry only in the slices whose maximum reaches their largest bound
             per = fine.shape[1]
@@ -277,12 +278,6 @@ def _fine_width(span: int) -> int:
     """The divisor of ``span`` closest to 100 (``span`` itself when it has none past 1)."""
     widths = [w for w in range(2, span + 1) if span % w == 0]
     return min(widths, key=lambda w: abs(w - 100))
-
-
-def _down32(t: torch.Tensor) -> torch.Tensor:
-    """fp64 ``t`` as fp32, rounded down."""
-    f = t.float()
-    return torch.where(f.double() > t, torch.nextafter(f, torch.full_like(f, float("-inf"))), f)
 
 
 def _up32(t: torch.Tensor) -> torch.Tensor:
