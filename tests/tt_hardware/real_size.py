@@ -350,14 +350,14 @@ def _layer_step(
         rows_out = ops.read(got)[0, pool_rows]
         out[i] = assert_close(rows_out, want.numpy(), bar, chain, f"layer {i} {label}")
 
-    def gdn(hn: torch.Tensor, w: RefGdn, j: int) -> torch.Tensor:
+    def gdn(hn: torch.Tensor, w: RefGdn, j: int, keep: object = None) -> torch.Tensor:
         want = gdn_forward(hn, w, plan, ref.pools.conv[j], ref.pools.rec[j])
         xt, rpc = device_input(hn), be.model.gdn_rows_per_call
         got = gdn_decode(ops, xt, gdn_w[j], bufs, pools.conv[j], pools.rec[j], rpc)
         compare(spec.gdn_layers[j], got, want, _gdn_chain(spec, tokens))
         return want
 
-    def attn(hn: torch.Tensor, w: RefAttention, j: int) -> torch.Tensor:
+    def attn(hn: torch.Tensor, w: RefAttention, j: int, keep: object = None) -> torch.Tensor:
         want = attention_forward(hn, w, plan, cos, sin, ref.pools.k[j], ref.pools.v[j])
         xt, sdpa = device_input(hn), be.model.sdpa_decode
         got = attention_decode(ops, xt, attn_w[j], bufs, pools.k[j], pools.v[j], rope, sdpa)

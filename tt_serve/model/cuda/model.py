@@ -8,6 +8,8 @@ input id from there instead of from the host-written buffer.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 
@@ -62,14 +64,20 @@ def prefill_program(
     key_pos = torch.arange(v["table"].shape[0] * pools.block_size, device=inputs.flat.device)
     row = PrefillRow(**v, key_pos=key_pos)
 
-    def gdn(h: torch.Tensor, w: GdnWeights, j: int) -> torch.Tensor:
+    def gdn(
+        h: torch.Tensor, w: GdnWeights, j: int, keep: Sequence[int] | None = None
+    ) -> torch.Tensor:
+        assert keep is None  # a static program computes every token of its row
         return masked_gdn(h, w, row, pools.conv[j], pools.rec[j])
 
     def run() -> tuple[torch.Tensor, ...]:
         x = F.embedding(row.ids, model.embed)
         cos, sin = rope_cos_sin(row.positions, model.inv_freq, x.dtype)
 
-        def attn(h: torch.Tensor, w: AttentionWeights, j: int) -> torch.Tensor:
+        def attn(
+            h: torch.Tensor, w: AttentionWeights, j: int, keep: Sequence[int] | None = None
+        ) -> torch.Tensor:
+            assert keep is None
             return masked_attention(h, w, row, cos, sin, pools.k[j], pools.v[j])
 
         hidden = model.run_layers(x, gdn, attn)

@@ -9,13 +9,14 @@ padding rows write garbage into and that no real row reads (tables are cut to th
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from tt_serve.model.ref.layers import Linear, apply_partial_rope, rms_norm
-from tt_serve.model.ref.plan import StepPlan
+from tt_serve.model.ref.plan import StepPlan, as_index
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,14 @@ def attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) 
     return out[0].transpose(0, 1)
 
 
+def attend_last(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The last query of a chunk alone over every key up to it (all visible: no mask).
+
+    q [heads, hd]; k, v [kvh, end, hd] -> [heads, hd]."""
+    out = F.scaled_dot_product_attention(q[None, :, None], k[None], v[None], enable_gqa=True)
+    return out[0, :, 0]
+
+
 @functools.cache
 def _future(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """[n, n]: -inf above the diagonal (key after query), 0 elsewhere; one per chunk size."""
@@ -87,7 +96,7 @@ def project_qkv(
 
 def gated_output(out: torch.Tensor, gate: torch.Tensor, w: AttentionWeights) -> torch.Tensor:
     """Per-head attention output [T, heads, hd] -> sigmoid-gated, projected [T, H]."""
-    attn = out.reshape(out.shape[0], -1) * torch.sigmoid(gate)
+    attn = out.reshape(out.shape[0], w.num_heads * w.head_dim) * torch.sigmoid(gate)
     return w.o_proj(attn)
 
 
@@ -99,8 +108,13 @@ def attention_forward(
     sin: torch.Tensor,
     k_pool: torch.Tensor,
     v_pool: torch.Tensor,
+    keep: Sequence[int] | None = None,
 ) -> torch.Tensor:
-    """x [T, H] (normed) -> [T, H]; writes this step's K/V into the pools first."""
+    """x [T, H] (normed) -> [T, H]; writes this step's K/V into the pools first.
+
+    With ``keep`` (batch offsets, ascending) -> [len(keep), H]: only those tokens' queries
+    attend. A prefill chunk none of whose tokens is kept only writes its K/V; one whose last
+    token alone is kept attends with that query alone (``attend_last``)."""
     t, hd, kvh = x.shape[0], w.head_dim, w.num_kv_heads
     rep = w.num_heads // kvh
     q, gate, k, v = project_qkv(x, w, cos, sin)
@@ -109,9 +123,16 @@ def attention_forward(
 
     out = torch.empty(t, w.num_heads, hd, dtype=x.dtype, device=x.device)
     for sp in plan.spans:
+        last = sp.offset + sp.n - 1
+        kept = None if keep is None else [o for o in keep if sp.offset <= o <= last]
+        if kept == []:
+            continue
         end = sp.start_pos + sp.n
         keys = gather_blocks(k_pool, sp.block_table[None])[0, :, :end].to(x.dtype)
         vals = gather_blocks(v_pool, sp.block_table[None])[0, :, :end].to(x.dtype)
+        if kept == [last]:
+            out[last] = attend_last(q[last], keys, vals)
+            continue
         qs = q[sp.offset : sp.offset + sp.n]
         out[sp.offset : sp.offset + sp.n] = attend_chunk(qs, keys, vals, sp.start_pos)
     if plan.num_decode:
@@ -122,4 +143,7 @@ def attention_forward(
         pos = torch.arange(keys.shape[2], device=x.device)
         mask = (pos[None, :] < plan.dec_lens[:, None])[:, None, None, :]  # [B, 1, 1, L]
         out[plan.dec_tokens] = attend(qd, keys, vals, mask).reshape(b, w.num_heads, hd)
+    if keep is not None:
+        rows = as_index(keep, x.device)
+        out, gate = out[rows], gate[rows]
     return gated_output(out, gate, w)

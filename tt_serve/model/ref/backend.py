@@ -231,13 +231,12 @@ class TorchBackend:
         rows = tuple(all_rows[i] for i in idx)
         with torch.no_grad():
             plan = StepPlan.build(StepBatch(rows), pools.block_size, self.device)
-            hidden = self.model.hidden_states(plan, pools)
             sampled = [j for j, r in enumerate(rows) if r.sample]
+            ends = list(itertools.accumulate(r.num_tokens for r in rows))
+            # Only the sampled rows' last tokens leave the stack (``run_layers``' keep).
+            last = self.model.hidden_states(plan, pools, [ends[j] - 1 for j in sampled])
             if not sampled:
                 return
-            last = hidden[plan.last_tokens]  # every row's last token (a view when contiguous)
-            if len(sampled) < len(rows):
-                last = last[sampled]
             head = self.model.lm_head.screened
             vocab = self.spec.vocab_size
             quick = (

@@ -8,6 +8,7 @@ recurrent state are fp32 whatever the weight dtype. The delta rule for one v-hea
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -15,7 +16,7 @@ import torch.nn.functional as F
 
 from tt_serve.config import GDN_CHUNK
 from tt_serve.model.ref.layers import Linear, l2norm, rms_norm_gated
-from tt_serve.model.ref.plan import StepPlan
+from tt_serve.model.ref.plan import StepPlan, as_index
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,7 @@ def gated_output(
     """Delta-rule output [T, Hv, dv] -> gated-normed, projected [T, H]."""
     zz = z.reshape(-1, w.num_v_heads, w.head_v_dim)
     o = rms_norm_gated(core.to(dtype), zz, w.norm, w.eps)
-    return w.out_proj(o.reshape(core.shape[0], -1))
+    return w.out_proj(o.reshape(core.shape[0], w.num_v_heads * w.head_v_dim))
 
 
 def causal_conv(
@@ -160,8 +161,11 @@ def gdn_forward(
     plan: StepPlan,
     conv_state: torch.Tensor,
     rec_state: torch.Tensor,
+    keep: Sequence[int] | None = None,
 ) -> torch.Tensor:
-    """x [T, H] (normed) -> [T, H]; reads and updates conv_state [S, C, K-1], rec_state [S, Hv, dk, dv]."""
+    """x [T, H] (normed) -> [T, H], or [len(keep), H] of the tokens at batch offsets ``keep``
+    (every token still updates the state); reads and updates conv_state [S, C, K-1],
+    rec_state [S, Hv, dk, dv]."""
     qkv, z, beta, g = project_inputs(x, w)
     mixed = torch.empty(qkv.shape, dtype=torch.float32, device=x.device)
     for sp in plan.spans:
@@ -188,4 +192,7 @@ def gdn_forward(
         )
         rec_state.index_copy_(0, slots, state)
 
+    if keep is not None:
+        rows = as_index(keep, x.device)
+        core, z = core[rows], z[rows]
     return gated_output(core, z, w, x.dtype)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -21,14 +22,29 @@ from tt_serve.model.ref.layers import (
     swiglu,
 )
 from tt_serve.model.ref.moe import MoeWeights, moe_forward
-from tt_serve.model.ref.plan import StepPlan
+from tt_serve.model.ref.plan import StepPlan, as_index
 from tt_serve.model.ref.pools import Pools
 from tt_serve.model.ref.screen import ScreenedHead
 from tt_serve.model.ref.screen import available as screen_available
 from tt_serve.model.spec import FULL_ATTENTION, ModelSpec
 
-GdnMixer = Callable[[torch.Tensor, GdnWeights, int], torch.Tensor]
-AttentionMixer = Callable[[torch.Tensor, AttentionWeights, int], torch.Tensor]
+
+class GdnMixer(Protocol):
+    """A GDN token mixer: normed h [T, H] of layer rank j -> [T, H], or [len(keep), H] of the
+    tokens at batch offsets ``keep`` (the mixer still reads and writes every token's state)."""
+
+    def __call__(
+        self, h: torch.Tensor, w: GdnWeights, j: int, keep: Sequence[int] | None = None
+    ) -> torch.Tensor: ...
+
+
+class AttentionMixer(Protocol):
+    """A full-attention token mixer; ``keep`` as for ``GdnMixer`` (every token's K/V is
+    written, only the kept tokens' queries attend)."""
+
+    def __call__(
+        self, h: torch.Tensor, w: AttentionWeights, j: int, keep: Sequence[int] | None = None
+    ) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -131,29 +147,53 @@ class HybridModel:
             rank,
         )
 
-    def hidden_states(self, plan: StepPlan, pools: Pools) -> torch.Tensor:
-        """Final-normed hidden states [T, H] of every token in the step."""
+    def hidden_states(
+        self, plan: StepPlan, pools: Pools, keep: Sequence[int] | None = None
+    ) -> torch.Tensor:
+        """Final-normed hidden states [T, H] of every token in the step, or [len(keep), H] of
+        the tokens at batch offsets ``keep`` (ascending): see ``run_layers``."""
         x = F.embedding(plan.token_ids, self.embed)
         cos, sin = rope_cos_sin(plan.positions, self.inv_freq, x.dtype)
 
-        def gdn(h: torch.Tensor, w: GdnWeights, j: int) -> torch.Tensor:
-            return gdn_forward(h, w, plan, pools.conv[j], pools.rec[j])
+        def gdn(
+            h: torch.Tensor, w: GdnWeights, j: int, keep: Sequence[int] | None = None
+        ) -> torch.Tensor:
+            return gdn_forward(h, w, plan, pools.conv[j], pools.rec[j], keep)
 
-        def attn(h: torch.Tensor, w: AttentionWeights, j: int) -> torch.Tensor:
-            return attention_forward(h, w, plan, cos, sin, pools.k[j], pools.v[j])
+        def attn(
+            h: torch.Tensor, w: AttentionWeights, j: int, keep: Sequence[int] | None = None
+        ) -> torch.Tensor:
+            return attention_forward(h, w, plan, cos, sin, pools.k[j], pools.v[j], keep)
 
-        return self.run_layers(x, gdn, attn)
+        return self.run_layers(x, gdn, attn, keep)
 
-    def run_layers(self, x: torch.Tensor, gdn: GdnMixer, attn: AttentionMixer) -> torch.Tensor:
+    def run_layers(
+        self,
+        x: torch.Tensor,
+        gdn: GdnMixer,
+        attn: AttentionMixer,
+        keep: Sequence[int] | None = None,
+    ) -> torch.Tensor:
         """The decoder stack over embedded tokens x [T, H] with the given token mixers (the
-        eager plan-driven ones, or the static masked ones of the graph path); final-normed."""
+        eager plan-driven ones, or the static masked ones of the graph path); final-normed.
+
+        With ``keep`` (batch offsets, ascending) only those tokens leave the stack: the last
+        layer's mixer still takes every token (its K/V or recurrent state is what the next step
+        reads) but computes the output of the kept ones, and its MLP and the final norm run on
+        those rows alone. A prefill chunk whose logits are not read keeps none of its tokens:
+        its last-layer attention (the quadratic part on a model whose last layer attends, as
+        Qwen3.5's and Qwen3-Next's do) reduces to the K/V write."""
         eps = self.spec.rms_norm_eps
-        for layer in self.layers:
+        final = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            cut = keep if i == final else None
             h = rms_norm(x, layer.input_norm, eps)
             if isinstance(layer.mixer, GdnWeights):
-                h = gdn(h, layer.mixer, layer.pool_index)
+                h = gdn(h, layer.mixer, layer.pool_index, cut)
             else:
-                h = attn(h, layer.mixer, layer.pool_index)
+                h = attn(h, layer.mixer, layer.pool_index, cut)
+            if cut is not None:
+                x = x[as_index(cut, x.device)]
             x = x + h
             h = rms_norm(x, layer.post_norm, eps)
             if isinstance(layer.mlp, MoeWeights):

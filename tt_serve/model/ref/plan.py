@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from tt_serve.model.interface import StepBatch
+
+
+def as_index(offsets: Sequence[int], device: torch.device) -> torch.Tensor | slice:
+    """Batch offsets as an index of the token dimension: a slice (the layers then take views,
+    not gathered copies) when they are contiguous, else a long tensor."""
+    start = offsets[0] if offsets else 0
+    if list(offsets) == list(range(start, start + len(offsets))):
+        return slice(start, start + len(offsets))
+    return torch.tensor(list(offsets), dtype=torch.long, device=device)
 
 
 @dataclass(frozen=True)
@@ -75,25 +85,19 @@ class StepPlan:
         def lt(v: list[int]) -> torch.Tensor:
             return torch.tensor(v, dtype=torch.long, device=device)
 
-        def offsets(v: list[int]) -> torch.Tensor | slice:
-            start = v[0] if v else 0
-            if v == list(range(start, start + len(v))):
-                return slice(start, start + len(v))
-            return lt(v)
-
         return StepPlan(
             token_ids=lt(ids),
             positions=lt(pos),
             kv_blocks=lt(blocks),
             kv_offsets=lt([q % block_size for q in pos]),
             spans=tuple(spans),
-            dec_tokens=offsets(dec_tok),
+            dec_tokens=as_index(dec_tok, device),
             dec_slots=lt(dec_slot),
             dec_tables=torch.tensor(padded, dtype=torch.long, device=device).reshape(
                 len(dec_tab), width
             ),
             dec_lens=lt(dec_len),
-            last_tokens=offsets(last),
+            last_tokens=as_index(last, device),
         )
 
     @property
