@@ -126,6 +126,28 @@ def test_candidates_hold_every_token_of_the_top_n(vocab: int) -> None:
     assert narrowed > 0
 
 
+def test_a_batch_of_greedy_and_drawn_rows_picks_each_row_as_alone() -> None:
+    """Greedy rows and draws of different k, top-p and min-p share one call: each row's token
+    is the full head's, and the same as when the row is picked alone."""
+    head = _head(49152)
+    s = head.screened
+    assert s is not None
+    kinds: list[dict[str, float] | None] = [
+        None,
+        dict(temperature=0.7, top_k=20, top_p=0.9),
+        None,
+        dict(temperature=1.0, top_k=3),
+        dict(temperature=1.3, top_k=50, min_p=0.05),
+    ]
+    x = _hidden(len(kinds), seed=7)
+    rows = [_rows(1, k, seed=n)[0] for n, k in enumerate(kinds)]
+    got = pick_screened(s, x, rows)
+    assert got is not None
+    assert torch.equal(got, pick_on_device(head(x), rows))
+    for n, r in enumerate(rows):
+        assert torch.equal(got[n : n + 1], pick_screened(s, x[n : n + 1], [r]))
+
+
 def test_ties_keep_the_first_maximum_and_the_tied_top_k() -> None:
     w = torch.randn(8192, 32, generator=torch.Generator().manual_seed(2)) * 0.1
     x = torch.randn(3, 32, generator=torch.Generator().manual_seed(3))

@@ -74,9 +74,11 @@ def pick_screened(
     cands = head.candidates(hidden, [1 if r.sampling is None else r.sampling.top_k for r in rows])
     if cands is None:
         return None
-    ids = cands.greedy()
-    if all(r.sampling is None for r in rows):
-        return ids
+    drawn = sum(r.sampling is not None for r in rows)
+    if not drawn:
+        return cands.greedy()
+    # every row drawn (the usual sampled batch): no argmax to compute (0.1 ms at 8 rows)
+    ids = cands.greedy() if drawn < len(rows) else torch.empty(len(rows), dtype=torch.long)
     picked, vals, cols = ids.numpy(), cands.vals.numpy(), cands.cols.numpy()  # views: no copies
     start = 0
     for n, (r, count) in enumerate(zip(rows, cands.counts, strict=True)):
