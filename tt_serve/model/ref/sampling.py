@@ -63,7 +63,11 @@ def _take(t: torch.Tensor, rows: list[int]) -> torch.Tensor:
 
 
 def largest(
-    x: torch.Tensor, n: int, *, maxima: torch.Tensor | None = None
+    x: torch.Tensor,
+    n: int,
+    *,
+    maxima: torch.Tensor | None = None,
+    cut: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The n largest values of each row of x [R, vocab] with their ids, by descending value:
     the values of ``x.topk(n)`` exactly (ids may differ only among equal values), about 3x
@@ -75,8 +79,13 @@ def largest(
     above it, and fewer than n slices can have such a maximum; when more than n slices reach
     the n-th value, the n chosen ones hold at least n values that large. Elsewhere (CUDA, no
     divisor of a useful size, n too large for the cut to pay) it is ``topk``. ``maxima``: the
-    slice maxima of ``sliced(x, 512)`` when the caller has them already."""
-    cut = sliced(x, 512)
+    slice maxima of ``sliced(x, 512)`` when the caller has them already; with ``cut`` (another
+    equal slicing of x, [R, slices, width], e.g. finer: fewer values gathered) and its maxima,
+    that slicing is searched instead."""
+    if cut is None:
+        cut = sliced(x, 512)
+    elif maxima is None:
+        raise ValueError("largest: a caller's cut comes with its maxima")
     if cut is None or 4 * n > cut.shape[1]:
         return x.topk(n, dim=-1)
     rows, per_row, width = cut.shape

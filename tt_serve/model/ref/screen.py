@@ -142,11 +142,10 @@ class ScreenedHead:
         # maxima per fine slice (fp32 [vocab / fine]).
         self.w_norms, self.e_norms = _up32(w_norms), _up32(e_norms)
         self.w_norm, self.err_norm = float(w_norms.max()), float(e_norms.max())
-        # Candidates are searched in fine slices (a divisor of the width of ``sliced(·, 512)``,
-        # about 100 tokens; 0: the vocabulary has no such slicing): a top-20 row reaches some
-        # 60 of them, where 512-slices hit about as many. ``slices``: the 512-slice count.
+        # Candidates, and a row's n best, are searched in fine slices (a divisor of the width
+        # of ``sliced(·, 512)``, about 100 tokens; 0: the vocabulary has no such slicing): a
+        # top-20 row reaches some 60 of them, where 512-slices hit about as many.
         cut = sliced(self.w_norms[None], 512)
-        self.slices = 0 if cut is None else cut.shape[1]
         self.fine = 0 if cut is None else _fine_width(cut.shape[2])
         self.w_slice_max: torch.Tensor | None = None
         self.e_slice_max: torch.Tensor | None = None
@@ -179,15 +178,15 @@ class ScreenedHead:
         """(row, token) of every candidate, row-major with tokens ascending, and each row's
         count; a row with too many has every token."""
         approx, act, wgt = self._approx(x)
-        maxima = fine = None
-        if self.fine:  # [R, fine slices] maxima, then the 512-slice ones
+        fine = fine_max = None
+        if self.fine:  # [R, fine slices] and their maxima
             fine = approx.view(x.shape[0], -1, self.fine)
             fine_max = fine.amax(-1)
-            maxima = fine_max.view(x.shape[0], self.slices, -1).amax(-1)
         # The exact logits of each row's n best by the screen: their n-th largest is a floor
-        # for the row's n-th largest logit, so a candidate needs a_j >= floor - B_j.
+        # for the row's n-th largest logit, so a candidate needs a_j >= floor - B_j. The n best
+        # are searched in the fine slices (a top-20 row gathers 20 of ~100 values, not of ~500).
         width = max(n)
-        best = largest(approx, width, maxima=maxima)[1]
+        best = largest(approx, width, maxima=fine_max, cut=fine)[1]
         mine = torch.arange(x.shape[0]).repeat_interleave(width)
         exact = self._exact(x, mine, best.reshape(-1)).reshape(-1, width)
         need = torch.tensor(n)
@@ -200,7 +199,7 @@ class ScreenedHead:
         if self.dtype == torch.bfloat16:  # a logit rounding up to the floor: from half an ulp
             margin = margin + 2.0**-8 * fd.abs()
         floor32, act32, wgt32 = floor - _up32(margin), _up32(act), _up32(wgt)
-        if fine is None or self.w_slice_max is None or self.e_slice_max is None:
+        if fine is None or fine_max is None or self.w_slice_max is None or self.e_slice_max is None:
             loose = floor32 - (act32 * self.w_norm + wgt32 * self.err_norm)
             rows, cols = (approx >= loose[:, None]).nonzero(as_tuple=True)
         else:  # entry by entry only in the slices whose maximum reaches their largest bound
