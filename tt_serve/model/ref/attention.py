@@ -33,9 +33,13 @@ class AttentionWeights:
 
 
 def gather_blocks(pool: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
-    """pool [N, kvh, bs, hd], tables [B, W] -> [B, kvh, W·bs, hd]."""
+    """pool [N, kvh, bs, hd], tables [B, W] -> [B, kvh, W·bs, hd].
+
+    ``index_select`` on the flattened table, not ``pool[tables]``: the same blocks at a
+    fraction of advanced indexing's cost on the CPU (2 cores, demo pool: 32 decode rows of 5
+    blocks 0.96 -> 0.39 ms, one 65-block prefill row 0.60 -> 0.52 ms)."""
     b, w = tables.shape
-    g = pool[tables]  # [B, W, kvh, bs, hd]
+    g = pool.index_select(0, tables.reshape(-1)).view(b, w, *pool.shape[1:])
     return g.permute(0, 2, 1, 3, 4).reshape(b, pool.shape[1], w * pool.shape[2], pool.shape[3])
 
 

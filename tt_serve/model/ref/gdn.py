@@ -8,6 +8,8 @@ recurrent state are fp32 whatever the weight dtype. The delta rule for one v-hea
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -61,20 +63,21 @@ def chunk_gated_delta(
     g, beta = g.reshape(h, n, chunk), beta.reshape(h, n, chunk)
 
     gc = g.cumsum(-1)  # log decay from chunk start to each position
-    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
-    decay = (gc[..., :, None] - gc[..., None, :]).masked_fill(~causal, float("-inf")).exp()
+    egc = gc.exp()[..., None]
+    decay = (gc[..., :, None] - gc[..., None, :]).masked_fill(_above(chunk, q.device), -math.inf)
+    decay = decay.exp()
     kb = k * beta[..., None]
     vb = v * beta[..., None]
     ut = (kb @ k.transpose(-1, -2)) * decay
     # one triangular solve for both right-hand sides: U = T⁻¹ βV and W = T⁻¹ (βK ⊙ e^gc)
     dv = v.shape[-1]
     uw = torch.linalg.solve_triangular(
-        ut, torch.cat([vb, kb * gc.exp()[..., None]], -1), upper=False, unitriangular=True
+        ut, torch.cat([vb, kb * egc], -1), upper=False, unitriangular=True
     )
     u = uw[..., :dv]
     intra = (q @ k.transpose(-1, -2)) * decay
     # [W; Q ⊙ e^gc] against the state in one product per chunk (rows :chunk are W S)
-    wq = torch.cat([uw[..., dv:], q * gc.exp()[..., None]], -2)
+    wq = torch.cat([uw[..., dv:], q * egc], -2)
     k_dec = k * (gc[..., -1:] - gc).exp()[..., None]
     chunk_decay = gc[..., -1].exp()[..., None, None]
 
@@ -87,6 +90,12 @@ def chunk_gated_delta(
         s = s * chunk_decay[:, i] + k_dec[:, i].transpose(-1, -2) @ v_new
     out = out.reshape(h, n * chunk, -1)[:, :t].transpose(0, 1)
     return out, s
+
+
+@functools.cache
+def _above(chunk: int, device: torch.device) -> torch.Tensor:
+    """[chunk, chunk] bool, True above the diagonal (a later token): built once per device."""
+    return torch.ones(chunk, chunk, dtype=torch.bool, device=device).triu(1)
 
 
 def recurrent_gated_delta_step(
