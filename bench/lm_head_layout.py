@@ -1,7 +1,8 @@
 """The torch backend's LM-head kernel, side by side: ``F.linear(x, W)`` on the checkpoint's
 [vocab, H] weight, ``x @ W_t`` on a contiguous [H, vocab] copy, the weight reordered once
 into oneDNN's blocked layout (``ref/model.py`` ``LmHead`` on the CPU), and the int8 screen
-(``ref/screen.py``: a greedy pick, and a top-20 draw, from the candidates alone; the packed
+(``ref/screen.py``: a greedy pick, and a top-20 draw, from the candidates alone, with its int8
+GEMV in the C kernel of ``ref/native.c`` where it is compiled and on oneDNN; the packed
 arm's time is what the full head costs such a pick before its argmax or draw), at the row
 counts a decode step has, interleaved over rounds in one process. The screen's picks are
 checked equal to the packed head's first. One ledger line to
@@ -22,8 +23,10 @@ import torch.nn.functional as F
 from bench.provenance import REPO_ROOT, append_ledger
 from bench.timing import interleaved_ms
 from tt_serve.model.interface import RowSampling, StepRow
+from tt_serve.model.ref import screen as screen_mod
 from tt_serve.model.ref.model import LmHead
 from tt_serve.model.ref.outputs import pick_on_device, pick_screened
+from tt_serve.model.ref.screen import ScreenedHead
 
 LEDGER = REPO_ROOT / "bench" / "runs" / "lm-head-layout.jsonl"
 
@@ -56,12 +59,22 @@ def main(argv: list[str] | None = None) -> int:
                     raise SystemExit("the screened head picked other tokens than the full one")
             arms["screen_greedy"] = lambda x=x, r=greedy: pick_screened(screen, x, r)
             arms["screen_top20"] = lambda x=x, r=top20: pick_screened(screen, x, r)
+            if screen.native is not None:  # the same picks with oneDNN's GEMV in the C one's place
+                arms["screen_greedy_onednn"] = lambda x=x, r=greedy: _onednn(screen, x, r)
+                arms["screen_top20_onednn"] = lambda x=x, r=top20: _onednn(screen, x, r)
         ms = interleaved_ms(arms, a.calls, a.rounds)
         ratio = ms["linear_vocab_major"] / ms["matmul_hidden_major"]
         packed_ratio = ms["matmul_hidden_major"] / ms["onednn_packed"]
         results[str(rows)] = {**ms, "speedup": ratio, "packed_over_matmul": packed_ratio}
         shown = "".join(
-            f", {k} {ms[k]:6.2f} ms" for k in ("screen_greedy", "screen_top20") if k in ms
+            f", {k} {ms[k]:6.2f} ms"
+            for k in (
+                "screen_greedy",
+                "screen_top20",
+                "screen_greedy_onednn",
+                "screen_top20_onednn",
+            )
+            if k in ms
         )
         print(
             f"rows {rows:3d}: [V,H] linear {ms['linear_vocab_major']:6.2f} ms, "
@@ -77,6 +90,15 @@ def main(argv: list[str] | None = None) -> int:
         results_ms=results,
     )
     return 0
+
+
+def _onednn(screen: ScreenedHead, x: torch.Tensor, rows: list[StepRow]) -> torch.Tensor | None:
+    """``pick_screened`` with the screen's int8 GEMV on oneDNN (its C kernel off)."""
+    saved, screen_mod.NATIVE_ROWS = screen_mod.NATIVE_ROWS, 0
+    try:
+        return pick_screened(screen, x, rows)
+    finally:
+        screen_mod.NATIVE_ROWS = saved
 
 
 def _rows(n: int, top_k: int) -> list[StepRow]:

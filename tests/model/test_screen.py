@@ -57,8 +57,17 @@ def _hidden(n: int, hidden: int = 64, seed: int = 1, outlier: float = 0.0) -> to
     return x
 
 
+@pytest.fixture(params=["native", "onednn"])
+def gemv(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The int8 GEMV the screen runs: the C kernel where it is compiled and the head's shape
+    blocks (vocab 49,152, rows <= NATIVE_ROWS), or oneDNN's everywhere."""
+    if request.param == "onednn":
+        monkeypatch.setattr(sc, "NATIVE_ROWS", 0)
+    return str(request.param)
+
+
 @pytest.mark.parametrize("vocab", VOCABS)
-def test_bound_holds_for_every_token(vocab: int) -> None:
+def test_bound_holds_for_every_token(vocab: int, gemv: str) -> None:
     head = _head(vocab)
     s = head.screened
     assert s is not None
@@ -84,7 +93,9 @@ def test_bound_holds_for_every_token(vocab: int) -> None:
         dict(temperature=1.5, top_k=5, top_p=0.5),
     ],
 )
-def test_picks_equal_the_full_head(vocab: int, n: int, sampling: dict[str, float] | None) -> None:
+def test_picks_equal_the_full_head(
+    vocab: int, n: int, sampling: dict[str, float] | None, gemv: str
+) -> None:
     head = _head(vocab)
     assert head.screened is not None
     for seed in range(3):

@@ -3,8 +3,9 @@
 A decode step multiplies a few rows by the [vocab, H] head; in fp32 that is the whole weight
 read per step (254 MB on the demo model: 8.8 ms at 1 row on 2 cores, half of a token's time).
 A greedy or top-k row needs the logits of its best few tokens only, so the head is *screened*:
-an int8 copy of the weight (per-row scales, a quarter of the bytes, oneDNN's u8·s8 GEMM: 2.5 ms
-at 1 row, 3.3 ms at 16) gives approximate logits ``a`` with a proven bound ``|y - a| <= B`` for
+an int8 copy of the weight (per-row scales, a quarter of the bytes; a u8·s8 GEMM: the C kernel
+of ``native.c`` up to ``NATIVE_ROWS`` rows where it is compiled, oneDNN's otherwise and beyond)
+gives approximate logits ``a`` with a proven bound ``|y - a| <= B`` for
 each hidden row. The exact logits of the row's n best by ``a`` give a floor for its n-th largest
 logit, so every token that can be among its n largest has ``a_j >= floor - B_j``; only those
 candidates (a few to about a hundred of 248,320 on the demo model) get their logit computed
@@ -23,9 +24,10 @@ scaling (1e-6 of |a_j|), with 1 % to spare. ``||w_j||`` and ``||e_j||`` are stor
 than the worst token's). The search runs in fine slices of about 100 tokens: a slice is
 searched only if its maximum reaches ``floor`` minus its largest bound, then each of its
 entries against its own. Activations are quantized to 8
-bits where a probe at startup finds the kernel's u8·s8 products exact (``activation_levels``),
-to 7 bits otherwise (no int16 pair sum can saturate on a CPU without VNNI): the kernel's result
-is then the dequantized product to rounding (tested). A row whose candidates exceed
+bits where a probe at startup finds oneDNN's u8·s8 products exact (``activation_levels``), to
+7 bits otherwise (no int16 pair sum can saturate on a CPU without VNNI), and always to 8 bits
+for the C kernel (exact int32 sums): the GEMM's result is then the dequantized product to
+rounding (tested). A row whose candidates exceed
 ``MAX_CANDIDATES`` (a hidden state with outliers the activation scale resolves poorly) has every
 logit computed the exact way; a non-finite hidden state goes back to the full head.
 
@@ -40,12 +42,17 @@ from dataclasses import dataclass
 
 import torch
 
+from tt_serve.model.ref import native
 from tt_serve.model.ref.sampling import largest, sliced
 
 # Rows one int8 GEMM takes at once (2 cores, demo head, the GEMM alone: 2.5 ms at 1 row, 3.3 at
 # 16, 4.5-5.4 at 32, against 8.8 / 10.8 / 13.5 ms for the packed fp32 head; whole picks:
 # python -m bench.lm_head_layout).
 SCREEN_ROWS = 32
+# Up to this many rows go through the C kernel where it is compiled (native.c, AVX512-VNNI): at
+# one to eight rows it reads the head about 1.5x faster than oneDNN; from about 16 rows oneDNN's
+# blocked GEMM computes faster (python -m bench.lm_head_layout).
+NATIVE_ROWS = 16
 # Past this many candidates a row's logits are all computed exactly (the screen no longer pays).
 MAX_CANDIDATES = 4096
 # The largest top-k a screened row may ask for.
@@ -134,6 +141,17 @@ class ScreenedHead:
             w_norms[lo : lo + w.shape[0]] = wd.norm(dim=-1)
         self.scales = scales
         self.packed = torch.ops.onednn.qlinear_prepack(q, None)
+        # The C kernel's copy of q in its block layout, and each token's sum of q (its zero
+        # point term); None where the kernel is not compiled or the shape does not block.
+        kern = native.kernels()
+        self.native = (
+            kern if kern is not None and kern.screen_fast and kern.screen_fits(*q.shape) else None
+        )
+        self.blocked: torch.Tensor | None = None
+        self.q_sums: torch.Tensor | None = None
+        if self.native is not None:
+            self.blocked = self.native.screen_pack(q)
+            self.q_sums = q.sum(-1, dtype=torch.int32)
         self.levels = activation_levels()
         if not self.levels:
             raise RuntimeError("no exact int8 GEMM on this CPU (oneDNN quantized linear)")
@@ -253,12 +271,20 @@ class ScreenedHead:
     def _approx(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """int8 logits a [R, vocab] and each row's bound coefficients (fp64 [R] each):
         ``|x_r·w_j - a_rj| <= act[r] * ||w_j|| + wgt[r] * ||w_j - ŵ_j||`` (``token_bound``)."""
-        levels = self.levels
+        fast = self.native is not None and x.shape[0] <= NATIVE_ROWS
+        levels = 255 if fast else self.levels  # the C kernel's u8 x s8 sums are exact
         lo, hi = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
         sx = (hi - lo) / levels if hi > lo else 1.0
         zx = min(max(round(-lo / sx), 0), levels)
         qx = torch.clamp(torch.round(x / sx) + zx, 0, levels)
-        approx = _qlinear(qx.to(torch.uint8), sx, zx, self.packed, self.scales, self.zeros)
+        if fast:
+            assert self.native is not None and self.blocked is not None
+            assert self.q_sums is not None
+            approx = self.native.screen_gemv(
+                qx.to(torch.uint8), self.blocked, self.q_sums, self.scales, zx, sx
+            )
+        else:
+            approx = _qlinear(qx.to(torch.uint8), sx, zx, self.packed, self.scales, self.zeros)
         xd = x.double()
         xhat = (qx.double() - zx) * sx
         hat = xhat.norm(dim=-1)

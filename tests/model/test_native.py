@@ -1,0 +1,98 @@
+"""The torch backend's C kernels (``ref/native.py``, ``ref/native.c``): the screen GEMV equals
+its torch reference bit for bit, the block layout is what the kernel reads, and a machine
+without a compiler (or with the kernels switched off) gets None and a logged reason, never an
+error."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from tt_serve.model.ref import native
+
+
+def _kernels() -> native.NativeKernels:
+    k = native.kernels()
+    if k is None or not k.screen_fast:
+        pytest.skip("the screen GEMV needs a C compiler and an AVX512-VNNI CPU")
+    return k
+
+
+@pytest.mark.parametrize(("vocab", "hidden"), [(16, 4), (64, 32), (4096, 256), (160, 1028)])
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 9, 16])
+def test_screen_gemv_is_its_reference(vocab: int, hidden: int, rows: int) -> None:
+    k = _kernels()
+    g = torch.Generator().manual_seed(vocab + rows)
+    w = torch.randint(-127, 128, (vocab, hidden), dtype=torch.int8, generator=g)
+    w[0], w[-1] = 127, -127  # the largest products of either sign
+    scales = torch.rand(vocab, generator=g) * 1e-2 + 1e-4
+    qx = torch.randint(0, 256, (rows, hidden), dtype=torch.uint8, generator=g)
+    qx[0] = 255
+    for zx, sx in ((0, 1.0), (128, 0.013), (255, 3.7e-3)):
+        got = k.screen_gemv(qx, k.screen_pack(w), w.sum(-1, dtype=torch.int32), scales, zx, sx)
+        assert torch.equal(got, native.screen_reference(qx, w, scales, zx, sx))
+
+
+def test_screen_pack_puts_four_bytes_of_sixteen_tokens_together() -> None:
+    k = _kernels()
+    w = torch.arange(32 * 8, dtype=torch.int64).reshape(32, 8).remainder(251).sub(125)
+    w = w.to(torch.int8)
+    packed = k.screen_pack(w).reshape(2, 2, 16, 4)  # [blocks, groups of 4, tokens, 4]
+    for b, grp, t in ((0, 0, 0), (0, 1, 15), (1, 0, 3), (1, 1, 9)):
+        assert torch.equal(packed[b, grp, t], w[16 * b + t, 4 * grp : 4 * grp + 4])
+
+
+def test_screen_rejects_shapes_it_cannot_block() -> None:
+    k = _kernels()
+    assert not k.screen_fits(5003, 64) and not k.screen_fits(64, 30)
+    with pytest.raises(ValueError):
+        k.screen_pack(torch.zeros(24, 8, dtype=torch.int8))
+
+
+def test_no_compiler_means_no_kernels_and_a_reason(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    with caplog.at_level(logging.WARNING, logger=native.__name__):
+        assert native.kernels.__wrapped__() is None
+    assert "native kernels unavailable" in caplog.text
+    assert not list(tmp_path.rglob("*.so"))
+
+
+def test_a_failing_compile_means_no_kernels(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cc = tmp_path / "cc"
+    cc.write_text(
+        '#!/bin/sh\n[ "$1" = --version ] && echo fake-cc && exit 0\necho boom >&2\nexit 1\n'
+    )
+    cc.chmod(0o755)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("CC", str(cc))
+    with caplog.at_level(logging.WARNING, logger=native.__name__):
+        assert native.kernels.__wrapped__() is None
+    assert "boom" in caplog.text  # the compiler's own message is logged
+    assert not [f for f in tmp_path.rglob("*") if f.is_file() and f != cc]  # no partial build
+
+
+def test_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TT_SERVE_NATIVE", "0")
+    assert native.kernels.__wrapped__() is None
+
+
+def test_the_library_is_keyed_by_the_cpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A cache copied to a machine with other CPU flags builds anew (-march=native)."""
+    _kernels()
+    cc = native._compiler()
+    assert cc is not None
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(native, "_cpu_flags", lambda: "flags : a")
+    first = native._build(cc)
+    monkeypatch.setattr(native, "_cpu_flags", lambda: "flags : b")
+    second = native._build(cc)
+    assert first != second and first.exists() and second.exists()
+    assert native._build(cc) == second  # and reuses what it built

@@ -1,0 +1,216 @@
+"""The torch backend's C kernels (``native.c``), compiled at first use and called via ctypes.
+
+``kernels()`` compiles ``native.c`` with the machine's C compiler (``$CC``, else ``cc`` or
+``gcc``: ``-O3 -march=native -fopenmp``) into the user cache
+(``$XDG_CACHE_HOME``/tt-serve/native/, keyed by the source, the compiler's version, the flags
+and the CPU's feature flags, so a copied cache never runs on a CPU it was not built for), loads
+it, checks it against a reference on a small input, and returns None, logging why once, when
+any of that fails: no compiler (a NixOS unit without one in its PATH), a read-only cache, a
+failed self-check, or ``TT_SERVE_NATIVE=0``. Callers keep their torch path for that case, so
+the kernels are a speed-up, never a requirement. Compiling takes about half a second.
+
+torch is imported before the library is loaded: the library's OpenMP then binds to the runtime
+torch already carries (one thread pool).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+ABI = 1  # native.c's tt_native_abi()
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+SOURCE = Path(__file__).with_name("native.c")
+_P = ctypes.c_void_p
+_I64 = ctypes.c_int64
+
+
+def cache_dir() -> Path:
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "tt-serve" / "native"
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return ""
+
+
+def _build(cc: str) -> Path:
+    """The compiled library for this source, compiler, flags and CPU (compiling it if needed);
+    raises OSError or subprocess.CalledProcessError."""
+    source = SOURCE.read_bytes()
+    version = subprocess.run([cc, "--version"], capture_output=True, check=True, timeout=60).stdout
+    key = hashlib.sha256(
+        b"\0".join(
+            [
+                source,
+                version,
+                " ".join(FLAGS).encode(),
+                _cpu_flags().encode(),
+                platform.machine().encode(),
+            ]
+        )
+    ).hexdigest()[:20]
+    out = cache_dir() / f"tt_serve_native-{key}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    os.close(fd)
+    try:
+        subprocess.run(
+            [cc, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, check=True, timeout=300
+        )
+        os.replace(tmp, out)  # atomic: a concurrent build of the same key writes the same bytes
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out
+
+
+class NativeKernels:
+    """The loaded library. ``screen_fast``: the int8 screen GEMV is compiled in (AVX512-VNNI)."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self.lib = lib
+        lib.tt_native_abi.restype = ctypes.c_int
+        lib.tt_screen_fast.restype = ctypes.c_int
+        lib.tt_screen_pack.argtypes = [_P, _I64, _I64, _P]
+        lib.tt_screen_pack.restype = None
+        lib.tt_screen_gemv.argtypes = [
+            _P,
+            _I64,
+            _P,
+            _P,
+            _P,
+            _I64,
+            _I64,
+            ctypes.c_int32,
+            ctypes.c_float,
+            _P,
+        ]
+        lib.tt_screen_gemv.restype = None
+        if lib.tt_native_abi() != ABI:
+            raise RuntimeError(f"native library ABI {lib.tt_native_abi()} is not {ABI}")
+        self.screen_fast = bool(lib.tt_screen_fast())
+
+    @staticmethod
+    def screen_fits(vocab: int, hidden: int) -> bool:
+        """Whether a [vocab, hidden] weight has the screen's block shape."""
+        return vocab % 16 == 0 and hidden % 4 == 0
+
+    def screen_pack(self, q: torch.Tensor) -> torch.Tensor:
+        """int8 [vocab, hidden] (contiguous CPU) -> the GEMV's blocked copy (same bytes)."""
+        vocab, hidden = q.shape
+        if q.dtype != torch.int8 or q.device.type != "cpu" or not self.screen_fits(vocab, hidden):
+            raise ValueError("screen_pack takes a CPU int8 [16·n, 4·m] weight")
+        q = q.contiguous()
+        out = torch.empty(vocab * hidden, dtype=torch.int8)
+        self.lib.tt_screen_pack(q.data_ptr(), vocab, hidden, out.data_ptr())
+        return out
+
+    def screen_gemv(
+        self,
+        qx: torch.Tensor,
+        packed: torch.Tensor,
+        wsum: torch.Tensor,
+        scales: torch.Tensor,
+        zx: int,
+        sx: float,
+    ) -> torch.Tensor:
+        """fp32 [rows, vocab] = ((qx - zx) · w_j) * (sx * scales[j]), the integer sum exact:
+        qx u8 [rows, hidden], ``packed`` from ``screen_pack``, wsum int32 [vocab] (each row's
+        sum), scales fp32 [vocab]."""
+        if not self.screen_fast:
+            raise RuntimeError("the screen GEMV was compiled without AVX512-VNNI")
+        rows, hidden = qx.shape
+        vocab = scales.shape[0]
+        if (
+            qx.dtype != torch.uint8
+            or wsum.dtype != torch.int32
+            or scales.dtype != torch.float32
+            or packed.numel() != vocab * hidden
+            or wsum.shape[0] != vocab
+        ):
+            raise ValueError("screen_gemv: u8 activations, a packed int8 weight, int32 sums")
+        qx = qx.contiguous()
+        out = torch.empty(rows, vocab, dtype=torch.float32)
+        self.lib.tt_screen_gemv(
+            qx.data_ptr(),
+            rows,
+            packed.data_ptr(),
+            wsum.data_ptr(),
+            scales.data_ptr(),
+            vocab,
+            hidden,
+            zx,
+            sx,
+            out.data_ptr(),
+        )
+        return out
+
+
+def screen_reference(
+    qx: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, zx: int, sx: float
+) -> torch.Tensor:
+    """``screen_gemv``'s result computed by torch, bit for bit: the exact integer sums, then the
+    same fp32 roundings (sx * s_j; the sum as fp32; their product)."""
+    exact = (qx.long() - zx) @ w.long().T
+    return exact.float() * (scales * torch.tensor(sx, dtype=torch.float32))
+
+
+def _self_check(k: NativeKernels) -> None:
+    if not k.screen_fast:
+        return
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randint(-127, 128, (64, 32), dtype=torch.int8, generator=gen)
+    w[0] = 127  # the extreme products
+    scales = torch.rand(64, generator=gen) + 0.5
+    qx = torch.randint(0, 256, (5, 32), dtype=torch.uint8, generator=gen)
+    qx[0] = 255
+    got = k.screen_gemv(qx, k.screen_pack(w), w.sum(-1, dtype=torch.int32), scales, 3, 0.25)
+    if not torch.equal(got, screen_reference(qx, w, scales, 3, 0.25)):
+        raise RuntimeError("the screen GEMV disagrees with its reference")
+
+
+@functools.cache
+def kernels() -> NativeKernels | None:
+    """The compiled kernels, or None (the reason logged once)."""
+    if os.environ.get("TT_SERVE_NATIVE", "1") == "0":
+        log.info("native kernels off (TT_SERVE_NATIVE=0)")
+        return None
+    cc = _compiler()
+    if cc is None:
+        log.warning("no C compiler (cc, gcc or $CC): the torch backend runs without its C kernels")
+        return None
+    try:
+        k = NativeKernels(ctypes.CDLL(str(_build(cc))))
+        _self_check(k)
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        detail = getattr(exc, "stderr", b"") or b""
+        log.warning(
+            "native kernels unavailable (%s%s): the torch backend runs without them",
+            exc,
+            f": {detail.decode(errors='replace')[-500:]}" if detail else "",
+        )
+        return None
+    return k
