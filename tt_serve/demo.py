@@ -28,6 +28,7 @@ import torch
 from safetensors.torch import save_file
 
 from tt_serve.qwen_vocab import ENDOFTEXT_ID, IM_END_ID, write_tokenizer
+from tt_serve.user_cache import user_cache_dir
 
 DEMO_MODEL_NAME = "demo-qwen3_5-v1"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -215,9 +216,8 @@ def write_demo_model(
 
 
 def demo_model_dir() -> Path:
-    """Where the demo model lives: ``$XDG_CACHE_HOME`` (or ``~/.cache``)/tt-serve/<name>."""
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "tt-serve" / DEMO_MODEL_NAME
+    """Where the demo model lives: ``user_cache_dir()``/<name>."""
+    return user_cache_dir() / DEMO_MODEL_NAME
 
 
 def _is_complete(path: Path) -> bool:

@@ -24,9 +24,12 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from tt_serve.user_cache import user_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +38,6 @@ FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 SOURCE = Path(__file__).with_name("native.c")
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
-
-
-def cache_dir() -> Path:
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "tt-serve" / "native"
 
 
 def _compiler() -> str | None:
@@ -70,7 +68,7 @@ def _build(cc: str) -> Path:
             ]
         )
     ).hexdigest()[:20]
-    out = cache_dir() / f"tt_serve_native-{key}.so"
+    out = user_cache_dir() / "native" / f"tt_serve_native-{key}.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -167,6 +165,29 @@ class NativeKernels:
             out.data_ptr(),
         )
         return out
+
+
+@dataclass(frozen=True)
+class ScreenWeight:
+    """An int8 [vocab, hidden] weight ready for the screen GEMV: its block layout and each
+    row's sum (the zero point's term)."""
+
+    kernels: NativeKernels
+    blocked: torch.Tensor
+    sums: torch.Tensor
+
+    @classmethod
+    def of(cls, q: torch.Tensor) -> ScreenWeight | None:
+        """``q`` prepared for the GEMV, or None where the kernel is not compiled (no compiler,
+        no AVX512-VNNI) or ``q``'s shape does not block."""
+        k = kernels()
+        if k is None or not k.screen_fast or not k.screen_fits(*q.shape):
+            return None
+        return cls(k, k.screen_pack(q), q.sum(-1, dtype=torch.int32))
+
+    def gemv(self, qx: torch.Tensor, scales: torch.Tensor, zx: int, sx: float) -> torch.Tensor:
+        """``NativeKernels.screen_gemv`` on this weight."""
+        return self.kernels.screen_gemv(qx, self.blocked, self.sums, scales, zx, sx)
 
 
 def screen_reference(

@@ -141,17 +141,8 @@ class ScreenedHead:
             w_norms[lo : lo + w.shape[0]] = wd.norm(dim=-1)
         self.scales = scales
         self.packed = torch.ops.onednn.qlinear_prepack(q, None)
-        # The C kernel's copy of q in its block layout, and each token's sum of q (its zero
-        # point term); None where the kernel is not compiled or the shape does not block.
-        kern = native.kernels()
-        self.native = (
-            kern if kern is not None and kern.screen_fast and kern.screen_fits(*q.shape) else None
-        )
-        self.blocked: torch.Tensor | None = None
-        self.q_sums: torch.Tensor | None = None
-        if self.native is not None:
-            self.blocked = self.native.screen_pack(q)
-            self.q_sums = q.sum(-1, dtype=torch.int32)
+        # q for the C kernel's GEMV; None where it is not compiled or the shape does not block.
+        self.native = native.ScreenWeight.of(q)
         self.levels = activation_levels()
         if not self.levels:
             raise RuntimeError("no exact int8 GEMM on this CPU (oneDNN quantized linear)")
@@ -271,18 +262,14 @@ class ScreenedHead:
     def _approx(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """int8 logits a [R, vocab] and each row's bound coefficients (fp64 [R] each):
         ``|x_r·w_j - a_rj| <= act[r] * ||w_j|| + wgt[r] * ||w_j - ŵ_j||`` (``token_bound``)."""
-        fast = self.native is not None and x.shape[0] <= NATIVE_ROWS
-        levels = 255 if fast else self.levels  # the C kernel's u8 x s8 sums are exact
+        fast = self.native if x.shape[0] <= NATIVE_ROWS else None
+        levels = 255 if fast is not None else self.levels  # the C kernel's sums are exact
         lo, hi = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
         sx = (hi - lo) / levels if hi > lo else 1.0
         zx = min(max(round(-lo / sx), 0), levels)
         qx = torch.clamp(torch.round(x / sx) + zx, 0, levels)
-        if fast:
-            assert self.native is not None and self.blocked is not None
-            assert self.q_sums is not None
-            approx = self.native.screen_gemv(
-                qx.to(torch.uint8), self.blocked, self.q_sums, self.scales, zx, sx
-            )
+        if fast is not None:
+            approx = fast.gemv(qx.to(torch.uint8), self.scales, zx, sx)
         else:
             approx = _qlinear(qx.to(torch.uint8), sx, zx, self.packed, self.scales, self.zeros)
         xd = x.double()
