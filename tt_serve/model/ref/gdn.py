@@ -9,6 +9,7 @@ recurrent state are fp32 whatever the weight dtype. The delta rule for one v-hea
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,8 +18,12 @@ import torch
 import torch.nn.functional as F
 
 from tt_serve.config import GDN_CHUNK
-from tt_serve.model.ref.layers import Linear, l2norm, rms_norm_gated
+from tt_serve.model.interface import StepBatch, StepRow
+from tt_serve.model.ref import native
+from tt_serve.model.ref.layers import Linear, fused, l2norm, rms_norm_gated
 from tt_serve.model.ref.plan import StepPlan, as_index
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,42 @@ class GdnWeights:
     head_k_dim: int
     head_v_dim: int
     eps: float
+
+    @classmethod
+    def random(
+        cls,
+        hidden: int,
+        heads: tuple[int, int, int, int],
+        dtype: torch.dtype = torch.float32,
+        seed: int = 0,
+        taps: int = 4,
+    ) -> GdnWeights:
+        """A layer of random weights at the scales of a trained one (heads: Hk, Hv, dk, dv):
+        what the fused kernel's self-check and tests run."""
+        hk, hv, dk, dv = heads
+        g = torch.Generator().manual_seed(seed)
+        conv_dim = 2 * hk * dk + hv * dv
+
+        def w(*shape: int, scale: float = hidden**-0.5) -> torch.Tensor:
+            return (torch.randn(*shape, generator=g) * scale).to(dtype)
+
+        in_proj, in_splits = fused(
+            w(conv_dim, hidden), w(hv * dv, hidden), w(hv, hidden), w(hv, hidden)
+        )
+        return cls(
+            in_proj=in_proj,
+            in_splits=in_splits,
+            conv=(torch.randn(conv_dim, taps, generator=g) * 0.3).T.contiguous().T,
+            neg_a=-(torch.rand(hv, generator=g) * 4).exp() / 8,
+            dt_bias=torch.randn(hv, generator=g),
+            norm=w(dv, scale=0.1) + 1,
+            out_proj=Linear(w(hidden, hv * dv, scale=(hv * dv) ** -0.5)),
+            num_k_heads=hk,
+            num_v_heads=hv,
+            head_k_dim=dk,
+            head_v_dim=dv,
+            eps=1e-6,
+        )
 
 
 def chunk_gated_delta(
@@ -147,6 +188,67 @@ def gated_output(
     return w.out_proj(o.reshape(core.shape[0], w.num_v_heads * w.head_v_dim))
 
 
+def fused_core(
+    k: native.NativeKernels,
+    proj: torch.Tensor,
+    w: GdnWeights,
+    seqs: torch.Tensor,
+    conv_state: torch.Tensor,
+    rec_state: torch.Tensor,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """The in-projection's rows [T, P] -> the gated-normed core output fp32 [T, Hv·dv]
+    (``tt_gdn``: conv, norms, gates, the delta rule token by token, the output norm). The
+    recurrent form over every token: about 1 us per token and layer on the demo model against
+    9-11 for the chunked scan's small torch ops, and a state carried bit for bit across any
+    chunking of a prompt."""
+    return k.gdn(
+        proj.float(),
+        seqs,
+        conv_state,
+        w.conv.T.contiguous(),
+        rec_state,
+        (w.neg_a, w.dt_bias, w.norm.float()),
+        (w.num_k_heads, w.num_v_heads, w.head_k_dim, w.head_v_dim),
+        w.eps,
+        dtype == torch.bfloat16,
+    )
+
+
+@functools.cache
+def fused_kernels() -> native.NativeKernels | None:
+    """native.c's kernels for ``fused_core``, once they agree with the torch kernels on a small
+    layer (a span, a cut of it and a decode row, in fp32); None (logged) where they do not or
+    are not compiled."""
+    k = native.kernels()
+    if k is None:
+        return None
+    w = GdnWeights.random(64, (1, 2, 64, 64), seed=1)
+    x = torch.randn(12, 64, generator=torch.Generator().manual_seed(2))
+    rows = (_row(0, 7, 0, 0), _row(1, 4, 1, 7), _row(2, 1, 2, 0))
+    plan = StepPlan.build(StepBatch(rows), 64, x.device)
+    assert plan.seqs is not None
+    outs = []
+    for fuse in (True, False):
+        conv, rec = torch.zeros(3, 256, 3), torch.zeros(3, 2, 64, 64)
+        conv[2], rec[2] = 0.5, 0.01
+        if fuse:
+            o = w.out_proj(fused_core(k, w.in_proj(x), w, plan.seqs, conv, rec, x.dtype))
+        else:
+            o = gdn_forward(x, w, plan, conv, rec, fused=False)
+        outs.append((o, conv, rec))
+    (a, ca, ra), (b, cb, rb) = outs
+    close = all(torch.allclose(p, q, rtol=1e-4, atol=1e-5) for p, q in ((a, b), (ca, cb), (ra, rb)))
+    if not close:
+        log.warning("the fused GDN kernel disagrees with the torch kernels: not used")
+        return None
+    return k
+
+
+def _row(seq: int, n: int, slot: int, start: int) -> StepRow:
+    return StepRow(seq, tuple(range(n)), start, tuple(range(4)), slot, sample=False)
+
+
 def causal_conv(
     history: torch.Tensor, xs: torch.Tensor, conv: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -171,10 +273,23 @@ def gdn_forward(
     conv_state: torch.Tensor,
     rec_state: torch.Tensor,
     keep: Sequence[int] | None = None,
+    *,
+    fused: bool = True,
 ) -> torch.Tensor:
     """x [T, H] (normed) -> [T, H], or [len(keep), H] of the tokens at batch offsets ``keep``
     (every token still updates the state); reads and updates conv_state [S, C, K-1],
-    rec_state [S, Hv, dk, dv]."""
+    rec_state [S, Hv, dk, dv].
+
+    On the CPU, where native.c is compiled (and ``fused``), everything between the two
+    projections is one C call for all the step's rows (``fused_core``); elsewhere the torch
+    kernels below."""
+    if fused and plan.seqs is not None and x.device.type == "cpu":
+        nk = fused_kernels()
+        if nk is not None:
+            o = fused_core(nk, w.in_proj(x), w, plan.seqs, conv_state, rec_state, x.dtype)
+            if keep is not None:
+                o = o[as_index(keep, x.device)]
+            return w.out_proj(o.to(x.dtype))
     qkv, z, beta, g = project_inputs(x, w)
     mixed = torch.empty(qkv.shape, dtype=torch.float32, device=x.device)
     for sp in plan.spans:

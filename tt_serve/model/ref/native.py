@@ -33,7 +33,7 @@ from tt_serve.user_cache import user_cache_dir
 
 log = logging.getLogger(__name__)
 
-ABI = 1  # native.c's tt_native_abi()
+ABI = 2  # native.c's tt_native_abi()
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 SOURCE = Path(__file__).with_name("native.c")
 _P = ctypes.c_void_p
@@ -107,6 +107,9 @@ class NativeKernels:
             _P,
         ]
         lib.tt_screen_gemv.restype = None
+        lib.tt_gdn.argtypes = [_P, _I64, _I64, _I64, _P, _P, _P, _I64, _P, _P, _I64, _P, _P, _P]
+        lib.tt_gdn.argtypes += [_P, *[_I64] * 4, ctypes.c_float, ctypes.c_int32, _P, _P]
+        lib.tt_gdn.restype = ctypes.c_int
         if lib.tt_native_abi() != ABI:
             raise RuntimeError(f"native library ABI {lib.tt_native_abi()} is not {ABI}")
         self.screen_fast = bool(lib.tt_screen_fast())
@@ -164,6 +167,75 @@ class NativeKernels:
             sx,
             out.data_ptr(),
         )
+        return out
+
+    def gdn(
+        self,
+        proj: torch.Tensor,
+        seqs: torch.Tensor,
+        conv_state: torch.Tensor,
+        conv_taps: torch.Tensor,
+        rec_state: torch.Tensor,
+        gates: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        heads: tuple[int, int, int, int],
+        eps: float,
+        bf16: bool,
+    ) -> torch.Tensor:
+        """One GDN layer between its projections (``tt_gdn`` in native.c), in place on the
+        states: proj fp32 [T, P] (the fused in-projection's rows, unit column stride), seqs long
+        [3, R] (each sequence's batch offset, token count and state slot), conv_state
+        [S, C, K-1] and rec_state [S, Hv, dk, dv] (fp32, contiguous), conv_taps [K, C],
+        gates (neg_a [Hv], dt_bias [Hv], the norm weight [dv]; fp32), heads (Hk, Hv, dk, dv).
+        Returns the gated-normed output fp32 [T, Hv·dv] (bf16 values where ``bf16``)."""
+        hk, hv, dk, dv = heads
+        t, width = proj.shape
+        conv_dim = 2 * hk * dk + hv * dv
+        f32 = [proj, conv_state, conv_taps, rec_state, *gates]
+        if (
+            any(a.dtype != torch.float32 or a.device.type != "cpu" for a in f32)
+            or proj.stride(1) != 1
+            or width < conv_dim + hv * dv + 2 * hv
+            or not (conv_state.is_contiguous() and rec_state.is_contiguous())
+            or not conv_taps.is_contiguous()
+            or conv_taps.shape[1] != conv_dim
+            or conv_state.shape[1:] != (conv_dim, conv_taps.shape[0] - 1)
+            or rec_state.shape[1:] != (hv, dk, dv)
+            or seqs.dtype != torch.long
+            or seqs.shape[0] != 3
+            or hv % hk
+        ):
+            raise ValueError("tt_gdn: fp32 contiguous CPU tensors of the layer's shapes")
+        seqs = seqs.contiguous()
+        neg_a, dt_bias, norm = (g.contiguous() for g in gates)
+        mixed = torch.empty(t, conv_dim, dtype=torch.float32)
+        out = torch.empty(t, hv * dv, dtype=torch.float32)
+        bad = self.lib.tt_gdn(
+            proj.data_ptr(),
+            proj.stride(0),
+            t,
+            seqs.shape[1],
+            seqs[0].data_ptr(),
+            seqs[1].data_ptr(),
+            seqs[2].data_ptr(),
+            conv_state.shape[0],
+            conv_state.data_ptr(),
+            conv_taps.data_ptr(),
+            conv_taps.shape[0],
+            rec_state.data_ptr(),
+            neg_a.data_ptr(),
+            dt_bias.data_ptr(),
+            norm.data_ptr(),
+            hk,
+            hv,
+            dk,
+            dv,
+            eps,
+            int(bf16),
+            mixed.data_ptr(),
+            out.data_ptr(),
+        )
+        if bad:
+            raise ValueError("tt_gdn: a sequence lies outside the step's rows or the state slots")
         return out
 
 

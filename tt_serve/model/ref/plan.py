@@ -44,6 +44,9 @@ class StepPlan:
     dec_tables: torch.Tensor  # [B, W] their block tables, cut to the longest row's blocks
     dec_lens: torch.Tensor  # [B] their end positions (attention length)
     last_tokens: torch.Tensor | slice  # [R] batch offset of every row's last token (ditto)
+    # [3, R] long on the CPU: every row's batch offset, token count and GDN state slot, the
+    # C kernel's one view of the step (native.c's tt_gdn); None where a plan is built without
+    seqs: torch.Tensor | None = None
 
     @staticmethod
     def build(batch: StepBatch, block_size: int, device: torch.device) -> StepPlan:
@@ -56,6 +59,7 @@ class StepPlan:
         dec_tab: list[tuple[int, ...]] = []
         dec_len: list[int] = []
         last: list[int] = []
+        seqs: list[tuple[int, int, int]] = []
         for row in batch.rows:
             off, n = len(ids), row.num_tokens
             if n == 0:
@@ -71,6 +75,7 @@ class StepPlan:
             pos.extend(p)
             blocks.extend(row.block_table[i // block_size] for i in p)
             last.append(off + n - 1)
+            seqs.append((off, n, row.state_slot))
             if n == 1:
                 dec_tok.append(off)
                 dec_slot.append(row.state_slot)
@@ -98,6 +103,7 @@ class StepPlan:
             ),
             dec_lens=lt(dec_len),
             last_tokens=as_index(last, device),
+            seqs=torch.tensor(seqs, dtype=torch.long).reshape(-1, 3).T.contiguous(),
         )
 
     @property
