@@ -96,3 +96,30 @@ def test_the_library_is_keyed_by_the_cpu(monkeypatch: pytest.MonkeyPatch, tmp_pa
     second = native._build(cc)
     assert first != second and first.exists() and second.exists()
     assert native._build(cc) == second  # and reuses what it built
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 7, 300])
+def test_rms_norm_is_the_torch_norm_and_each_row_its_own(dtype: torch.dtype, rows: int) -> None:
+    """``tt_rms_norm`` against layers.py's torch form (the mean summed in another order: a few
+    ulps in fp32, a bf16 rounding either way in bf16), the residual add bit for bit, and a row
+    gives the same bits alone as in any batch (what warm == cold needs of every layer)."""
+    from tt_serve.model.ref.layers import torch_rms_norm
+
+    k = native.kernels()
+    if k is None:
+        pytest.skip("no C compiler")
+    g = torch.Generator().manual_seed(rows)
+    x = (torch.randn(rows, 256, generator=g) * 3).to(dtype)
+    h = torch.randn(rows, 256, generator=g).to(dtype)
+    scale = 1 + torch.randn(256, generator=g) * 0.1
+    y, out = k.rms_norm(x, scale, 1e-6, res=h)
+    assert torch.equal(y, x + h)
+    want = torch_rms_norm(x + h, scale, 1e-6).float()
+    # fp32: the mean's reordering (numerics.py, n = 256); bf16: one rounding either way
+    rel = 2.0**-23 * (4 + 16) if dtype == torch.float32 else 2.0**-7
+    assert ((out.float() - want).abs() <= rel * want.abs()).all()
+    assert torch.equal(k.rms_norm(x + h, scale, 1e-6)[1], out)
+    assert torch.equal(k.rms_norm(x[-1:], scale, 1e-6, res=h[-1:])[1], out[-1:])
+    with pytest.raises(ValueError):
+        k.rms_norm(x.T, scale, 1e-6)  # not contiguous rows

@@ -297,3 +297,35 @@ def test_backend_tokens_equal_with_and_without_the_screen(tied_dir, dense_dir) -
                 assert backend.model.lm_head.screened is not None
             outs[on] = [o.token_ids for o in llm.generate(prompts, params)]
         assert outs[True] == outs[False]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n", [[1], [20], [1, 5, 20, 1, 50], [1024, 1], [3] * 17])
+def test_the_c_search_finds_what_the_torch_search_finds(
+    dtype: torch.dtype, n: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """native.c's screen_best + screen_candidates against the torch ops of ``_search``: the same
+    candidates, in the same order, for every row (fp32 thresholds mirrored exactly), wide rows
+    included."""
+    if dtype == torch.bfloat16 and not cpu_bf16():
+        pytest.skip("bf16 heads are screened where the CPU multiplies bf16 natively")
+    g = torch.Generator().manual_seed(len(n))
+    w = torch.randn(49152, 64, generator=g) * 64**-0.5
+    w *= torch.exp(torch.randn(49152, 1, generator=g) * 0.5)
+    s = LmHead(w.to(dtype)).screened
+    if s is None or s.search is None:
+        pytest.skip("the C kernels are not compiled here")
+    x = torch.randn(len(n), 64, generator=g)
+    x[0, 3] = 25.0  # an outlier row: many candidates
+    for cap in (sc.MAX_CANDIDATES, 30):  # 30: some rows go wide
+        monkeypatch.setattr(sc, "MAX_CANDIDATES", cap)
+        got = s._chunk(x, n)
+        search, s.search = s.search, None
+        try:
+            want = s._chunk(x, n)
+        finally:
+            s.search = search
+        assert got[2] == want[2]
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        if max(n) >= 20:  # the bound is not idle: more candidates than the n best
+            assert sum(want[2]) > sum(n)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from tt_serve.model.ref import native
+
 
 def norm_scale(weight: torch.Tensor) -> torch.Tensor:
     """The fp32 ``1 + w`` a Qwen3.5 RMSNorm multiplies by: computed once at load, not per call."""
@@ -13,7 +15,27 @@ def norm_scale(weight: torch.Tensor) -> torch.Tensor:
 
 def rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
     """Qwen3.5 RMSNorm: ``x * rsqrt(mean(x²) + eps) * (1 + w)``, computed in fp32; ``scale`` is
-    ``norm_scale(w)`` (the same bits as HF's per-call ``1.0 + w.float()``)."""
+    ``norm_scale(w)`` (the same bits as HF's per-call ``1.0 + w.float()``). On the CPU one C
+    call where native.c is compiled (the same roundings; the mean summed in another order)."""
+    k = native.kernels()
+    if k is not None and k.norms(x, scale):
+        return k.rms_norm(x, scale, eps)[1]
+    return torch_rms_norm(x, scale, eps)
+
+
+def add_rms_norm(
+    x: torch.Tensor, h: torch.Tensor, scale: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual add and the next RMSNorm: (x + h, rms_norm(x + h)), one C call on the CPU."""
+    k = native.kernels()
+    if k is not None and k.norms(x, scale) and h.shape == x.shape and h.dtype == x.dtype:
+        return k.rms_norm(x, scale, eps, res=h)
+    y = x + h
+    return y, rms_norm(y, scale, eps)
+
+
+def torch_rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
+    """``rms_norm`` in torch ops (off the CPU, or without the C kernels)."""
     xf = x.float()
     out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return (out * scale).to(x.dtype)

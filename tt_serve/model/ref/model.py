@@ -13,6 +13,7 @@ from tt_serve.model.ref.attention import AttentionWeights, attention_forward
 from tt_serve.model.ref.gdn import GdnWeights, gdn_forward
 from tt_serve.model.ref.layers import (
     Linear,
+    add_rms_norm,
     fused,
     norm_scale,
     packs,
@@ -185,23 +186,24 @@ class HybridModel:
         Qwen3.5's and Qwen3-Next's do) reduces to the K/V write."""
         eps = self.spec.rms_norm_eps
         final = len(self.layers) - 1
+        h = rms_norm(x, self.layers[0].input_norm, eps)
         for i, layer in enumerate(self.layers):
             cut = keep if i == final else None
-            h = rms_norm(x, layer.input_norm, eps)
             if isinstance(layer.mixer, GdnWeights):
                 h = gdn(h, layer.mixer, layer.pool_index, cut)
             else:
                 h = attn(h, layer.mixer, layer.pool_index, cut)
             if cut is not None:
                 x = x[as_index(cut, x.device)]
-            x = x + h
-            h = rms_norm(x, layer.post_norm, eps)
+            x, h = add_rms_norm(x, h, layer.post_norm, eps)
             if isinstance(layer.mlp, MoeWeights):
                 h = moe_forward(h, layer.mlp)
             else:
                 h = swiglu(h, layer.mlp.gate_up, layer.mlp.down)
-            x = x + h
-        return rms_norm(x, self.final_norm, eps)
+            # the residual add, then the next layer's input norm (or the final norm)
+            nxt = self.final_norm if i == final else self.layers[i + 1].input_norm
+            x, h = add_rms_norm(x, h, nxt, eps)
+        return h
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] -> fp32 logits [N, vocab]."""

@@ -25,8 +25,19 @@
 #define TT_SCREEN_FAST 0
 #endif
 
+/* x rounded to bf16 (nearest even), as fp32. */
+static inline float tt_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return x; /* NaN stays NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    u &= 0xffff0000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
 /* The interface version native.py expects (bump it with any signature change). */
-int tt_native_abi(void) { return 2; }
+int tt_native_abi(void) { return 4; }
 
 int tt_screen_fast(void) { return TT_SCREEN_FAST; }
 
@@ -93,6 +104,202 @@ void tt_screen_gemv(const uint8_t *qx, int64_t rows, const int8_t *packed, const
 }
 
 /* ------------------------------------------------------------------------------------------
+ * Qwen3.5's RMSNorm (layers.py ``rms_norm``) of rows of n values, optionally after the residual
+ * add: y = x + res (rounded to the dtype, written to y_out), out = (y * rsqrt(mean(y²) + eps))
+ * * scale, the product rounded to fp32 then, times the fp32 scale (1 + w), to the dtype. fp32, or
+ * bf16 (``bf16``: uint16 storage) for x, res, y_out and out; scale is fp32. Each row alone: its
+ * bits never depend on the other rows of the call. */
+
+static inline float tt_load(const void *p, int64_t i, int32_t bf16) {
+    if (!bf16) return ((const float *)p)[i];
+    const uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline void tt_store(void *p, int64_t i, float v, int32_t bf16) {
+    if (!bf16) {
+        ((float *)p)[i] = v;
+        return;
+    }
+    v = tt_bf16(v);
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    ((uint16_t *)p)[i] = (uint16_t)(u >> 16);
+}
+
+void tt_rms_norm(const void *x, const void *res, void *y_out, int64_t rows, int64_t n,
+                 const float *scale, float eps, int32_t bf16, void *out) {
+#pragma omp parallel for schedule(static) if (rows * n >= 65536)
+    for (int64_t r = 0; r < rows; r++) {
+        float y[n];
+        float ss = 0.0f;
+        for (int64_t j = 0; j < n; j++) {
+            float v = tt_load(x, r * n + j, bf16);
+            if (res != NULL) {
+                v = v + tt_load(res, r * n + j, bf16);
+                if (bf16) v = tt_bf16(v);
+                tt_store(y_out, r * n + j, v, bf16);
+            }
+            y[j] = v;
+            ss += v * v;
+        }
+        const float inv = 1.0f / sqrtf(ss / (float)n + eps);
+        for (int64_t j = 0; j < n; j++) tt_store(out, r * n + j, (y[j] * inv) * scale[j], bf16);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------
+ * The screen's search (screen.py ``_chunk``) over approximate logits a [rows][vocab] cut into
+ * slices of ``fine`` tokens, row by row in parallel: what the torch path does in some forty
+ * small ops, and its results bit for bit (the thresholds are the same fp32 expressions:
+ * compiled as ISO C, nothing is contracted into an FMA).
+ *
+ * tt_screen_best: each row's slice maxima, and n tokens with the largest a by descending a
+ * (ties either way): the n slices with the largest maxima hold them (screen.py's ``largest``). */
+
+#include <math.h>
+#include <stdlib.h>
+
+typedef struct {
+    float v;
+    int64_t i;
+} tt_pair;
+
+/* Moves the k largest of p[0..len) to its front (any order): quickselect, middle pivot. */
+static void tt_top_k(tt_pair *p, int64_t len, int64_t k) {
+    int64_t lo = 0, hi = len - 1;
+    while (lo < hi && k > lo && k <= hi) {
+        const float pivot = p[lo + (hi - lo) / 2].v;
+        int64_t i = lo, j = hi;
+        while (i <= j) {
+            while (p[i].v > pivot) i++;
+            while (p[j].v < pivot) j--;
+            if (i <= j) {
+                const tt_pair t = p[i];
+                p[i++] = p[j];
+                p[j--] = t;
+            }
+        }
+        /* [lo, j] >= pivot >= [i, hi] */
+        if (k <= j + 1) hi = j;
+        else if (k >= i) lo = i;
+        else return;
+    }
+}
+
+static int tt_descending(const void *a, const void *b) {
+    const float x = ((const tt_pair *)a)->v, y = ((const tt_pair *)b)->v;
+    return (x < y) - (x > y);
+}
+
+static float tt_slice_max(const float *x, int64_t n) {
+    int64_t i = 0;
+    float m = x[0];
+#if defined(__AVX512F__)
+    if (n >= 16) {
+        __m512 acc = _mm512_loadu_ps(x);
+        for (i = 16; i + 16 <= n; i += 16) acc = _mm512_max_ps(acc, _mm512_loadu_ps(x + i));
+        m = _mm512_reduce_max_ps(acc);
+    }
+#endif
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    return m;
+}
+
+int tt_screen_best(const float *approx, int64_t rows, int64_t vocab, int64_t fine, int64_t n,
+                   float *maxima, int64_t *best) {
+    const int64_t per = vocab / fine;
+    if (fine < 1 || vocab % fine || n < 1 || n > per) return 1;
+    int bad = 0;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t s = 0; s < per; s++)
+            maxima[r * per + s] = tt_slice_max(approx + r * vocab + s * fine, fine);
+#pragma omp parallel for schedule(static) reduction(| : bad)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *a = approx + r * vocab;
+        const float *mx = maxima + r * per;
+        tt_pair *sl = malloc(sizeof(tt_pair) * (per > n * fine ? per : n * fine));
+        if (sl == NULL) {
+            bad = 1;
+            continue;
+        }
+        for (int64_t s = 0; s < per; s++) sl[s] = (tt_pair){mx[s], s};
+        tt_top_k(sl, per, n);
+        /* the entries of the n chosen slices, then their n largest */
+        tt_pair *e = malloc(sizeof(tt_pair) * n * fine);
+        if (e == NULL) {
+            free(sl);
+            bad = 1;
+            continue;
+        }
+        for (int64_t j = 0; j < n; j++)
+            for (int64_t c = 0; c < fine; c++) {
+                const int64_t t = sl[j].i * fine + c;
+                e[j * fine + c] = (tt_pair){a[t], t};
+            }
+        tt_top_k(e, n * fine, n);
+        qsort(e, n, sizeof(tt_pair), tt_descending);
+        for (int64_t j = 0; j < n; j++) best[r * n + j] = e[j].i;
+        free(e);
+        free(sl);
+    }
+    return bad ? 2 : 0;
+}
+
+/* fp64 -> fp32 rounded up (screen.py's ``_up32``). */
+static float tt_up32(double d) {
+    float f = (float)d;
+    return (double)f < d ? nextafterf(f, INFINITY) : f;
+}
+
+/* Every (row, token) with a >= floor - B: the slices whose maximum reaches the slice's largest
+ * bound, then each of their entries against its own token's bound; row-major, tokens
+ * ascending, into rows_out / cols_out (the candidates of rows with more than ``cap`` are left
+ * out; counts[r] is every row's full count). Returns the number written. */
+int64_t tt_screen_candidates(const float *approx, int64_t rows, int64_t vocab, int64_t fine,
+                             const float *maxima, const float *floor_, const double *act,
+                             const double *wgt, double w_norm, double err_norm, int32_t bf16,
+                             const float *w_norms, const float *e_norms, const float *w_slice_max,
+                             const float *e_slice_max, int64_t cap, int64_t *rows_out,
+                             int64_t *cols_out, int64_t *counts) {
+    const int64_t per = vocab / fine;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const double fd = (double)floor_[r];
+        double margin = 8 * 0x1p-24 * (fabs(fd) + act[r] * w_norm + wgt[r] * err_norm);
+        if (bf16) margin = margin + 0x1p-8 * fabs(fd);
+        const float floor32 = floor_[r] - tt_up32(margin);
+        const float act32 = tt_up32(act[r]), wgt32 = tt_up32(wgt[r]);
+        const float *a = approx + r * vocab;
+        int64_t count = 0;
+        int64_t *cols = cols_out + r * cap;
+        for (int64_t s = 0; s < per; s++) {
+            const float reach = floor32 - (act32 * w_slice_max[s] + wgt32 * e_slice_max[s]);
+            if (!(maxima[r * per + s] >= reach)) continue;
+            for (int64_t c = s * fine; c < (s + 1) * fine; c++) {
+                const float thr = floor32 - (act32 * w_norms[c] + wgt32 * e_norms[c]);
+                if (a[c] >= thr) {
+                    if (count < cap) cols[count] = c;
+                    count++;
+                }
+            }
+        }
+        counts[r] = count;
+    }
+    int64_t out = 0; /* compact: row r's entries move left to their place */
+    for (int64_t r = 0; r < rows; r++) {
+        if (counts[r] > cap) continue;
+        memmove(cols_out + out, cols_out + r * cap, sizeof(int64_t) * counts[r]);
+        for (int64_t j = 0; j < counts[r]; j++) rows_out[out + j] = r;
+        out += counts[r];
+    }
+    return out;
+}
+
+/* ------------------------------------------------------------------------------------------
  * One Gated DeltaNet layer between its two projections (gdn.py), for every sequence of a step:
  * the causal depthwise conv with SiLU, the q/k L2 norms, the gates, the delta rule token by
  * token, and the gated RMS norm, in place on each sequence's conv and recurrent state slots.
@@ -148,16 +355,6 @@ static void tt_silu_inplace(float *x, int64_t n) {
     }
 #endif
     for (; i < n; i++) x[i] = x[i] / (1.0f + expf(-x[i]));
-}
-
-static inline float tt_bf16(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return x; /* NaN stays NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);
-    u &= 0xffff0000u;
-    memcpy(&x, &u, 4);
-    return x;
 }
 
 /* The delta rule for one token of one head on its state s [dk][dv]; o receives Sᵀq̂. */

@@ -33,7 +33,7 @@ from tt_serve.user_cache import user_cache_dir
 
 log = logging.getLogger(__name__)
 
-ABI = 2  # native.c's tt_native_abi()
+ABI = 4  # native.c's tt_native_abi()
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 SOURCE = Path(__file__).with_name("native.c")
 _P = ctypes.c_void_p
@@ -110,6 +110,14 @@ class NativeKernels:
         lib.tt_gdn.argtypes = [_P, _I64, _I64, _I64, _P, _P, _P, _I64, _P, _P, _I64, _P, _P, _P]
         lib.tt_gdn.argtypes += [_P, *[_I64] * 4, ctypes.c_float, ctypes.c_int32, _P, _P]
         lib.tt_gdn.restype = ctypes.c_int
+        lib.tt_rms_norm.argtypes = [_P, _P, _P, _I64, _I64, _P, ctypes.c_float, ctypes.c_int32, _P]
+        lib.tt_rms_norm.restype = None
+        lib.tt_screen_best.argtypes = [_P, _I64, _I64, _I64, _I64, _P, _P]
+        lib.tt_screen_best.restype = ctypes.c_int
+        _D = ctypes.c_double
+        lib.tt_screen_candidates.argtypes = [_P, _I64, _I64, _I64, _P, _P, _P, _P, _D, _D]
+        lib.tt_screen_candidates.argtypes += [ctypes.c_int32, _P, _P, _P, _P, _I64, _P, _P, _P]
+        lib.tt_screen_candidates.restype = _I64
         if lib.tt_native_abi() != ABI:
             raise RuntimeError(f"native library ABI {lib.tt_native_abi()} is not {ABI}")
         self.screen_fast = bool(lib.tt_screen_fast())
@@ -168,6 +176,116 @@ class NativeKernels:
             out.data_ptr(),
         )
         return out
+
+    @staticmethod
+    def norms(x: torch.Tensor, scale: torch.Tensor) -> bool:
+        """Whether ``rms_norm`` takes x (contiguous fp32 or bf16 on the CPU) and scale."""
+        return (
+            x.device.type == "cpu"
+            and x.dtype in (torch.float32, torch.bfloat16)
+            and x.is_contiguous()
+            and scale.dtype == torch.float32
+            and scale.is_contiguous()
+            and x.dim() >= 1
+            and scale.shape == x.shape[-1:]
+        )
+
+    def rms_norm(
+        self, x: torch.Tensor, scale: torch.Tensor, eps: float, res: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(y, RMSNorm(y) * scale) over the last dimension, y = x + res (or x): ``tt_rms_norm``,
+        the rounding steps of layers.py's torch form. x (and res, same shape and dtype)
+        contiguous fp32 or bf16, scale fp32 [n] (``norms``)."""
+        if not self.norms(x, scale) or (
+            res is not None and (res.shape != x.shape or res.dtype != x.dtype)
+        ):
+            raise ValueError("rms_norm: contiguous fp32 or bf16 rows and an fp32 scale")
+        n = x.shape[-1]
+        out = torch.empty_like(x)
+        y = x
+        if res is not None:
+            res = res.contiguous()
+            y = torch.empty_like(x)
+        self.lib.tt_rms_norm(
+            x.data_ptr(),
+            None if res is None else res.data_ptr(),
+            None if res is None else y.data_ptr(),
+            x.numel() // max(n, 1),
+            n,
+            scale.data_ptr(),
+            eps,
+            int(x.dtype == torch.bfloat16),
+            out.data_ptr(),
+        )
+        return y, out
+
+    def screen_best(
+        self, approx: torch.Tensor, fine: int, n: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """approx fp32 [R, vocab] (contiguous) in slices of ``fine`` tokens -> (each row's slice
+        maxima fp32 [R, vocab / fine], its n tokens with the largest values long [R, n], by
+        descending value; ties either way)."""
+        rows, vocab = approx.shape
+        if approx.dtype != torch.float32 or not approx.is_contiguous():
+            raise ValueError("screen_best takes contiguous fp32 approximate logits")
+        maxima = torch.empty(rows, vocab // max(fine, 1), dtype=torch.float32)
+        best = torch.empty(rows, n, dtype=torch.long)
+        bad = self.lib.tt_screen_best(
+            approx.data_ptr(), rows, vocab, fine, n, maxima.data_ptr(), best.data_ptr()
+        )
+        if bad:
+            raise ValueError(f"screen_best: {n} best of slices of {fine} in {vocab} (code {bad})")
+        return maxima, best
+
+    def screen_candidates(
+        self,
+        approx: torch.Tensor,
+        maxima: torch.Tensor,
+        floor: torch.Tensor,
+        coeffs: tuple[torch.Tensor, torch.Tensor, float, float],
+        norms: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+        bf16: bool,
+        cap: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """Every (row, token) whose approximate logit reaches ``floor`` less its bound (screen.py
+        ``_chunk``'s search, the same fp32 thresholds): approx [R, vocab] and its slice maxima
+        from ``screen_best``, floor fp32 [R], coeffs (act, wgt fp64 [R], the largest ||w_j||
+        and ||e_j||), norms (||w_j||, ||e_j|| fp32 [vocab], their slice maxima). Returns rows
+        and tokens (row-major, tokens ascending; a row with more than ``cap`` left out) and
+        every row's count."""
+        rows, vocab = approx.shape
+        fine = vocab // maxima.shape[1]
+        act, wgt, w_norm, err_norm = coeffs
+        act, wgt = act.contiguous(), wgt.contiguous()
+        w_norms, e_norms, w_slice, e_slice = norms
+        floor = floor.contiguous()
+        if act.dtype != torch.float64 or wgt.dtype != torch.float64 or floor.dtype != torch.float32:
+            raise ValueError("screen_candidates: fp64 coefficients and an fp32 floor")
+        out_rows = torch.empty(rows * cap, dtype=torch.long)
+        out_cols = torch.empty(rows * cap, dtype=torch.long)
+        counts = torch.empty(rows, dtype=torch.long)
+        n = self.lib.tt_screen_candidates(
+            approx.data_ptr(),
+            rows,
+            vocab,
+            fine,
+            maxima.data_ptr(),
+            floor.data_ptr(),
+            act.data_ptr(),
+            wgt.data_ptr(),
+            w_norm,
+            err_norm,
+            int(bf16),
+            w_norms.data_ptr(),
+            e_norms.data_ptr(),
+            w_slice.data_ptr(),
+            e_slice.data_ptr(),
+            cap,
+            out_rows.data_ptr(),
+            out_cols.data_ptr(),
+            counts.data_ptr(),
+        )
+        return out_rows[:n], out_cols[:n], counts.tolist()
 
     def gdn(
         self,

@@ -161,6 +161,8 @@ class ScreenedHead:
         if self.fine:
             self.w_slice_max = self.w_norms.view(-1, self.fine).amax(-1)
             self.e_slice_max = self.e_norms.view(-1, self.fine).amax(-1)
+        # The C kernels' candidate search (native.c), where they are compiled; torch ops else.
+        self.search = native.kernels() if self.fine else None
         h = self.weight.shape[1]
         u = 2.0**-24
         self.gamma = h * u / (1 - h * u)
@@ -187,20 +189,65 @@ class ScreenedHead:
         """(row, token) of every candidate, row-major with tokens ascending, and each row's
         count; a row with too many has every token."""
         approx, act, wgt = self._approx(x)
-        fine = fine_max = None
-        if self.fine:  # [R, fine slices] and their maxima
-            fine = approx.view(x.shape[0], -1, self.fine)
-            fine_max = fine.amax(-1)
         # The exact logits of each row's n best by the screen: their n-th largest is a floor
         # for the row's n-th largest logit, so a candidate needs a_j >= floor - B_j. The n best
         # are searched in the fine slices (a top-20 row gathers 20 of ~100 values, not of ~500).
         width = max(n)
-        best = largest(approx, width, maxima=fine_max, cut=fine)[1]
+        if self.search is not None and self.fine and width <= approx.shape[1] // self.fine:
+            maxima, best = self.search.screen_best(approx, self.fine, width)
+            floor = self._floor(x, best, n)
+            assert self.w_slice_max is not None and self.e_slice_max is not None
+            rows, cols, counts = self.search.screen_candidates(
+                approx,
+                maxima,
+                floor,
+                (act, wgt, self.w_norm, self.err_norm),
+                (self.w_norms, self.e_norms, self.w_slice_max, self.e_slice_max),
+                self.dtype == torch.bfloat16,
+                MAX_CANDIDATES,
+            )
+        else:
+            rows, cols, counts = self._search(x, n, approx, act, wgt)
+        wide = [i for i, c in enumerate(counts) if c > MAX_CANDIDATES]
+        if wide:
+            vocab = self.weight.shape[0]
+            kept = [0 if c > MAX_CANDIDATES else c for c in counts]
+            parts = list(zip(rows.split(kept), cols.split(kept), strict=True))
+            for i in wide:
+                parts[i] = (torch.full((vocab,), i, dtype=torch.long), torch.arange(vocab))
+                counts[i] = vocab
+            rows, cols = (torch.cat(t) for t in zip(*parts, strict=True))
+        return rows, cols, counts
+
+    def _floor(self, x: torch.Tensor, best: torch.Tensor, n: list[int]) -> torch.Tensor:
+        """fp32 [R]: the n[r]-th largest exact logit of row r among its first n[r] ``best``
+        tokens [R, max(n)] (a lower bound of its n[r]-th largest logit)."""
+        width = best.shape[1]
         mine = torch.arange(x.shape[0]).repeat_interleave(width)
         exact = self._exact(x, mine, best.reshape(-1)).reshape(-1, width)
+        if all(k == width for k in n):
+            return exact.amin(-1)
         need = torch.tensor(n)
         exact = exact.masked_fill(torch.arange(width)[None, :] >= need[:, None], float("-inf"))
-        floor = exact.sort(dim=-1, descending=True).values.gather(1, (need - 1)[:, None])[:, 0]
+        return exact.sort(dim=-1, descending=True).values.gather(1, (need - 1)[:, None])[:, 0]
+
+    def _search(
+        self,
+        x: torch.Tensor,
+        n: list[int],
+        approx: torch.Tensor,
+        act: torch.Tensor,
+        wgt: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """The candidates in torch ops (the C kernel's ``screen_best`` and
+        ``screen_candidates`` compute the same): rows and tokens as ``_chunk`` but without the
+        rows of more than MAX_CANDIDATES, and every row's count."""
+        fine = fine_max = None
+        if self.fine:  # [R, fine slices] and their maxima
+            fine = approx.view(x.shape[0], -1, self.fine)
+            fine_max = fine.amax(-1)
+        best = largest(approx, max(n), maxima=fine_max, cut=fine)[1]
+        floor = self._floor(x, best, n)
         # floor - B_j is evaluated in fp32 (a handful of roundings of at most 2^-24 of
         # |floor| + max_j B_j each): ``margin`` more is subtracted, so no candidate is lost.
         fd = floor.double()
@@ -232,14 +279,9 @@ class ScreenedHead:
         keep = approx.view(-1).index_select(0, rows * approx.shape[1] + cols) >= thr
         rows, cols = rows[keep], cols[keep]
         counts = torch.bincount(rows, minlength=x.shape[0]).tolist()
-        wide = [i for i, c in enumerate(counts) if c > MAX_CANDIDATES]
-        if wide:
-            vocab = self.weight.shape[0]
-            parts = list(zip(rows.split(counts), cols.split(counts), strict=True))
-            for i in wide:
-                parts[i] = (torch.full((vocab,), i, dtype=torch.long), torch.arange(vocab))
-                counts[i] = vocab
-            rows, cols = (torch.cat(t) for t in zip(*parts, strict=True))
+        if any(c > MAX_CANDIDATES for c in counts):  # a wide row's own candidates are not kept
+            narrow = torch.tensor([c <= MAX_CANDIDATES for c in counts])[rows]
+            rows, cols = rows[narrow], cols[narrow]
         return rows, cols, counts
 
     def _exact(self, x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
