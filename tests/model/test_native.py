@@ -123,3 +123,38 @@ def test_rms_norm_is_the_torch_norm_and_each_row_its_own(dtype: torch.dtype, row
     assert torch.equal(k.rms_norm(x[-1:], scale, 1e-6, res=h[-1:])[1], out[-1:])
     with pytest.raises(ValueError):
         k.rms_norm(x.T, scale, 1e-6)  # not contiguous rows
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("heads", "kvh", "hd"), [(4, 2, 64), (8, 2, 128), (3, 1, 40)])
+def test_decode_attention_reads_the_blocks_where_they_lie(
+    dtype: torch.dtype, heads: int, kvh: int, hd: int
+) -> None:
+    """``tt_attn_decode`` against attention.py's gather + ``attend`` (scores and probabilities
+    rounded as the torch form rounds them), rows of different lengths over scattered blocks,
+    each row's result its own; a table entry or length outside the pool writes nothing."""
+    from tt_serve.model.ref.attention import attend, gather_blocks
+
+    k = native.kernels()
+    if k is None:
+        pytest.skip("no C compiler")
+    g = torch.Generator().manual_seed(heads * hd)
+    bs, blocks = 16, 40
+    k_pool = torch.randn(blocks, kvh, bs, hd, generator=g).to(dtype)
+    v_pool = torch.randn(blocks, kvh, bs, hd, generator=g).to(dtype)
+    lens = torch.tensor([1, 37, 16, 130])
+    tables = torch.randperm(blocks - 1, generator=g)[: 4 * 9].reshape(4, 9) + 1
+    q = (torch.randn(4, heads, hd, generator=g) * 2).to(dtype)
+    got = k.attn_decode(q, k_pool, v_pool, tables, lens, hd**-0.5)
+    keys, vals = gather_blocks(k_pool, tables), gather_blocks(v_pool, tables)
+    mask = (torch.arange(keys.shape[2])[None, :] < lens[:, None])[:, None, None, :]
+    want = attend(q.reshape(4, kvh, heads // kvh, hd), keys, vals, mask).reshape(4, heads, hd)
+    # fp32: a softmax-weighted sum over up to 130 keys in another order; bf16: one rounding
+    scale = want.float().abs().max().item()
+    tol = 2.0**-23 * (4 + 130**0.5) * 4 * scale if dtype == torch.float32 else 2.0**-6 * scale
+    assert (got.float() - want.float()).abs().max().item() <= tol
+    alone = k.attn_decode(q[2:3], k_pool, v_pool, tables[2:3], lens[2:3], hd**-0.5)
+    assert torch.equal(alone, got[2:3])
+    for bad_tables, bad_lens in ((tables.clone().fill_(blocks), lens), (tables, lens + 200)):
+        with pytest.raises(ValueError, match="outside"):
+            k.attn_decode(q, k_pool, v_pool, bad_tables, bad_lens, hd**-0.5)

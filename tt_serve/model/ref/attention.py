@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from tt_serve.model.ref import native
 from tt_serve.model.ref.layers import Linear, apply_partial_rope, rms_norm
 from tt_serve.model.ref.plan import StepPlan, as_index
 
@@ -139,7 +140,13 @@ def attention_forward(
             continue
         qs = q[sp.offset : sp.offset + sp.n]
         out[sp.offset : sp.offset + sp.n] = attend_chunk(qs, keys, vals, sp.start_pos)
-    if plan.num_decode:
+    nk = native.kernels() if plan.num_decode else None
+    if nk is not None and nk.attends(q, k_pool, v_pool):  # the blocks read where they lie
+        qd = q[plan.dec_tokens]
+        out[plan.dec_tokens] = nk.attn_decode(
+            qd, k_pool, v_pool, plan.dec_tables, plan.dec_lens, hd**-0.5
+        )
+    elif plan.num_decode:
         b = plan.num_decode
         keys = gather_blocks(k_pool, plan.dec_tables).to(x.dtype)
         vals = gather_blocks(v_pool, plan.dec_tables).to(x.dtype)

@@ -33,7 +33,7 @@ from tt_serve.user_cache import user_cache_dir
 
 log = logging.getLogger(__name__)
 
-ABI = 4  # native.c's tt_native_abi()
+ABI = 5  # native.c's tt_native_abi()
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 SOURCE = Path(__file__).with_name("native.c")
 _P = ctypes.c_void_p
@@ -112,6 +112,9 @@ class NativeKernels:
         lib.tt_gdn.restype = ctypes.c_int
         lib.tt_rms_norm.argtypes = [_P, _P, _P, _I64, _I64, _P, ctypes.c_float, ctypes.c_int32, _P]
         lib.tt_rms_norm.restype = None
+        lib.tt_attn_decode.argtypes = [_P, _P, _P, _I64, _P, _I64, _P, *[_I64] * 5]
+        lib.tt_attn_decode.argtypes += [ctypes.c_float, ctypes.c_int32, _P]
+        lib.tt_attn_decode.restype = ctypes.c_int
         lib.tt_screen_best.argtypes = [_P, _I64, _I64, _I64, _I64, _P, _P]
         lib.tt_screen_best.restype = ctypes.c_int
         _D = ctypes.c_double
@@ -218,6 +221,65 @@ class NativeKernels:
             out.data_ptr(),
         )
         return y, out
+
+    @staticmethod
+    def attends(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> bool:
+        """Whether ``attn_decode`` takes these: CPU, fp32 or bf16, pools of the query's dtype."""
+        return (
+            q.device.type == "cpu"
+            and q.dtype in (torch.float32, torch.bfloat16)
+            and k_pool.dtype == q.dtype == v_pool.dtype
+            and k_pool.is_contiguous()
+            and v_pool.is_contiguous()
+        )
+
+    def attn_decode(
+        self,
+        q: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        tables: torch.Tensor,
+        lens: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        """Single-token rows' attention over the paged KV where it lies (``tt_attn_decode``):
+        q [B, heads, hd], pools [N, kvh, bs, hd] (``attends``), tables long [B, W], lens long
+        [B] (each row's positions, from block 0 of its table) -> [B, heads, hd]."""
+        b, heads, hd = q.shape
+        n, kvh, bs, phd = k_pool.shape
+        if (
+            not self.attends(q, k_pool, v_pool)
+            or v_pool.shape != k_pool.shape
+            or phd != hd
+            or heads % kvh
+            or tables.dtype != torch.long
+            or lens.dtype != torch.long
+            or tables.shape[0] != b
+            or lens.shape != (b,)
+        ):
+            raise ValueError("attn_decode: a query and pools of one dtype and head size")
+        q, tables, lens = q.contiguous(), tables.contiguous(), lens.contiguous()
+        out = torch.empty_like(q)
+        bad = self.lib.tt_attn_decode(
+            q.data_ptr(),
+            k_pool.data_ptr(),
+            v_pool.data_ptr(),
+            n,
+            tables.data_ptr(),
+            tables.shape[1],
+            lens.data_ptr(),
+            b,
+            heads,
+            kvh,
+            bs,
+            hd,
+            scale,
+            int(q.dtype == torch.bfloat16),
+            out.data_ptr(),
+        )
+        if bad:
+            raise ValueError("attn_decode: a row's length or block lies outside its table or pool")
+        return out
 
     def screen_best(
         self, approx: torch.Tensor, fine: int, n: int
