@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import logging
 import sys
 from collections.abc import Callable, Sequence
@@ -70,6 +71,12 @@ def make_loader(cfg: ServeConfig, threads: int | None = None) -> Callable[[Serve
             from tt_serve.agents.grammar import compiler_for
 
             compiler_for(tok, engine.config.vocab_size, engine.config.eos_token_ids)
+        # What exists now (weights, tries, modules: over a million objects) lives as long as
+        # the process: freeze it out of the cyclic GC, so that a full collection, when the
+        # allocation count triggers one inside a request, does not traverse it all again (2
+        # cores, demo model: 85-115 ms for the full collections during the load).
+        gc.collect()
+        gc.freeze()
         ae = AsyncEngine(engine, max_waiting=cfg.max_waiting)
         ae.start()
         state.tokenizer = tok

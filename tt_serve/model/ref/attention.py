@@ -71,10 +71,24 @@ def attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) 
     return out[0].transpose(0, 1)
 
 
-def attend_last(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """The last query of a chunk alone over every key up to it (all visible: no mask).
+def attend_last(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    table: torch.Tensor,
+    end: int,
+) -> torch.Tensor:
+    """The last query of a chunk alone over every key up to it (all visible: no mask), read
+    from the paged pools: the C decode kernel where it is compiled (the blocks where they lie),
+    else a gather and torch's SDPA.
 
-    q [heads, hd]; k, v [kvh, end, hd] -> [heads, hd]."""
+    q [heads, hd]; pools [N, kvh, bs, hd]; table [blocks] long; end: the keys' count."""
+    nk = native.kernels()
+    if nk is not None and nk.attends(q, k_pool, v_pool):
+        lens = torch.tensor([end], dtype=torch.long)
+        return nk.attn_decode(q[None], k_pool, v_pool, table[None], lens, q.shape[-1] ** -0.5)[0]
+    k = gather_blocks(k_pool, table[None])[0, :, :end].to(q.dtype)
+    v = gather_blocks(v_pool, table[None])[0, :, :end].to(q.dtype)
     out = F.scaled_dot_product_attention(q[None, :, None], k[None], v[None], enable_gqa=True)
     return out[0, :, 0]
 
@@ -133,11 +147,11 @@ def attention_forward(
         if kept == []:
             continue
         end = sp.start_pos + sp.n
+        if kept == [last]:
+            out[last] = attend_last(q[last], k_pool, v_pool, sp.block_table, end)
+            continue
         keys = gather_blocks(k_pool, sp.block_table[None])[0, :, :end].to(x.dtype)
         vals = gather_blocks(v_pool, sp.block_table[None])[0, :, :end].to(x.dtype)
-        if kept == [last]:
-            out[last] = attend_last(q[last], keys, vals)
-            continue
         qs = q[sp.offset : sp.offset + sp.n]
         out[sp.offset : sp.offset + sp.n] = attend_chunk(qs, keys, vals, sp.start_pos)
     nk = native.kernels() if plan.num_decode else None
