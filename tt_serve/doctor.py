@@ -324,6 +324,21 @@ def ttnn_checks(
     ]
 
 
+def check_native() -> Check:
+    """The CPU path's C kernels (model/ref/native.c): compiled here, or why not (a warning:
+    the torch ops run instead, slower)."""
+    from tt_serve.model.ref import native
+
+    k = native.kernels()
+    if k is None:
+        return Check(
+            "C kernels", WARN, f"{native.why_not()}; the torch ops run instead (slower)",
+            "install a C compiler (cc or gcc, or set $CC); TT_SERVE_NATIVE=0 turns them off",
+        )  # fmt: skip
+    gemv = "with" if k.screen_fast else "without (no AVX512-VNNI)"
+    return Check("C kernels", OK, f"compiled, {gemv} the int8 screen GEMV")
+
+
 def torch_checks(device: str) -> list[Check]:
     checks = [check_python(sys.executable)]
     try:
@@ -339,6 +354,7 @@ def torch_checks(device: str) -> list[Check]:
     detail = f"{count} device(s): {names}" if count else "not available"
     if device == "cpu":
         checks.append(Check("cuda", OK, detail + " (not needed for --device cpu)"))
+        checks.append(check_native())
         return checks
     index = int(device.partition(":")[2] or 0)
     if index >= count:

@@ -182,6 +182,21 @@ def test_torch_unit_has_no_tenstorrent_runtime() -> None:
     assert out["extraModulePackages"] is None and out["warnings"] is None
 
 
+@pytest.mark.parametrize(
+    ("settings", "compiler"),
+    [({}, True), ({"device": "cuda"}, False), ({"backend": "ttnn"}, False)],
+)
+def test_a_cpu_torch_unit_has_a_compiler_for_its_kernels(
+    settings: dict[str, str], compiler: bool
+) -> None:
+    """native.c is compiled at the first start with the compiler in the unit's PATH; only the
+    torch backend on the CPU runs it."""
+    out = eval_module_stub({"enable": True, **settings})
+    path = out["units"]["tenstorrent-serving"]["path"]
+    assert (path == ["gcc-wrapper-stub", "binutils-wrapper-stub"]) is compiler
+    assert compiler or path == []
+
+
 def test_start_timeout_covers_the_health_wait() -> None:
     for minutes in (60, 7):
         out = eval_module_stub({"enable": True, "backend": "ttnn", "startTimeoutMinutes": minutes})

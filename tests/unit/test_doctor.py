@@ -76,6 +76,25 @@ def test_torch_cpu_is_ready() -> None:
         json.dumps(as_json)))  # fmt: skip
 
 
+def test_torch_cpu_names_its_c_kernels_and_why_they_are_off() -> None:
+    """The C kernels are a speed-up, never a requirement: compiled, OK; off, a warning naming
+    why, and the server is still ready."""
+    from tt_serve.model.ref import native
+
+    want = OK if native.kernels() is not None else WARN
+    checks = json.loads(doctor("--backend", "torch", "--json").stdout)["checks"]
+    assert {c["name"]: c["status"] for c in checks}["C kernels"] == want
+    env = {**os.environ, "TT_SERVE_NATIVE": "0"}
+    code = "import sys; from tt_serve.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "doctor", "--backend", "torch"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0 and "[WARN] C kernels: native kernels off (TT_SERVE_NATIVE=0)" in (
+        proc.stdout
+    )
+
+
 def test_torch_missing_cuda_device_fails_without_traceback() -> None:
     proc = doctor("--backend", "torch", "--device", "cuda:7")
     assert proc.returncode == 1 and "[FAIL] cuda:" in proc.stdout

@@ -13,5 +13,7 @@ in
     ttnnRuntimeRoot = "${(fake "ttnn-stub").outPath}/lib/python3.12/site-packages/ttnn";
   };
   curl = fake "curl-stub";
+  stdenv.cc = fake "gcc-wrapper-stub";
+  binutils = fake "binutils-wrapper-stub";
   sglang-router = fake "sglang-router-stub";
 }

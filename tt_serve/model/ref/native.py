@@ -467,23 +467,33 @@ def _self_check(k: NativeKernels) -> None:
 
 @functools.cache
 def kernels() -> NativeKernels | None:
-    """The compiled kernels, or None (the reason logged once)."""
+    """The compiled kernels, or None (the reason logged once; ``why_not`` returns it)."""
     if os.environ.get("TT_SERVE_NATIVE", "1") == "0":
-        log.info("native kernels off (TT_SERVE_NATIVE=0)")
+        _off("native kernels off (TT_SERVE_NATIVE=0)", logging.INFO)
         return None
     cc = _compiler()
     if cc is None:
-        log.warning("no C compiler (cc, gcc or $CC): the torch backend runs without its C kernels")
+        _off("no C compiler (cc, gcc or $CC)")
         return None
     try:
         k = NativeKernels(ctypes.CDLL(str(_build(cc))))
         _self_check(k)
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         detail = getattr(exc, "stderr", b"") or b""
-        log.warning(
-            "native kernels unavailable (%s%s): the torch backend runs without them",
-            exc,
-            f": {detail.decode(errors='replace')[-500:]}" if detail else "",
-        )
+        tail = f": {detail.decode(errors='replace')[-500:]}" if detail else ""
+        _off(f"native kernels unavailable ({exc}{tail})")
         return None
     return k
+
+
+_reason: list[str] = []
+
+
+def _off(reason: str, level: int = logging.WARNING) -> None:
+    _reason[:] = [reason]
+    log.log(level, "%s: the torch backend runs its torch ops instead", reason)
+
+
+def why_not() -> str | None:
+    """Why ``kernels()`` is None (None when they are compiled)."""
+    return None if kernels() is not None else (_reason[0] if _reason else "unknown")
