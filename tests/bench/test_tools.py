@@ -209,3 +209,18 @@ def test_step_policy_runs_both_policies_and_writes_a_line(tmp_path: Path) -> Non
     assert all(len(v) == 2 for v in line["rounds"].values())
     for res in line["medians"].values():
         assert res["max_ttft_s"] > 0 and res["output_tok_s"] > 0
+
+
+def test_gdn_kernel_bench_writes_both_arms(tmp_path: Path) -> None:
+    from bench import gdn_kernels
+    from tt_serve.model.ref.gdn import fused_kernels
+
+    if fused_kernels() is None:
+        pytest.skip("no C compiler")
+    ledger = tmp_path / "gdn.jsonl"
+    args = ["--shapes", "decode_b1", "span_64", "--calls", "1", "--rounds", "1"]
+    assert gdn_kernels.main([*args, "--ledger", str(ledger)]) == 0
+    (line,) = [json.loads(x) for x in ledger.read_text().splitlines()]
+    assert set(line["results_ms"]) == {"decode_b1", "span_64"}
+    for r in line["results_ms"].values():
+        assert r["fused_c"] > 0 and r["torch_ops"] > 0 and r["speedup"] > 0
