@@ -8,10 +8,11 @@ import socket
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from bench.ledger import check_line, differing_flag, flag_settings
-from bench.load import RequestRecord, run_async, summarize
+from bench.load import RequestRecord, _one, run_async, summarize
 from bench.plot import plot
 from bench.provenance import counter_deltas, hit_rate, parse_metrics, source_hash
 from bench.report import ratios
@@ -224,3 +225,56 @@ def test_gdn_kernel_bench_writes_both_arms(tmp_path: Path) -> None:
     assert set(line["results_ms"]) == {"decode_b1", "span_64"}
     for r in line["results_ms"].values():
         assert r["fused_c"] > 0 and r["torch_ops"] > 0 and r["speedup"] > 0
+
+
+def test_streams_are_read_to_the_end_so_the_connection_is_reused() -> None:
+    """``bench.load._one`` reads past ``[DONE]``: two requests in a row share one connection
+    (a response left unread closes it, and every TTFT would pay a reconnect)."""
+    from bench.warm_path import _answer
+
+    connections = 0
+
+    async def counted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        await _answer(reader, writer)
+
+    async def go() -> list[RequestRecord]:
+        server = await asyncio.start_server(counted, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        recs = [RequestRecord(0, i, 3, "") for i in range(2)]
+        async with server, httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            for rec in recs:
+                await _one(client, rec, {"prompt": [1, 2, 3], "stream": True}, 0.0)
+        return recs
+
+    recs = asyncio.run(go())
+    assert all(r.error is None and r.ttft is not None and r.output_tokens == 1 for r in recs)
+    assert connections == 1
+
+
+def test_warm_path_splits_a_warm_ttft(tiny_model: Path, tmp_path: Path) -> None:
+    from bench import warm_path
+
+    ledger = tmp_path / "wp.jsonl"
+    argv = [
+        "--model", str(tiny_model), "--threads", "1", "--head", "128", "--suffix", "8",
+        "--heads", "1", "--requests", "2", "--rounds", "2", "--ledger", str(ledger),
+        "--log-dir", str(tmp_path / "logs"),
+        "--tt-args", "--kv-blocks 64 --block-size 16 --prefill-chunk 64",
+    ]  # fmt: skip
+    assert warm_path.main(argv) == 0
+    (line,) = [json.loads(x) for x in ledger.read_text().splitlines()]
+    assert [r["order"] for r in line["rounds"]] == [
+        ["client", "engine", "http"],
+        ["http", "engine", "client"],
+    ]
+    for r in line["rounds"]:
+        assert r["http"]["warm_cached_tokens"] > 0  # a real hit
+        for part in ("http", "engine"):
+            assert r[part]["warm_ms"] > 0 and r[part]["cold_ms"] > 0
+        assert r["client"]["warm_ms"] > 0
+    s = line["summary"]
+    parts = s["client"]["warm_ms"] + s["engine"]["warm_ms"] + s["server_ms"]
+    assert s["http"]["warm_ms"] == pytest.approx(parts)  # medians of two rounds: means
+    assert line["params"]["tt_args"].startswith("--kv-blocks")
