@@ -73,6 +73,20 @@ def _completion_body(prompt: list[int], spec: WorkloadSpec, model: str | None) -
     return body
 
 
+async def post(
+    client: httpx.AsyncClient, path: str, body: dict[str, Any], *, stream: bool = False
+) -> httpx.Response:
+    """POST ``body`` as JSON; sent once more if the server dropped a kept-alive connection
+    before answering anything (an idle close racing with the connection's reuse: llama-server
+    closes idle connections after 5 s, and on a reused one sometimes sooner). A ``stream``
+    response must be closed by the caller."""
+    request = client.build_request("POST", path, json=body)
+    try:
+        return await client.send(request, stream=stream)
+    except httpx.RemoteProtocolError:  # "Server disconnected without sending a response"
+        return await client.send(request, stream=stream)
+
+
 async def _one(
     client: httpx.AsyncClient, rec: RequestRecord, body: dict[str, Any], t0: float
 ) -> None:
@@ -80,7 +94,8 @@ async def _one(
     rec.start = st - t0
     last = st
     try:
-        async with client.stream("POST", "/v1/completions", json=body) as resp:
+        resp = await post(client, "/v1/completions", body, stream=True)
+        try:
             if resp.status_code != 200:
                 await resp.aread()
                 rec.error = f"HTTP {resp.status_code}: {resp.text[:300]}"
@@ -112,6 +127,8 @@ async def _one(
                     rec.output_tokens = int(usage.get("completion_tokens") or 0)
                     details = usage.get("prompt_tokens_details") or {}
                     rec.cached_tokens = details.get("cached_tokens")
+        finally:
+            await resp.aclose()
     except (httpx.HTTPError, json.JSONDecodeError, OSError) as exc:
         rec.error = f"{type(exc).__name__}: {exc}"[:300]
         return

@@ -22,6 +22,7 @@ from typing import IO, Any
 
 import httpx
 
+from bench.load import post
 from bench.provenance import REPO_ROOT
 
 CTX_ALIGN = 256
@@ -106,7 +107,7 @@ class TtServeSide:
             "ignore_eos": True,
             "return_token_ids": True,
         }
-        resp = await client.post("/v1/completions", json=body)
+        resp = await post(client, "/v1/completions", body)
         resp.raise_for_status()
         choice = resp.json()["choices"][0]
         lp = choice.get("logprobs") or {}
@@ -205,7 +206,7 @@ class LlamaServerSide:
             "cache_prompt": False,
             "stream": False,
         }
-        resp = await client.post("/completion", json=body)
+        resp = await post(client, "/completion", body)
         resp.raise_for_status()
         data = resp.json()
         steps = data.get("completion_probabilities") or []

@@ -278,3 +278,56 @@ def test_warm_path_splits_a_warm_ttft(tiny_model: Path, tmp_path: Path) -> None:
     parts = s["client"]["warm_ms"] + s["engine"]["warm_ms"] + s["server_ms"]
     assert s["http"]["warm_ms"] == pytest.approx(parts)  # medians of two rounds: means
     assert line["params"]["tt_args"].startswith("--kv-blocks")
+
+
+def test_a_request_on_a_dropped_kept_alive_connection_is_sent_once_more() -> None:
+    """A server that drops a kept-alive connection as the next request arrives (read, never
+    answered): the request goes out once more on a new connection instead of failing."""
+    from bench.warm_path import _answer
+
+    connections = 0
+
+    async def one_per_connection(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        nonlocal connections
+        connections += 1
+        first = await reader.readuntil(b"\r\n\r\n")
+        size = int(first.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        body = await reader.readexactly(size)
+        replay = asyncio.StreamReader()
+        replay.feed_data(first + body)
+        replay.feed_eof()
+        await _answer(replay, _Unclosed(writer))  # the first request is answered ...
+        await reader.readuntil(b"\r\n\r\n")  # ... the second is read, and the connection dropped
+        writer.close()
+
+    async def go() -> list[RequestRecord]:
+        server = await asyncio.start_server(one_per_connection, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        recs = [RequestRecord(0, i, 3, "") for i in range(3)]
+        async with server, httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            for rec in recs:
+                await _one(client, rec, {"prompt": [1, 2, 3], "stream": True}, 0.0)
+        return recs
+
+    recs = asyncio.run(go())
+    assert [r.error for r in recs] == [None, None, None]
+    assert all(r.ttft is not None and r.output_tokens == 1 for r in recs)
+    assert connections == 3
+
+
+class _Unclosed:
+    """A stream writer whose close() is left to its owner."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self._writer = writer
+
+    def write(self, data: bytes) -> None:
+        self._writer.write(data)
+
+    async def drain(self) -> None:
+        await self._writer.drain()
+
+    def close(self) -> None:
+        pass
