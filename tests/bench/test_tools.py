@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -239,18 +240,23 @@ def test_streams_are_read_to_the_end_so_the_connection_is_reused() -> None:
         connections += 1
         await _answer(reader, writer)
 
-    async def go() -> list[RequestRecord]:
-        server = await asyncio.start_server(counted, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        recs = [RequestRecord(0, i, 3, "") for i in range(2)]
-        async with server, httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
-            for rec in recs:
-                await _one(client, rec, {"prompt": [1, 2, 3], "stream": True}, 0.0)
-        return recs
-
-    recs = asyncio.run(go())
+    recs = asyncio.run(_requests_in_a_row(counted, 2))
     assert all(r.error is None and r.ttft is not None and r.output_tokens == 1 for r in recs)
     assert connections == 1
+
+
+async def _requests_in_a_row(
+    handler: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]], n: int
+) -> list[RequestRecord]:
+    """``n`` streaming requests one after another, through one client, to a loopback server
+    that runs ``handler`` per connection."""
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    recs = [RequestRecord(0, i, 3, "") for i in range(n)]
+    async with server, httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+        for rec in recs:
+            await _one(client, rec, {"prompt": [1, 2, 3], "stream": True}, 0.0)
+    return recs
 
 
 def test_warm_path_splits_a_warm_ttft(tiny_model: Path, tmp_path: Path) -> None:
@@ -302,16 +308,7 @@ def test_a_request_on_a_dropped_kept_alive_connection_is_sent_once_more() -> Non
         await reader.readuntil(b"\r\n\r\n")  # ... the second is read, and the connection dropped
         writer.close()
 
-    async def go() -> list[RequestRecord]:
-        server = await asyncio.start_server(one_per_connection, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        recs = [RequestRecord(0, i, 3, "") for i in range(3)]
-        async with server, httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
-            for rec in recs:
-                await _one(client, rec, {"prompt": [1, 2, 3], "stream": True}, 0.0)
-        return recs
-
-    recs = asyncio.run(go())
+    recs = asyncio.run(_requests_in_a_row(one_per_connection, 3))
     assert [r.error for r in recs] == [None, None, None]
     assert all(r.ttft is not None and r.output_tokens == 1 for r in recs)
     assert connections == 3
