@@ -161,7 +161,8 @@ class ScreenedHead:
         if self.fine:
             self.w_slice_max = self.w_norms.view(-1, self.fine).amax(-1)
             self.e_slice_max = self.e_norms.view(-1, self.fine).amax(-1)
-        # The C kernels' candidate search (native.c), where they are compiled; torch ops else.
+        # The C kernels' candidate search (native.c), where they are compiled and the head has
+        # fine slices; torch ops else.
         self.search = native.kernels() if self.fine else None
         h = self.weight.shape[1]
         u = 2.0**-24
@@ -193,7 +194,7 @@ class ScreenedHead:
         # for the row's n-th largest logit, so a candidate needs a_j >= floor - B_j. The n best
         # are searched in the fine slices (a top-20 row gathers 20 of ~100 values, not of ~500).
         width = max(n)
-        if self.search is not None and self.fine and width <= approx.shape[1] // self.fine:
+        if self.search is not None and width <= approx.shape[1] // self.fine:
             maxima, best = self.search.screen_best(approx, self.fine, width)
             floor = self._floor(x, best, n)
             assert self.w_slice_max is not None and self.e_slice_max is not None
