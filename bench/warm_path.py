@@ -26,20 +26,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import itertools
 import json
 import os
-import random
 import shlex
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from bench.load import RequestRecord, _one
+from bench.peer.harness import vocab_range
+from bench.peer.measures import Prompts
 from bench.peer.servers import Running, Slots, TtServeSide
 from bench.provenance import REPO_ROOT, append_ledger
 
@@ -112,22 +114,6 @@ class NullSide:
 # -- the measures ---------------------------------------------------------------------------------
 
 
-@dataclass
-class Prompts:
-    """Random token-id prompts (ordinary tokens of a Qwen vocabulary, or of a smaller one)."""
-
-    seed: int
-    vocab: int
-    rng: random.Random = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.rng = random.Random(self.seed)
-
-    def ids(self, n: int) -> list[int]:
-        hi = min(150_000, self.vocab)
-        return [self.rng.randrange(min(1000, hi // 4), hi) for _ in range(n)]
-
-
 def _body(prompt: list[int]) -> dict[str, Any]:
     return {
         "prompt": prompt,
@@ -151,12 +137,12 @@ async def _http_pairs(url: str, prompts: Prompts, a: argparse.Namespace) -> dict
     """For each of ``heads`` fresh heads: one cold request (head + a suffix), then warm ones
     (the same head, other suffixes), ``requests`` in all: median TTFTs in ms."""
     async with httpx.AsyncClient(base_url=url, timeout=120) as client:
-        await _ttft(client, prompts.ids(32))  # the connection, and a first request
+        await _ttft(client, prompts.ids(32, "warmup"))  # the connection, and a first request
         cold, warm, cached = [], [], []
-        for head in _heads(prompts, a):
-            cold.append((await _ttft(client, head + prompts.ids(a.suffix)))[0])
-            for _ in range(a.requests // a.heads):
-                t, c = await _ttft(client, head + prompts.ids(a.suffix))
+        for i, head in enumerate(_heads(prompts, a)):
+            cold.append((await _ttft(client, head + prompts.ids(a.suffix, f"h{i}-cold")))[0])
+            for j in range(a.requests // a.heads):
+                t, c = await _ttft(client, head + prompts.ids(a.suffix, f"h{i}-warm{j}"))
                 warm.append(t)
                 cached.append(c or 0)
     return {
@@ -167,7 +153,7 @@ async def _http_pairs(url: str, prompts: Prompts, a: argparse.Namespace) -> dict
 
 
 def _heads(prompts: Prompts, a: argparse.Namespace) -> list[list[int]]:
-    return [prompts.ids(a.head) for _ in range(a.heads)]
+    return [prompts.ids(a.head, f"h{i}") for i in range(a.heads)]
 
 
 def _engine_pairs(llm: Any, prompts: Prompts, a: argparse.Namespace) -> dict[str, Any]:
@@ -176,9 +162,10 @@ def _engine_pairs(llm: Any, prompts: Prompts, a: argparse.Namespace) -> dict[str
 
     engine = llm.engine
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    ids = itertools.count()
 
     def first_token(prompt: list[int]) -> float:
-        rid = f"warm-path-{prompts.rng.random()}"
+        rid = f"warm-path-{next(ids)}"
         t = time.perf_counter()
         engine.add_request(rid, prompt, params)
         while engine.has_unfinished():
@@ -187,19 +174,25 @@ def _engine_pairs(llm: Any, prompts: Prompts, a: argparse.Namespace) -> dict[str
                     raise RuntimeError(out.error)
         return time.perf_counter() - t
 
-    first_token(prompts.ids(32))
+    first_token(prompts.ids(32, "warmup"))
     cold, warm = [], []
-    for head in _heads(prompts, a):
-        cold.append(first_token(head + prompts.ids(a.suffix)))
-        warm += [first_token(head + prompts.ids(a.suffix)) for _ in range(a.requests // a.heads)]
+    for i, head in enumerate(_heads(prompts, a)):
+        cold.append(first_token(head + prompts.ids(a.suffix, f"h{i}-cold")))
+        warm += [
+            first_token(head + prompts.ids(a.suffix, f"h{i}-warm{j}"))
+            for j in range(a.requests // a.heads)
+        ]
     return {"cold_ms": statistics.median(cold) * 1e3, "warm_ms": statistics.median(warm) * 1e3}
 
 
 async def _client_floor(url: str, prompts: Prompts, a: argparse.Namespace) -> dict[str, Any]:
     """The client against the no-op server, bodies of the warm requests' size: TTFT in ms."""
     async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-        await _ttft(client, prompts.ids(32))
-        got = [(await _ttft(client, prompts.ids(a.head + a.suffix)))[0] for _ in range(a.requests)]
+        await _ttft(client, prompts.ids(32, "warmup"))
+        got = [
+            (await _ttft(client, prompts.ids(a.head + a.suffix, f"floor{j}")))[0]
+            for j in range(a.requests)
+        ]
     return {"warm_ms": statistics.median(got) * 1e3}
 
 
@@ -265,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(a.threads)
     slots = Slots(parallel=1, per_slot=a.head + a.suffix + 1)
     extra = shlex.split(a.tt_args)
+    lo_hi = vocab_range(model)
     tt = TtServeSide(model, a.threads, extra)
     rounds: list[dict[str, Any]] = []
     with (
@@ -272,7 +266,6 @@ def main(argv: list[str] | None = None) -> int:
         Running(NullSide(), slots, a.log_dir / "null.log") as null,  # type: ignore[arg-type]
     ):
         llm = _in_process(model, extra)
-        vocab = llm.engine.config.vocab_size
         srv.wait_healthy(300)
         null.wait_healthy(30)
         parts = {
@@ -284,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
             got: dict[str, dict[str, Any]] = {}
             order = list(parts) if r % 2 == 0 else list(reversed(parts))
             for name in order:
-                got[name] = parts[name](Prompts(a.seed * 1000 + r * 10 + len(got), vocab))
+                got[name] = parts[name](Prompts(a.seed * 1000 + r * 10 + len(got), *lo_hi))
             if not got["http"]["warm_cached_tokens"]:
                 raise SystemExit(f"round {r}: the warm requests missed the prefix cache: {got}")
             rounds.append({"order": order, **got, **_split(got)})
@@ -304,7 +297,10 @@ def main(argv: list[str] | None = None) -> int:
             a.ledger,
             "warm_path",
             params={
-                k: v for k, v in vars(a).items() if k not in ("ledger", "serve_null", "log_dir")
+                **{
+                    k: v for k, v in vars(a).items() if k not in ("ledger", "serve_null", "log_dir")
+                },
+                "model": Path(model).name,  # no machine paths in a committed ledger
             },
             summary=summary,
             rounds=rounds,

@@ -161,7 +161,8 @@ def _model_dir(a: argparse.Namespace) -> str:
     return str(ensure_demo_model())
 
 
-def _vocab_range(model: str) -> tuple[int, int]:
+def vocab_range(model: str) -> tuple[int, int]:
+    """[lo, hi) of plain prompt ids for the checkpoint in ``model`` (its config.json)."""
     try:
         vocab = int(json.loads((Path(model) / "config.json").read_text())["vocab_size"])
     except (OSError, KeyError, ValueError):
@@ -237,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = sizes_of(a)
     model = _model_dir(a)
     sides = build_sides(a, model)
-    lo_hi = _vocab_range(model)
+    lo_hi = vocab_range(model)
     log_dir = (REPO_ROOT / a.log_dir) if not Path(a.log_dir).is_absolute() else Path(a.log_dir)
     rounds = [run_round(r, sides, a, sizes, lo_hi, log_dir) for r in range(1, a.rounds + 1)]
     table_rows = S.rows(sizes, a.measures)
