@@ -15,12 +15,13 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SOURCE_DIR = "tt_serve"
+LEDGERS = "bench/runs"  # what the benches append to: not a change to what they measure
 
 
-def _git(*args: str) -> str | None:
+def _git(*args: str, root: Path = REPO_ROOT) -> str | None:
     try:
         res = subprocess.run(
-            ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=30, check=False
+            ["git", *args], cwd=root, capture_output=True, text=True, timeout=30, check=False
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -41,13 +42,15 @@ def source_hash(root: Path = REPO_ROOT, folder: str = SOURCE_DIR) -> str:
     return h.hexdigest()
 
 
-def git_info() -> dict[str, Any]:
-    """Commit, dirty flag (any tracked change or untracked file) and the source hash."""
-    status = _git("status", "--porcelain")
+def git_info(root: Path = REPO_ROOT) -> dict[str, Any]:
+    """Commit, dirty flag and the source hash. Dirty: any tracked change or untracked file
+    outside the ledgers (a sweep's second run is not dirty because its first one appended a
+    line)."""
+    status = _git("status", "--porcelain", "--", ".", f":(exclude){LEDGERS}", root=root)
     return {
-        "commit": _git("rev-parse", "HEAD"),
+        "commit": _git("rev-parse", "HEAD", root=root),
         "dirty": None if status is None else bool(status),
-        "source_sha256": source_hash(),
+        "source_sha256": source_hash(root),
     }
 
 

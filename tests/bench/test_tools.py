@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import subprocess
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import pytest
 from bench.ledger import check_line, differing_flag, flag_settings
 from bench.load import RequestRecord, _one, run_async, summarize
 from bench.plot import plot
-from bench.provenance import counter_deltas, hit_rate, parse_metrics, source_hash
+from bench.provenance import counter_deltas, git_info, hit_rate, parse_metrics, source_hash
 from bench.report import ratios
 from bench.workloads import WorkloadSpec, build, prompt_sha256
 
@@ -124,6 +125,27 @@ def test_source_hash_tracks_content(tmp_path: Path) -> None:
     h = source_hash(tmp_path, "pkg")
     (tmp_path / "pkg" / "a.py").write_text("x = 2\n")
     assert source_hash(tmp_path, "pkg") != h
+
+
+def test_a_ledger_line_does_not_make_the_next_run_dirty(tmp_path: Path) -> None:
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    (tmp_path / "tt_serve").mkdir()
+    (tmp_path / "tt_serve" / "a.py").write_text("x = 1\n")
+    (tmp_path / "bench" / "runs").mkdir(parents=True)
+    ledger = tmp_path / "bench" / "runs" / "x.jsonl"
+    ledger.write_text("{}\n")
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+    assert git_info(tmp_path)["dirty"] is False
+    with ledger.open("a") as f:  # the first run of a sweep appended its line
+        f.write("{}\n")
+    (tmp_path / "bench" / "runs" / "new.jsonl").write_text("{}\n")
+    assert git_info(tmp_path)["dirty"] is False
+    (tmp_path / "tt_serve" / "a.py").write_text("x = 2\n")
+    assert git_info(tmp_path)["dirty"] is True
 
 
 def _phase(makespan: float, ttfts: list[float], cached: list[int], cpu: float) -> dict[str, Any]:
