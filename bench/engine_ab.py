@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.provenance import git_info, machine_info
+from bench.provenance import arguments, git_info, machine_info
 from tt_serve import LLM, SamplingParams
 
 
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     arms["on"].generate([[a.token_range[0]] * 8], SamplingParams(max_tokens=2))  # warm-up
     arms["off"].generate([[a.token_range[0]] * 8], SamplingParams(max_tokens=2))
     # The checkpoint by its folder name: a ledger line names no path of the machine it ran on.
-    params = {k: v for k, v in vars(a).items() if k not in ("ledger",)}
+    params = arguments(a)
     params["model"] = Path(a.model).name
     prov = {"git": git_info(), "machine": machine_info(), "params": params}
     rounds = []

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from bench.provenance import REPO_ROOT, append_ledger
+from bench.provenance import REPO_ROOT, append_ledger, arguments
 from bench.timing import interleaved_ms
 from tt_serve.model.interface import StepBatch, StepRow
 from tt_serve.model.ref.gdn import GdnWeights, fused_kernels, gdn_forward
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     append_ledger(
         a.ledger,
         "gdn_kernels",
-        params={k: v for k, v in vars(a).items() if k != "ledger"},
+        params=arguments(a),
         threads=torch.get_num_threads(),
         results_ms=results,
     )

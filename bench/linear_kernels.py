@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bench.provenance import REPO_ROOT, append_ledger
+from bench.provenance import REPO_ROOT, append_ledger, arguments
 from bench.timing import interleaved_ms
 from tt_serve.model.ref.layers import Linear, packs
 from tt_serve.model.spec import ModelSpec
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         a.ledger,
         "linear_kernels",
         params={
-            **{k: v for k, v in vars(a).items() if k not in ("ledger", "model")},
+            **arguments(a, "model"),
             "model": a.model.name if a.model else "demo",
         },
         threads=torch.get_num_threads(),

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bench.provenance import REPO_ROOT, append_ledger
+from bench.provenance import REPO_ROOT, append_ledger, arguments
 from bench.timing import interleaved_ms
 from tt_serve.model.interface import RowSampling, StepRow
 from tt_serve.model.ref import screen as screen_mod
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     append_ledger(
         a.ledger,
         "lm_head_layout",
-        params={k: v for k, v in vars(a).items() if k != "ledger"},
+        params=arguments(a),
         threads=torch.get_num_threads(),
         results_ms=results,
     )

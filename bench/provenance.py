@@ -6,6 +6,7 @@ Everything here only reads (``git rev-parse``, ``git status --porcelain``, files
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
 import platform
@@ -149,6 +150,12 @@ def hit_rate(deltas: dict[str, float], prefix: str = "tt_serve:") -> float | Non
     if queries <= 0:
         return None
     return deltas.get(f"{prefix}prefix_cache_hits_total", 0.0) / queries
+
+
+def arguments(a: argparse.Namespace, *drop: str) -> dict[str, Any]:
+    """A bench's command-line arguments as its ledger line's parameters: all but the ledger's
+    own path and ``drop``."""
+    return {k: v for k, v in vars(a).items() if k not in ("ledger", *drop)}
 
 
 def append_ledger(path: Path, bench: str, **fields: Any) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from bench.provenance import REPO_ROOT, append_ledger
+from bench.provenance import REPO_ROOT, append_ledger, arguments
 from tt_serve.demo import ensure_demo_model
 from tt_serve.llm import LLM
 from tt_serve.sequence import SamplingParams
@@ -101,8 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     append_ledger(
         a.ledger,
         "step_policy",
-        params={k: v for k, v in vars(a).items() if k not in ("ledger", "model")}
-        | {"model": Path(model).name},
+        params=arguments(a, "model") | {"model": Path(model).name},
         threads=torch.get_num_threads(),
         medians=summary,
         prefill_first_wins=wins,

@@ -43,7 +43,7 @@ from bench.load import RequestRecord, _one
 from bench.peer.harness import vocab_range
 from bench.peer.measures import Prompts
 from bench.peer.servers import Running, Slots, TtServeSide
-from bench.provenance import REPO_ROOT, append_ledger
+from bench.provenance import REPO_ROOT, append_ledger, arguments
 
 LEDGER = REPO_ROOT / "bench" / "runs" / "warm-path.jsonl"
 LOGS = REPO_ROOT / "bench" / "out" / "warm-path"
@@ -296,12 +296,8 @@ def main(argv: list[str] | None = None) -> int:
         append_ledger(
             a.ledger,
             "warm_path",
-            params={
-                **{
-                    k: v for k, v in vars(a).items() if k not in ("ledger", "serve_null", "log_dir")
-                },
-                "model": Path(model).name,  # no machine paths in a committed ledger
-            },
+            # no machine paths in a committed ledger: the checkpoint by its folder name
+            params=arguments(a, "serve_null", "log_dir") | {"model": Path(model).name},
             summary=summary,
             rounds=rounds,
         )

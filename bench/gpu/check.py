@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from bench.provenance import git_info, machine_info
+from bench.provenance import arguments, git_info, machine_info
 from tt_serve.engine.engine import Engine, EngineConfig
 from tt_serve.engine.scheduler import SchedulerConfig
 from tt_serve.model.interface import StepBatch, StepRow
@@ -334,7 +334,7 @@ def main() -> int:
         "total_s": round(time.perf_counter() - t0, 1),
         "git": git_info(),
         "machine": machine_info(),
-        "flags": {k: v for k, v in vars(args).items() if k != "ledger"},
+        "flags": arguments(args),
         **res,
     }
     text = json.dumps(line, sort_keys=True)
