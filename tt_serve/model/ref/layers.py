@@ -18,7 +18,7 @@ def rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
     ``norm_scale(w)`` (the same bits as HF's per-call ``1.0 + w.float()``). On the CPU one C
     call where native.c is compiled (the same roundings; the mean summed in another order)."""
     k = native.kernels()
-    if k is not None and x.device.type == "cpu" and k.norms(x := x.contiguous(), scale):
+    if k is not None and k.norms(x := x.contiguous(), scale):  # norms: a CPU tensor
         return k.rms_norm(x, scale, eps)[1]
     return torch_rms_norm(x, scale, eps)
 
