@@ -33,7 +33,7 @@ from bench.provenance import REPO_ROOT, git_info, machine_info
 from tt_serve.config import PRECISIONS, parse_mesh
 from tt_serve.model.published import SIZES, published_config
 from tt_serve.model.spec import ModelSpec
-from tt_serve.model.tt import planner
+from tt_serve.model.tt.plan import planner
 
 MODELS = (
     "qwen3.5-0.8b",

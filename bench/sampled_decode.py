@@ -28,7 +28,7 @@ from typing import Any
 from bench.provenance import REPO_ROOT, append_ledger
 from tt_serve import LLM
 from tt_serve.demo import ensure_demo_model
-from tt_serve.model.ref import TorchBackend
+from tt_serve.model.torch_backend import TorchBackend
 from tt_serve.sequence import SamplingParams
 
 LEDGER = REPO_ROOT / "bench" / "runs" / "sampled-decode.jsonl"
@@ -68,7 +68,7 @@ def _ttnn_readback(model: str, device: str, batches: list[int]) -> dict[str, Any
     """Bytes per decode step of each kind on the shape-only plan, per max batch."""
     from tt_serve.model.published import write_published_config
     from tt_serve.model.spec import ModelSpec
-    from tt_serve.model.tt import planner
+    from tt_serve.model.tt.plan import planner
 
     with tempfile.TemporaryDirectory() as tmp:
         spec = ModelSpec.from_hf_dir(write_published_config(model, Path(tmp)))

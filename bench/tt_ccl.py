@@ -1,6 +1,6 @@
 """The collectives of tensor-parallel serving on a Tenstorrent mesh: latency and bandwidth.
 
-Measures what ``tt_serve/model/tt/ccl.py`` runs (its ``TensorParallelCCL``, so the same
+Measures what ``tt_serve/model/tt/runtime/ccl.py`` runs (its ``TensorParallelCCL``, so the same
 double-buffered global semaphores, barrier semaphore, ``num_links`` and ``Topology.Linear`` on
 the ``FABRIC_1D`` fabric ``Ops.open_mesh`` brings up):
 
@@ -29,7 +29,7 @@ Every result is also checked against numpy (the gather is the concatenation in m
 scatter the sum's chunk i on chip i, read from every chip); a mismatch makes the run exit 1.
 One ledger line per run to ``bench/runs/ccl.jsonl`` (commit, source hash, machine, flags, the
 device). Without a device it exits 2 with one line naming the problem. ``--fake`` runs every
-case on tt_serve's contract fake of a mesh (``FakeMeshTTNN``, numeric): a dry run of the
+case on tt_serve's contract fake of a mesh (``VirtualMeshTTNN``, numeric): a dry run of the
 numerics and the device rules; its timings are CPU timings of the fake and it writes no ledger.
 
     python -m bench.tt_ccl                         # every chip ttnn sees, 9B and 27B widths
@@ -51,10 +51,11 @@ from typing import Any
 import numpy as np
 
 from bench.provenance import REPO_ROOT, append_ledger
-from tt_serve.model.tt.backend import DEFAULT_CCL_LINKS, DEFAULT_L1_SMALL
-from tt_serve.model.tt.ccl import TensorParallelCCL
-from tt_serve.model.tt.device import NoDeviceError, probe_devices
+from tt_serve.model.tt.launch import DEFAULT_L1_SMALL
 from tt_serve.model.tt.ops import Ops, Tensor
+from tt_serve.model.tt.probe import NoDeviceError, probe_devices
+from tt_serve.model.tt.runtime.build import DEFAULT_CCL_LINKS
+from tt_serve.model.tt.runtime.ccl import TensorParallelCCL
 
 LEDGER = REPO_ROOT / "bench" / "runs" / "ccl.jsonl"
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")
@@ -254,10 +255,10 @@ def _parser() -> argparse.ArgumentParser:
 def _open(a: argparse.Namespace) -> tuple[Ops, int] | str:
     """The opened mesh and its chip count, or the one-line reason there is none."""
     if a.fake:
-        from tt_serve.model.tt.fake_mesh import FakeMeshTTNN
+        from tt_serve.model.tt.contract.virtual_mesh import VirtualMeshTTNN
 
         n = a.chips or 2
-        ops = Ops(FakeMeshTTNN(num_devices=n, max_links=a.links))
+        ops = Ops(VirtualMeshTTNN(num_devices=n, max_links=a.links))
     else:
         try:
             seen = probe_devices()

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from tt_serve.model.spec import ModelSpec
-    from tt_serve.model.tt.devices import DeviceSpec
-    from tt_serve.model.tt.planner import PlanRequest
+    from tt_serve.model.tt.contract.boards import DeviceSpec
+    from tt_serve.model.tt.plan.planner import PlanRequest
 
 
 def _int_list(text: str) -> list[int]:
@@ -129,7 +129,7 @@ def _plan_smallest(spec: ModelSpec, req: PlanRequest, candidates: list[str]) -> 
     then that device's whole plan (exit 3 when none fits)."""
     from dataclasses import replace
 
-    from tt_serve.model.tt import planner
+    from tt_serve.model.tt.plan import planner
 
     for name in candidates:
         p = planner.plan(spec, replace(req, device=name))
@@ -214,7 +214,7 @@ def _plan(argv: Sequence[str]) -> int:
 
     from dataclasses import replace
 
-    from tt_serve.model.tt import planner
+    from tt_serve.model.tt.plan import planner
 
     try:
         spec = _plan_spec(a.model)

@@ -30,7 +30,7 @@ DTYPES = ("auto", "float32", "bfloat16")
 PRECISIONS = ("auto", "bfloat16", "mixed", "bfp4-mlp")
 # Mesh sides tensor parallel opens (tt-metal's MESH_DEVICE shapes: (1, 2), (1, 4), (1, 8), (2, 4)
 # on T3K, (8, 4) / (4, 8) on Galaxy); the model's own splits are checked at startup
-# (model/tt/parallel.py).
+# (model/tt/layout/parallel.py).
 MESH_SIDES = (1, 2, 4, 8)
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "random")

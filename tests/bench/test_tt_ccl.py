@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from bench import tt_ccl
-from tt_serve.model.tt.device import NoDeviceError
 from tt_serve.model.tt.ops import Ops
+from tt_serve.model.tt.probe import NoDeviceError
 
 # One small message per collective (hidden 4 chips x 2 tiles), few iterations: the dry run
 # checks numerics and device rules, not speed.

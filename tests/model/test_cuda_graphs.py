@@ -29,7 +29,7 @@ from tt_serve.model.cuda.inputs import (
     prefill_values,
 )
 from tt_serve.model.interface import PAD_BLOCK, StateCopy, StepBatch, StepOutput, StepRow
-from tt_serve.model.ref import TorchBackend
+from tt_serve.model.torch_backend import TorchBackend
 from tt_serve.sequence import SamplingParams
 
 CUDA = torch.cuda.is_available()

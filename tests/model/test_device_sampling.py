@@ -24,9 +24,9 @@ from tt_serve.engine.engine import Engine, EngineConfig
 from tt_serve.engine.scheduler import SchedulerConfig
 from tt_serve.model import draw as model_draw
 from tt_serve.model.interface import RowSampling
-from tt_serve.model.ref import TorchBackend
 from tt_serve.model.ref.outputs import greedy_ids
 from tt_serve.model.ref.sampling import draw_rows, largest
+from tt_serve.model.torch_backend import TorchBackend
 from tt_serve.sequence import SamplingParams
 
 SETTINGS: list[dict[str, Any]] = [

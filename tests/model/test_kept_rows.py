@@ -15,9 +15,9 @@ import torch
 from tests import tiny_models as tm
 from tests.model import driver as d
 from tt_serve.model.interface import StepBatch
-from tt_serve.model.ref import TorchBackend
 from tt_serve.model.ref import attention as attn_mod
 from tt_serve.model.ref.plan import StepPlan
+from tt_serve.model.torch_backend import TorchBackend
 
 
 @pytest.fixture(scope="module")

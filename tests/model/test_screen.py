@@ -11,11 +11,11 @@ import torch
 
 from tests.model import driver as d
 from tt_serve.model.interface import RowSampling, StepRow
-from tt_serve.model.ref import TorchBackend
 from tt_serve.model.ref import screen as sc
 from tt_serve.model.ref.layers import cpu_bf16
 from tt_serve.model.ref.model import LmHead
 from tt_serve.model.ref.outputs import pick_on_device, pick_screened, screens
+from tt_serve.model.torch_backend import TorchBackend
 
 pytestmark = pytest.mark.skipif(not sc.available(), reason="no exact int8 GEMM on this CPU")
 

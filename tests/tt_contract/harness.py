@@ -10,12 +10,13 @@ import torch
 from tt_serve.engine.engine import Engine, EngineConfig
 from tt_serve.engine.scheduler import SchedulerConfig
 from tt_serve.model.interface import Backend
-from tt_serve.model.ref import TorchBackend
 from tt_serve.model.spec import ModelSpec
-from tt_serve.model.tt.backend import TTBackend
-from tt_serve.model.tt.fake_mesh import FakeMeshTTNN
-from tt_serve.model.tt.fake_ttnn import FakeTTNN
+from tt_serve.model.torch_backend import TorchBackend
+from tt_serve.model.tt.contract.virtual_mesh import VirtualMeshTTNN
+from tt_serve.model.tt.contract.virtual_ttnn import VirtualTTNN
 from tt_serve.model.tt.ops import Ops
+from tt_serve.model.tt.runtime.backend import TTBackend
+from tt_serve.model.tt.runtime.build import build_backend
 from tt_serve.model.weights import load_weights
 from tt_serve.sequence import SamplingParams
 
@@ -26,19 +27,19 @@ CHUNK = 128
 TRACE_REGION = 64 << 20
 
 
-def fake(**kw: Any) -> FakeTTNN:
+def fake(**kw: Any) -> VirtualTTNN:
     """The contract fake as the backend tests use it: paged SDPA decode must get a program
     config (without one tt-metal spreads a head over many cores: review finding 5)."""
     kw.setdefault("require_sdpa_program_config", True)
-    return FakeTTNN(**kw)
+    return VirtualTTNN(**kw)
 
 
-def tt_backend(path: Path, fake_ttnn: FakeTTNN | None = None, **kw: Any) -> TTBackend:
+def tt_backend(path: Path, fake_ttnn: VirtualTTNN | None = None, **kw: Any) -> TTBackend:
     ops = Ops(fake_ttnn or fake())
     ops.open_device(0, trace_region_size=TRACE_REGION, l1_small_size=0)
     spec = ModelSpec.from_hf_dir(path)
     kw.setdefault("max_prefill_chunk", CHUNK)
-    return TTBackend(spec, load_weights(path, spec), ops=ops, **kw)
+    return build_backend(spec, load_weights(path, spec), ops=ops, **kw)
 
 
 def torch_backend(path: Path) -> TorchBackend:
@@ -78,16 +79,18 @@ def prompt(n: int, seed: int, vocab: int = 4096) -> list[int]:
     return [int(t) for t in torch.randint(3, vocab, (n,), generator=g)]
 
 
-def mesh_fake(n: int, **kw: Any) -> FakeMeshTTNN:
-    """The contract fake of a 1 x ``n`` mesh of P150 chips (each its own FakeTTNN)."""
+def mesh_fake(n: int, **kw: Any) -> VirtualMeshTTNN:
+    """The contract fake of a 1 x ``n`` mesh of P150 chips (each its own VirtualTTNN)."""
     kw.setdefault("require_sdpa_program_config", True)
-    return FakeMeshTTNN(num_devices=n, **kw)
+    return VirtualMeshTTNN(num_devices=n, **kw)
 
 
-def mesh_backend(path: Path, n: int, fake_mesh: FakeMeshTTNN | None = None, **kw: Any) -> TTBackend:
+def mesh_backend(
+    path: Path, n: int, fake_mesh: VirtualMeshTTNN | None = None, **kw: Any
+) -> TTBackend:
     """The tt backend tensor-parallel over a fake 1 x ``n`` mesh."""
     ops = Ops(fake_mesh or mesh_fake(n))
     ops.open_mesh((1, n), trace_region_size=TRACE_REGION, l1_small_size=0)
     spec = ModelSpec.from_hf_dir(path)
     kw.setdefault("max_prefill_chunk", CHUNK)
-    return TTBackend(spec, load_weights(path, spec), ops=ops, **kw)
+    return build_backend(spec, load_weights(path, spec), ops=ops, **kw)

@@ -10,12 +10,17 @@ import pytest
 
 from tt_serve.model.buckets import choose_bucket
 from tt_serve.model.interface import PAD_BLOCK, StepRow
-from tt_serve.model.tt.device import NoDeviceError, probe_devices, require_device
-from tt_serve.model.tt.inputs import DecodeValues, decode_values, make_buckets, prefill_values
+from tt_serve.model.tt.probe import NoDeviceError, probe_devices, require_device
+from tt_serve.model.tt.runtime.inputs import (
+    DecodeValues,
+    decode_values,
+    make_buckets,
+    prefill_values,
+)
 
 
 def test_import_needs_no_ttnn() -> None:
-    code = "import sys, tt_serve.model.tt, tt_serve.model.tt.backend; print('ttnn' in sys.modules)"
+    code = "import sys, tt_serve.model.tt, tt_serve.model.tt.runtime.backend; print('ttnn' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

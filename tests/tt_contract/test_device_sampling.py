@@ -19,12 +19,14 @@ from tt_serve.model.draw import _kept, draw
 from tt_serve.model.interface import RowSampling, StateCopy, StepBatch, StepOutput, StepRow
 from tt_serve.model.published import write_published_config
 from tt_serve.model.spec import ModelSpec
-from tt_serve.model.tt import planner, sampling
-from tt_serve.model.tt.backend import TTBackend
-from tt_serve.model.tt.fake_ttnn import FakeTTNN
+from tt_serve.model.tt.contract.virtual_ttnn import VirtualTTNN
+from tt_serve.model.tt.layout.host import shape_only_weights
 from tt_serve.model.tt.ops import Ops
+from tt_serve.model.tt.plan import planner
 from tt_serve.model.tt.precision import Precision
-from tt_serve.model.tt.weights import shape_only_weights
+from tt_serve.model.tt.runtime import sampling
+from tt_serve.model.tt.runtime.backend import TTBackend
+from tt_serve.model.tt.runtime.build import build_backend
 
 VOCAB, ROWS = 4096, 32
 EPS32 = float(np.finfo(np.float32).eps)
@@ -40,7 +42,7 @@ CHUNKS = {"one": (VOCAB,), "three": (1344, 1344, 1408)}  # tile-aligned LM head 
 
 @pytest.fixture(scope="module")
 def ops() -> Ops:
-    o = Ops(FakeTTNN())
+    o = Ops(VirtualTTNN())
     o.open_device(0, trace_region_size=1 << 20, l1_small_size=0)
     return o
 
@@ -309,10 +311,10 @@ def test_sampled_decode_at_9b_batch_32_shape_only(tmp_path: Path) -> None:
     the ids instead of 32 logits rows (31.8 MB)."""
     spec = ModelSpec.from_hf_dir(write_published_config("qwen3.5-9b", tmp_path))
     req = planner.PlanRequest(device="p150", max_batch_size=32, kv_blocks=256)
-    fake = FakeTTNN(shape_only=True)
+    fake = VirtualTTNN(shape_only=True)
     ops = Ops(fake)
     ops.open_device(0, trace_region_size=planner.trace_region_for(spec, req), l1_small_size=0)
-    be = TTBackend(
+    be = build_backend(
         spec,
         lambda: shape_only_weights(spec),
         ops=ops,

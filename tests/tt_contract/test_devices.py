@@ -1,5 +1,5 @@
-"""Device descriptions (tt_serve.model.tt.devices): the registry users pick from, and the numbers
-the planner relies on, pinned to what tt-metal states (see the citations in devices.py)."""
+"""Device descriptions (tt_serve.model.tt.contract.boards): the registry users pick from, and the numbers
+the planner relies on, pinned to what tt-metal states (see the citations in boards.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from tt_serve.model.tt import devices
-from tt_serve.model.tt.devices import DEVICES, DeviceSpec, device_spec
+from tt_serve.model.tt.contract import boards
+from tt_serve.model.tt.contract.boards import DEVICES, DeviceSpec, device_spec
 
 GIB = 1 << 30
 
@@ -126,12 +126,12 @@ def test_specs_are_frozen() -> None:
 
 
 def test_module_imports_without_ttnn() -> None:
-    assert "ttnn" not in devices.__dict__
+    assert "ttnn" not in boards.__dict__
     # a fresh interpreter in which any ttnn import would fail
     code = (
         "import sys\n"
         "sys.modules['ttnn'] = None\n"
-        "import tt_serve.model.tt.devices as d\n"
+        "import tt_serve.model.tt.contract.boards as d\n"
         "assert 'ttnn' not in {m.split('.')[0] for m in sys.modules if sys.modules[m]}\n"
         "print(len(d.DEVICES))\n"
     )
@@ -142,14 +142,17 @@ def test_module_imports_without_ttnn() -> None:
     assert out.stdout.strip() == str(len(DEVICES))
 
 
-def test_a_mesh_names_its_box_and_links() -> None:
-    """What a server on a mesh takes its CCL link counts from: the box that opens as it."""
-    from tt_serve.model.tt.devices import box_for_mesh
+def test_a_cluster_type_names_its_box_and_links() -> None:
+    """How a start identifies its hardware: the ClusterType ttnn reports before anything
+    opens names one box, whose links the collectives use; an unknown type is refused by name."""
+    from tt_serve.model.tt.contract.boards import DEVICES, board_for_cluster
 
-    assert box_for_mesh("blackhole", (1, 4)).name == "p150x4"  # type: ignore[union-attr]
-    assert box_for_mesh("blackhole", (1, 2)).name == "p300"  # type: ignore[union-attr]
-    t3k = box_for_mesh("wormhole_b0", (2, 4))
-    assert t3k is not None and t3k.name == "t3k" and t3k.links_on((2, 4)) == (1, 1)
-    galaxy = box_for_mesh("wormhole_b0", (8, 4))
-    assert galaxy is not None and galaxy.links_on((8, 4)) == (4, 3)
-    assert box_for_mesh("blackhole", (1, 3)) is None
+    assert board_for_cluster("P150_X4").name == "p150x4"
+    assert board_for_cluster("P300").name == "p300"
+    assert board_for_cluster("P100").name == "p100" and board_for_cluster("P150").name == "p150"
+    t3k = board_for_cluster("T3K")
+    assert t3k.name == "t3k" and t3k.links_on((2, 4)) == (1, 1)
+    assert board_for_cluster("TG").links_on((8, 4)) == (4, 3)
+    assert all(d.cluster_types for d in DEVICES.values())
+    with pytest.raises(ValueError, match=r"no device description for cluster type 'CUSTOM'"):
+        board_for_cluster("CUSTOM")

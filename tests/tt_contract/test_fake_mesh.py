@@ -8,14 +8,19 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tt_serve.model.tt.fake_mesh import FakeMeshTTNN, GlobalSemaphore, MeshShape, MeshTensor
-from tt_serve.model.tt.fake_ttnn import ContractViolation
+from tt_serve.model.tt.contract.virtual_mesh import (
+    GlobalSemaphore,
+    MeshShape,
+    MeshTensor,
+    VirtualMeshTTNN,
+)
+from tt_serve.model.tt.contract.virtual_ttnn import ContractViolation
 from tt_serve.model.tt.ops import Ops
 
 
 def mesh_ops(n: int = 4, rows: int = 1, **kw: Any) -> Ops:
     """An open ``rows`` x ``n / rows`` mesh of the fake."""
-    ops = Ops(FakeMeshTTNN(num_devices=n, **kw))
+    ops = Ops(VirtualMeshTTNN(num_devices=n, **kw))
     ops.open_mesh((rows, n // rows), trace_region_size=1 << 20, l1_small_size=0)
     return ops
 
@@ -48,7 +53,7 @@ def test_mesh_shape_and_device() -> None:
     assert dev.get_num_devices() == 4 and dev.get_device_ids() == [0, 1, 2, 3]
     assert not hasattr(dev, "get_devices")  # absent in 0.81.1
     with pytest.raises(RuntimeError, match="needs 8 chips"):
-        Ops(FakeMeshTTNN(num_devices=4)).open_mesh((1, 8), trace_region_size=0, l1_small_size=0)
+        Ops(VirtualMeshTTNN(num_devices=4)).open_mesh((1, 8), trace_region_size=0, l1_small_size=0)
 
 
 def test_shard_and_replicate_distribution_and_readback() -> None:
@@ -165,7 +170,7 @@ def test_each_ccl_rule_fires(rule: str, call: Any) -> None:
 
 
 def test_ccl_needs_a_fabric() -> None:
-    fake = FakeMeshTTNN(num_devices=2)
+    fake = VirtualMeshTTNN(num_devices=2)
     ops = Ops(fake)
     ops.device = fake.open_mesh_device(MeshShape(1, 2))  # no set_fabric_config first
     ops.mesh = (1, 2)
@@ -298,7 +303,7 @@ def test_2d_links_and_ring_topology_are_per_axis() -> None:
     gather(ops, x, cluster_axis=0, num_links=4)
     with pytest.raises(ContractViolation, match=r"\[all_gather_async.num_links\]"):
         gather(ops, x, cluster_axis=1, num_links=4)
-    fake = FakeMeshTTNN(num_devices=8, ring_axes=(1,))
+    fake = VirtualMeshTTNN(num_devices=8, ring_axes=(1,))
     ring = Ops(fake)
     fake.set_fabric_config(fake.FabricConfig.FABRIC_1D_RING)
     ring.device = fake.open_mesh_device(MeshShape(2, 4))

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 
 from tests.tt_host.ops_calls import extract
-from tt_serve.model.tt.fake_ttnn import ContractViolation, FakeTTNN
-from tt_serve.model.tt.inputs import gdn_const_tiles
+from tt_serve.model.tt.contract.virtual_ttnn import ContractViolation, VirtualTTNN
 from tt_serve.model.tt.ops import ROW_MAJOR, TILE, Ops
+from tt_serve.model.tt.runtime.inputs import gdn_const_tiles
 
 
 @pytest.fixture
 def ops() -> Ops:
-    o = Ops(FakeTTNN())
+    o = Ops(VirtualTTNN())
     o.open_device(0, trace_region_size=1 << 20, l1_small_size=0)
     return o
 
@@ -36,10 +36,10 @@ def _captured(ops: Ops, program: Callable[[], None]) -> object:
 
 
 def test_fake_implements_every_ttnn_name_ops_uses() -> None:
-    """The mesh fake (a FakeTTNN per chip plus the mesh and CCL names) has every name."""
-    from tt_serve.model.tt.fake_mesh import FakeMeshTTNN
+    """The mesh fake (a VirtualTTNN per chip plus the mesh and CCL names) has every name."""
+    from tt_serve.model.tt.contract.virtual_mesh import VirtualMeshTTNN
 
-    fake = FakeMeshTTNN(num_devices=2)
+    fake = VirtualMeshTTNN(num_devices=2)
     calls, attrs = extract()
     for path in [c.path for c in calls] + attrs:
         obj: object = fake

@@ -1,4 +1,4 @@
-"""The device rules of ``tt_serve/model/tt/limits.py`` at Qwen3.5-9B dims, on a Wormhole N150 chip
+"""The device rules of ``tt_serve/model/tt/contract/rules.py`` at Qwen3.5-9B dims, on a Wormhole N150 chip
 (8x8 = 64 workers, 12 GiB) and a Blackhole P150 (11x10 = 110 workers, 8 x 4 GiB - 16 MiB banks).
 
 Every rule trips with the shapes ``design/reviews/ttnn-backend.md`` names and passes just inside
@@ -17,12 +17,12 @@ import pytest
 
 from tests.tt_contract import harness as h
 from tt_serve.model.spec import ModelSpec
-from tt_serve.model.tt import limits, memory
-from tt_serve.model.tt.backend import TTBackend
-from tt_serve.model.tt.devices import ChipSpec
-from tt_serve.model.tt.fake_ttnn import P150, WORMHOLE, ContractViolation, FakeTTNN
-from tt_serve.model.tt.limits import DeviceLimitError, Shard, TensorInfo
+from tt_serve.model.tt.contract import dram, rules
+from tt_serve.model.tt.contract.boards import ChipSpec
+from tt_serve.model.tt.contract.rules import DeviceLimitError, Shard, TensorInfo
+from tt_serve.model.tt.contract.virtual_ttnn import P150, WORMHOLE, ContractViolation, VirtualTTNN
 from tt_serve.model.tt.ops import ROW_MAJOR, Ops
+from tt_serve.model.tt.runtime.build import build_backend
 from tt_serve.model.weights import load_weights
 
 # Qwen3.5-9B (tt-metal models/demos/blackhole/qwen36/README-N300-9B.md; HF text_config)
@@ -42,7 +42,7 @@ def _trips(rule: str, fn: Callable[[], object]) -> str:
 
 
 def _ops(chip: ChipSpec, trace_region: int = 1 << 20, **kw: bool) -> Ops:
-    ops = Ops(FakeTTNN(chip=chip, **kw))
+    ops = Ops(VirtualTTNN(chip=chip, **kw))
     ops.open_device(0, trace_region_size=trace_region, l1_small_size=0)
     return ops
 
@@ -85,7 +85,7 @@ def test_decode_gdn_recurrence_fits_at_cores_over_value_heads(chip: ChipSpec) ->
 
 def _chunk_gdn(chip: ChipSpec, b: int, t: int, chunk: int = 32, dk: int = GDN_DIM) -> None:
     kd = K_HEADS * dk
-    limits.chunk_gated_delta_rule(
+    rules.chunk_gated_delta_rule(
         chip,
         [T((b, t, kd)), T((b, t, kd)), T((b, t, V_HEADS * GDN_DIM))],
         T((b, t, V_HEADS), "float32"),
@@ -134,19 +134,19 @@ def test_fill_cache_work_blocks_of_older_tt_metal(chip: ChipSpec) -> None:
     _trips("fill_cache.work_blocks", lambda: _fill_row(chip, inside + 1, legacy=True))
     row = T((1, 1, V_HEADS * GDN_DIM, GDN_DIM), "float32")
     pool = T((3, 1, V_HEADS * GDN_DIM, GDN_DIM), "float32")
-    limits.fill_cache(chip, pool, row, 2, legacy_work_blocks=True)
+    rules.fill_cache(chip, pool, row, 2, legacy_work_blocks=True)
 
 
 def test_fill_cache_device_op_rules() -> None:
     pool, row = T((3, V_HEADS, 128, 128), "float32"), T((1, V_HEADS, 128, 128), "float32")
-    limits.fill_cache(P150, pool, row, 2)
-    _trips("fill_cache.dtype", lambda: limits.fill_cache(P150, pool, T(row.shape), 2))
-    _trips("fill_cache.row", lambda: limits.fill_cache(P150, pool, row, 3))
-    _trips("fill_cache.row", lambda: limits.fill_cache(P150, pool, row, 0, update_idx=16))
+    rules.fill_cache(P150, pool, row, 2)
+    _trips("fill_cache.dtype", lambda: rules.fill_cache(P150, pool, T(row.shape), 2))
+    _trips("fill_cache.row", lambda: rules.fill_cache(P150, pool, row, 3))
+    _trips("fill_cache.row", lambda: rules.fill_cache(P150, pool, row, 0, update_idx=16))
     two = T((2, V_HEADS, 128, 128), "float32")
-    _trips("fill_cache.shape", lambda: limits.fill_cache(P150, pool, two, 0))
+    _trips("fill_cache.shape", lambda: rules.fill_cache(P150, pool, two, 0))
     rm = TensorInfo(row.shape, "float32", "row_major")
-    _trips("fill_cache.layout", lambda: limits.fill_cache(P150, pool, rm, 0))
+    _trips("fill_cache.layout", lambda: rules.fill_cache(P150, pool, rm, 0))
 
 
 # ---- paged KV ------------------------------------------------------------------------------------
@@ -181,7 +181,7 @@ def test_paged_update_cache_device_op_rules() -> None:
 
     def call(**kw: TensorInfo) -> None:
         args = {"cache": cache, "x": x, "update_idxs": pos, "page_table": table, **kw}
-        limits.paged_update_cache(P150, **args)
+        rules.paged_update_cache(P150, **args)
 
     def sharded(s: Shard | None, dtype: str = "bfloat16") -> TensorInfo:
         return TensorInfo(x.shape, dtype, "tile", "l1" if s else "dram", s)
@@ -229,16 +229,16 @@ def test_paged_fill_cache_device_op_rules() -> None:
     t = 2048
     cache, x = T((64, KV_HEADS, BLOCK, HEAD_DIM)), T((1, KV_HEADS, t, HEAD_DIM))
     table = T((1, t // BLOCK), "int32", "row_major")
-    limits.paged_fill_cache(cache, x, table, 0)
+    rules.paged_fill_cache(cache, x, table, 0)
     narrow = T((1, t // BLOCK - 1), "int32", "row_major")
-    _trips("paged_fill_cache.seq_len", lambda: limits.paged_fill_cache(cache, x, narrow, 0))
+    _trips("paged_fill_cache.seq_len", lambda: rules.paged_fill_cache(cache, x, narrow, 0))
     f32 = T(x.shape, "float32")
-    _trips("paged_fill_cache.dtype", lambda: limits.paged_fill_cache(cache, f32, table, 0))
+    _trips("paged_fill_cache.dtype", lambda: rules.paged_fill_cache(cache, f32, table, 0))
     u32 = T(table.shape, "uint32", "row_major")
-    _trips("paged_fill_cache.page_table", lambda: limits.paged_fill_cache(cache, x, u32, 0))
-    _trips("paged_fill_cache.page_table", lambda: limits.paged_fill_cache(cache, x, table, 1))
+    _trips("paged_fill_cache.page_table", lambda: rules.paged_fill_cache(cache, x, u32, 0))
+    _trips("paged_fill_cache.page_table", lambda: rules.paged_fill_cache(cache, x, table, 1))
     l1 = TensorInfo(x.shape, "bfloat16", "tile", "l1", Shard(32, (256, 256)))
-    _trips("paged_fill_cache.memory", lambda: limits.paged_fill_cache(cache, l1, table, 0))
+    _trips("paged_fill_cache.memory", lambda: rules.paged_fill_cache(cache, l1, table, 0))
 
 
 def test_paged_fill_cache_through_the_backend_wrapper() -> None:
@@ -313,9 +313,9 @@ def test_sdpa_decode_operand_rules() -> None:
     q, kv = T((1, b, Q_HEADS, HEAD_DIM)), T((8, KV_HEADS, BLOCK, HEAD_DIM))
     table, pos = T((b, 4), "int32", "row_major"), T((b,), "int32", "row_major")
 
-    def call(**kw: TensorInfo) -> limits.SdpaDecodePlan:
+    def call(**kw: TensorInfo) -> rules.SdpaDecodePlan:
         args = {"q": q, "k": kv, "v": kv, "page_table": table, "cur_pos": pos, **kw}
-        return limits.paged_sdpa_decode(WORMHOLE, config=None, **args)
+        return rules.paged_sdpa_decode(WORMHOLE, config=None, **args)
 
     call()
     _trips("paged_sdpa_decode.dtype", lambda: call(q=T(q.shape, "float32")))
@@ -378,27 +378,27 @@ def test_chunked_sdpa_rules(chip: ChipSpec) -> None:
     )
     q, kv = T((1, Q_HEADS, 2048, HEAD_DIM)), T((64, KV_HEADS, BLOCK, HEAD_DIM))
     table, start = T((1, 32), "int32", "row_major"), T((1,), "int32", "row_major")
-    cfg = limits.SdpaConfig((chip.grid_x, chip.grid_y), 64, 64)
-    limits.chunked_sdpa(q, kv, kv, table, start, cfg)
+    cfg = rules.SdpaConfig((chip.grid_x, chip.grid_y), 64, 64)
+    rules.chunked_sdpa(q, kv, kv, table, start, cfg)
     short = T((1, 31), "int32", "row_major")  # 31 * 64 = 1984 < 2048 tokens
     _trips(
         "chunked_scaled_dot_product_attention.kv_length",
-        lambda: limits.chunked_sdpa(q, kv, kv, short, start, cfg),
+        lambda: rules.chunked_sdpa(q, kv, kv, short, start, cfg),
     )
     u32 = T((1,), "uint32", "row_major")
     _trips(
         "chunked_scaled_dot_product_attention.chunk_start",
-        lambda: limits.chunked_sdpa(q, kv, kv, table, u32, cfg),
+        lambda: rules.chunked_sdpa(q, kv, kv, table, u32, cfg),
     )
-    odd = limits.SdpaConfig((8, 8), 48, 64)
+    odd = rules.SdpaConfig((8, 8), 48, 64)
     _trips(
         "chunked_scaled_dot_product_attention.chunk",
-        lambda: limits.chunked_sdpa(q, kv, kv, table, start, odd),
+        lambda: rules.chunked_sdpa(q, kv, kv, table, start, odd),
     )
     sharded = TensorInfo(q.shape, "bfloat16", "tile", "l1", Shard(16, (2048, 256)))
     _trips(
         "chunked_scaled_dot_product_attention.layout",
-        lambda: limits.chunked_sdpa(sharded, kv, kv, table, start, cfg),
+        lambda: rules.chunked_sdpa(sharded, kv, kv, table, start, cfg),
     )
 
 
@@ -407,12 +407,12 @@ def test_topk_height_rule_reads_the_padded_shape() -> None:
     """topk's "N*C*H must be a multiple of 32" is checked on the padded 4-D shape, so the MoE
     decode routing [1, 16, E] (16 rows, tile-padded to 32) passes; the op's other rules trip."""
     routing = T((1, 16, 256), "float32")
-    limits.topk(routing, 8, -1)
+    rules.topk(routing, 8, -1)
     assert routing.padded_shape[-2] == 32
-    _trips("topk.layout", lambda: limits.topk(T(routing.shape, "float32", "row_major"), 8, -1))
-    _trips("topk.dtype", lambda: limits.topk(T(routing.shape, "uint32"), 8, -1))
-    _trips("topk.k", lambda: limits.topk(routing, 0, -1))
-    _trips("topk.dim", lambda: limits.topk(routing, 8, 1))
+    _trips("topk.layout", lambda: rules.topk(T(routing.shape, "float32", "row_major"), 8, -1))
+    _trips("topk.dtype", lambda: rules.topk(T(routing.shape, "uint32"), 8, -1))
+    _trips("topk.k", lambda: rules.topk(routing, 0, -1))
+    _trips("topk.dim", lambda: rules.topk(routing, 8, 1))
 
 
 def test_topk_index_dtype_labels_and_limits() -> None:
@@ -421,28 +421,28 @@ def test_topk_index_dtype_labels_and_limits() -> None:
     match the input, be 32-bit where 32-bit indices are required and exclude ``stable``; k is
     bounded by the row width and, on one core, by L1."""
     chunk = T((1, 32, 31040), "bfloat16")
-    assert limits.topk(chunk, 32, -1) == "uint16"
-    assert limits.topk(T((1, 32, 248320), "bfloat16"), 32, -1) == "uint32"
+    assert rules.topk(chunk, 32, -1) == "uint16"
+    assert rules.topk(T((1, 32, 248320), "bfloat16"), 32, -1) == "uint32"
     f32 = T((1, 32, 256), "float32")
-    assert limits.topk(f32, 32, -1) == "uint32"
+    assert rules.topk(f32, 32, -1) == "uint32"
     labels = T((1, 32, 256), "uint32")
-    assert limits.topk(f32, 32, -1, indices=labels) == "uint32"
-    _trips("topk.indices", lambda: limits.topk(f32, 32, -1, indices=T((1, 32, 256), "uint16")))
-    _trips("topk.indices", lambda: limits.topk(f32, 32, -1, indices=T((1, 32, 128), "uint32")))
-    _trips("topk.stable", lambda: limits.topk(f32, 32, -1, indices=labels, stable=True))
-    _trips("topk.k", lambda: limits.topk(T((1, 32, 16), "float32"), 32, -1))
-    limits.topk(f32, 32, -1, l1_bytes=WORMHOLE.l1_bytes)
+    assert rules.topk(f32, 32, -1, indices=labels) == "uint32"
+    _trips("topk.indices", lambda: rules.topk(f32, 32, -1, indices=T((1, 32, 256), "uint16")))
+    _trips("topk.indices", lambda: rules.topk(f32, 32, -1, indices=T((1, 32, 128), "uint32")))
+    _trips("topk.stable", lambda: rules.topk(f32, 32, -1, indices=labels, stable=True))
+    _trips("topk.k", lambda: rules.topk(T((1, 32, 16), "float32"), 32, -1))
+    rules.topk(f32, 32, -1, l1_bytes=WORMHOLE.l1_bytes)
     wide = T((1, 32, 1 << 16), "float32")
-    _trips("topk.l1", lambda: limits.topk(wide, 8192, -1, l1_bytes=WORMHOLE.l1_bytes))
+    _trips("topk.l1", lambda: rules.topk(wide, 8192, -1, l1_bytes=WORMHOLE.l1_bytes))
 
 
 def test_binary_broadcast_rule() -> None:
     """binary_ng: right-aligned dims equal or 1 (the sampler's column x row compare matrices
     [R, 32, 1] vs [R, 1, 32] broadcast both ways); anything else is refused."""
-    assert limits.binary((32, 32, 1), (32, 1, 32)) == (32, 32, 32)
-    assert limits.binary((1, 32, 32), (1, 32, 1)) == (1, 32, 32)
-    _trips("binary.broadcast", lambda: limits.binary((1, 32, 32), (1, 16, 32)))
-    ops = Ops(FakeTTNN())
+    assert rules.binary((32, 32, 1), (32, 1, 32)) == (32, 32, 32)
+    assert rules.binary((1, 32, 32), (1, 32, 1)) == (1, 32, 32)
+    _trips("binary.broadcast", lambda: rules.binary((1, 32, 32), (1, 16, 32)))
+    ops = Ops(VirtualTTNN())
     ops.open_device(0, trace_region_size=0, l1_small_size=0)
     a, b = ops.zeros([1, 32, 32], "float32"), ops.zeros([1, 16, 32], "float32")
     _trips("binary.broadcast", lambda: ops.le(a, b))
@@ -451,12 +451,12 @@ def test_binary_broadcast_rule() -> None:
 def test_argmax_paths() -> None:
     """Greedy ids over the 9B vocab: multi-core on ROW_MAJOR input, single-core on TILE."""
     logits = (1, 16, VOCAB)
-    assert limits.argmax(T(logits, "float32", "row_major"), -1) == "multi_core"
-    assert limits.argmax(T(logits, "float32"), -1) == "single_core"
+    assert rules.argmax(T(logits, "float32", "row_major"), -1) == "multi_core"
+    assert rules.argmax(T(logits, "float32"), -1) == "single_core"
     sharded = TensorInfo(logits, "float32", "row_major", "l1", Shard(16, (1, VOCAB)))
-    _trips("argmax.memory", lambda: limits.argmax(sharded, -1))
-    _trips("argmax.layout", lambda: limits.argmax(T(logits, "float32"), None))
-    _trips("argmax.dtype", lambda: limits.argmax(T(logits, "int32"), -1))
+    _trips("argmax.memory", lambda: rules.argmax(sharded, -1))
+    _trips("argmax.layout", lambda: rules.argmax(T(logits, "float32"), None))
+    _trips("argmax.dtype", lambda: rules.argmax(T(logits, "int32"), -1))
     ops = _ops(P150)
     ids = ops.argmax(ops.zeros([1, 16, 1024], "float32"))
     assert ops.ttnn.argmax_paths == ["multi_core"]
@@ -465,7 +465,7 @@ def test_argmax_paths() -> None:
 
 # ---- DRAM ----------------------------------------------------------------------------------------
 def qwen35_9b_weights(linear: str = "bfloat16") -> Iterator[tuple[str, TensorInfo]]:
-    """The device weights the backend uploads for Qwen3.5-9B (tt/weights.py layouts)."""
+    """The device weights the backend uploads for Qwen3.5-9B (tt/runtime/weights.py layouts)."""
     rm = "row_major"
     yield "embed", T((VOCAB, HIDDEN), "bfloat16", rm)
     yield "lm_head", T((HIDDEN, VOCAB), linear)
@@ -504,7 +504,7 @@ def qwen35_9b_weights(linear: str = "bfloat16") -> Iterator[tuple[str, TensorInf
             yield "gdn.gates", T((1, 1, V_HEADS), "float32")
 
 
-def _load(budget: memory.DramBudget, weights: Iterator[tuple[str, TensorInfo]]) -> int:
+def _load(budget: dram.DramBudget, weights: Iterator[tuple[str, TensorInfo]]) -> int:
     n = 0
     for n, (name, t) in enumerate(weights):
         budget.allocate(n, t, name)
@@ -520,10 +520,10 @@ def test_9b_bf16_weights_do_not_fit_a_wormhole_chip_but_fit_a_p150() -> None:
     assert 8.9e9 < params < 9.1e9
     trace = 256 << 20
     msg = _trips(
-        "dram.capacity", lambda: _load(memory.DramBudget(WORMHOLE, trace), qwen35_9b_weights())
+        "dram.capacity", lambda: _load(dram.DramBudget(WORMHOLE, trace), qwen35_9b_weights())
     )
     assert "12 banks" in msg and "Largest holders" in msg and "mlp." in msg
-    p150 = memory.DramBudget(P150, trace)
+    p150 = dram.DramBudget(P150, trace)
     _load(p150, qwen35_9b_weights())
     used = p150.used_per_bank * p150.banks
     assert 17.5e9 < used < 18.5e9
@@ -532,14 +532,14 @@ def test_9b_bf16_weights_do_not_fit_a_wormhole_chip_but_fit_a_p150() -> None:
 
 @CHIPS
 def test_trace_region_is_reserved_in_every_bank(chip: ChipSpec) -> None:
-    free = memory.DramBudget(chip).bank_bytes
-    assert memory.DramBudget(chip, 256 << 20).bank_bytes == free - (256 << 20)
+    free = dram.DramBudget(chip).bank_bytes
+    assert dram.DramBudget(chip, 256 << 20).bank_bytes == free - (256 << 20)
 
 
 def test_dram_pages_and_block_floats() -> None:
     """TILE pads to 32x32 tiles: bf16 2048 B, bfloat8_b 1088 B, bfloat4_b 576 B per tile; pages
     are spread lock-step over the banks (ceil(pages / banks) in each)."""
-    budget = memory.DramBudget(WORMHOLE)
+    budget = dram.DramBudget(WORMHOLE)
     assert budget.per_bank(T((1, 1, 1, 33))) == 2048  # 2 tiles over 12 banks: 1 each
     assert budget.per_bank(T((24 * 32, 32), "bfloat8_b")) == 2 * 1088  # 24 tiles: 2 per bank
     assert budget.per_bank(T((12 * 32, 32), "bfloat4_b")) == 576
@@ -604,7 +604,7 @@ def test_trace_without_a_region_lives_in_dram() -> None:
     tid = ops.begin_trace()
     ops.copy(ops.sigmoid(x), out)
     ops.end_trace(tid)
-    assert fake.dram.used_per_bank - before == memory.TRACE_PAGE_BYTES
+    assert fake.dram.used_per_bank - before == dram.TRACE_PAGE_BYTES
     ops.release_trace(tid)
     assert fake.dram.used_per_bank == before
 
@@ -612,10 +612,10 @@ def test_trace_without_a_region_lives_in_dram() -> None:
 def test_trace_size_estimate() -> None:
     """The documented estimate: 4 KiB per program plus 256 B per core it runs on, rounded up
     to whole 4 KiB pages in every bank."""
-    assert memory.trace_bytes(P150, [110]) == 8 * 4096
+    assert dram.trace_bytes(P150, [110]) == 8 * 4096
     raw, page = 1000 * (4096 + 64 * 256), 12 * 4096
-    assert memory.trace_bytes(WORMHOLE, [64] * 1000) == -(-raw // page) * page
-    region = memory.TraceRegion(P150, 256 << 20)
+    assert dram.trace_bytes(WORMHOLE, [64] * 1000) == -(-raw // page) * page
+    region = dram.TraceRegion(P150, 256 << 20)
     region.end_capture(1, [110] * 2000)  # a ~2000-program 9B decode step: ~64 MB
     assert 60e6 < region.live[1] < 70e6
 
@@ -625,7 +625,7 @@ def test_tiny_backend_runs_within_wormhole_limits(dense_dir: Path) -> None:
     """The tiny contract model (8 value heads, max_batch 4) fits an 8x8 Wormhole: every op call,
     allocation and capture of a real engine run passes the rules; its decode SDPA runs with a
     program config, one core per (user, kv head) (recorded, finding 5)."""
-    fake = FakeTTNN(chip=WORMHOLE)
+    fake = VirtualTTNN(chip=WORMHOLE)
     be = h.tt_backend(dense_dir, fake)
     spec = ModelSpec.from_hf_dir(dense_dir)
     out = h.generate(h.engine(be, spec), [h.prompt(70, 1)], 3)
@@ -638,10 +638,10 @@ def test_tiny_backend_runs_within_wormhole_limits(dense_dir: Path) -> None:
 def test_backend_capture_past_the_trace_region_fails(dense_dir: Path) -> None:
     """allocate() captures one trace per bucket plus decode; a region too small for them fails
     at end_trace_capture, as tt-metal's TT_FATAL does."""
-    ops = Ops(FakeTTNN())
+    ops = Ops(VirtualTTNN())
     ops.open_device(0, trace_region_size=256 << 10, l1_small_size=0)
     spec = ModelSpec.from_hf_dir(dense_dir)
-    be = TTBackend(spec, load_weights(dense_dir, spec), ops=ops, max_prefill_chunk=h.CHUNK)
+    be = build_backend(spec, load_weights(dense_dir, spec), ops=ops, max_prefill_chunk=h.CHUNK)
     msg = _trips(
         "trace.region",
         lambda: be.allocate(

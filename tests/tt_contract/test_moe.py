@@ -1,4 +1,4 @@
-"""The MoE block's dense reference path (``tt/moe.py``, stacked experts): exact against the dense
+"""The MoE block's dense reference path (``tt/runtime/moe.py``, stacked experts): exact against the dense
 formula whatever the grouping, a fixed op count per layer whatever the expert count, the matmul
 batch rules it relies on; and a real-size shape-only plan of Qwen3.6-35B-A3B (the default sparse
 path). The sparse path's own tests are in test_moe_sparse.py."""
@@ -17,17 +17,20 @@ import torch.nn.functional as F
 
 from tt_serve.model.published import write_published_config
 from tt_serve.model.spec import ModelSpec
-from tt_serve.model.tt import limits, moe, planner
-from tt_serve.model.tt.fake_ttnn import ContractViolation, FakeTTNN
-from tt_serve.model.tt.limits import DeviceLimitError, TensorInfo
+from tt_serve.model.tt.contract import rules
+from tt_serve.model.tt.contract.rules import DeviceLimitError, TensorInfo
+from tt_serve.model.tt.contract.virtual_ttnn import ContractViolation, VirtualTTNN
+from tt_serve.model.tt.layout import experts as expert_layout
+from tt_serve.model.tt.layout.checkpoint import linear_t, stacked_experts
 from tt_serve.model.tt.ops import TILE, Ops
-from tt_serve.model.tt.weights import linear_t, stacked_experts
+from tt_serve.model.tt.plan import planner
+from tt_serve.model.tt.runtime import moe
 
 H, INTER, TOKENS, TOP_K = 64, 32, 5, 2
 
 
-def _ops() -> tuple[Ops, FakeTTNN]:
-    fake = FakeTTNN()
+def _ops() -> tuple[Ops, VirtualTTNN]:
+    fake = VirtualTTNN()
     ops = Ops(fake)
     ops.open_device(0, trace_region_size=1 << 20, l1_small_size=0)
     return ops, fake
@@ -53,7 +56,7 @@ def _checkpoint(experts: int, seed: int = 0) -> dict[str, np.ndarray]:
 def _weights(ops: Ops, ck: dict[str, np.ndarray]) -> moe.MoeWeights:
     experts = ck["router"].shape[0]
     groups = []
-    for first, end in moe.expert_groups(experts, INTER):
+    for first, end in expert_layout.expert_groups(experts, INTER):
         gate, up, cat = stacked_experts(ck["gate_up"], ck["down"], first, end, INTER)
         groups.append(
             moe.ExpertGroup(
@@ -91,18 +94,18 @@ def _dense(x: torch.Tensor, ck: dict[str, np.ndarray]) -> torch.Tensor:
     return out + torch.sigmoid(x @ t["shared_expert_gate"].T) * shared
 
 
-@pytest.mark.parametrize("group_rows", [moe.EXPERT_GROUP_ROWS, 3 * INTER, INTER])
+@pytest.mark.parametrize("group_rows", [expert_layout.EXPERT_GROUP_ROWS, 3 * INTER, INTER])
 def test_stacked_experts_match_the_dense_formula(
     group_rows: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One group, groups of 3 (the last one of 2) and one expert per group give the dense
     per-expert result. The fake computes in float32, so the only difference is summation order:
     a few float32 ulps of values of order 1, hence the 1e-5 tolerance."""
-    monkeypatch.setattr(moe, "EXPERT_GROUP_ROWS", group_rows)
+    monkeypatch.setattr(expert_layout, "EXPERT_GROUP_ROWS", group_rows)
     ops, _ = _ops()
     ck = _checkpoint(8)
     w = _weights(ops, ck)
-    assert len(w.experts) == len(moe.expert_groups(8, INTER))
+    assert len(w.experts) == len(expert_layout.expert_groups(8, INTER))
     x = np.random.default_rng(1).standard_normal((1, TOKENS, H)).astype(np.float32)
     got = ops.read(moe.moe_forward(ops, ops.upload(x, "bfloat16"), w))
     want = _dense(torch.from_numpy(x[0]), ck).numpy()
@@ -124,10 +127,10 @@ def test_op_count_does_not_grow_with_the_expert_count() -> None:
 
 
 def test_expert_groups_cover_every_expert_once() -> None:
-    groups = moe.expert_groups(256, 512)
+    groups = expert_layout.expert_groups(256, 512)
     assert groups == [(0, 64), (64, 128), (128, 192), (192, 256)]
-    assert moe.expert_groups(8, 128) == [(0, 8)]
-    assert moe.expert_groups(5, 1 << 20) == [(i, i + 1) for i in range(5)]
+    assert expert_layout.expert_groups(8, 128) == [(0, 8)]
+    assert expert_layout.expert_groups(5, 1 << 20) == [(i, i + 1) for i in range(5)]
 
 
 def _t(*shape: int, dtype: str = "bfloat16") -> TensorInfo:
@@ -136,14 +139,14 @@ def _t(*shape: int, dtype: str = "bfloat16") -> TensorInfo:
 
 def test_matmul_batch_rules() -> None:
     # B batch 1: broadcast over A's batches (the stacked experts' gate/up), output A's batch
-    assert limits.matmul(_t(1, 256, 512, 2048, dtype="bfloat4_b"), _t(1, 1, 2048, 32)) == (
+    assert rules.matmul(_t(1, 256, 512, 2048, dtype="bfloat4_b"), _t(1, 1, 2048, 32)) == (
         1,
         256,
         512,
         32,
     )
-    assert limits.matmul(_t(1, 32, 2048), _t(2048, 512)) == (1, 32, 512)  # x @ W
-    assert limits.matmul(_t(2, 3, 32, 64), _t(2, 3, 64, 32)) == (2, 3, 32, 32)
+    assert rules.matmul(_t(1, 32, 2048), _t(2048, 512)) == (1, 32, 512)  # x @ W
+    assert rules.matmul(_t(2, 3, 32, 64), _t(2, 3, 64, 32)) == (2, 3, 32, 32)
     for a, b, rule in (
         (_t(1, 1, 32, 2048), _t(1, 256, 2048, 512), "matmul.batch"),  # A reuse: not modelled
         (_t(2, 32, 64), _t(1, 2, 64, 32), "matmul.batch"),  # ranks differ
@@ -152,7 +155,7 @@ def test_matmul_batch_rules() -> None:
         (_t(32, 64), _t(64, 32, dtype="int32"), "matmul.dtype"),
     ):
         with pytest.raises(DeviceLimitError) as info:
-            limits.matmul(a, b)
+            rules.matmul(a, b)
         assert info.value.rule == rule, (a, b)
     ops, _ = _ops()
     w = ops.upload(np.zeros((1, 4, 32, 64), np.float32), "bfloat4_b", TILE)
@@ -165,10 +168,10 @@ def test_matmul_batch_rules() -> None:
 
 
 def test_permute_rules() -> None:
-    assert limits.permute(_t(1, 1, 16, 256), [0, 3, 1, 2]) == (1, 256, 1, 16)
+    assert rules.permute(_t(1, 1, 16, 256), [0, 3, 1, 2]) == (1, 256, 1, 16)
     for dims, rule in (([0, 2, 1], "permute.rank"), ([0, 1, 1, 2], "permute.dims")):
         with pytest.raises(DeviceLimitError) as info:
-            limits.permute(_t(1, 1, 16, 256), dims)
+            rules.permute(_t(1, 1, 16, 256), dims)
         assert info.value.rule == rule
 
 

@@ -1,4 +1,4 @@
-"""The sparse MoE path (``tt/moe.py`` on ``ttnn.sparse_matmul``): the op's rules and semantics in
+"""The sparse MoE path (``tt/runtime/moe.py`` on ``ttnn.sparse_matmul``): the op's rules and semantics in
 the contract fake, the dense formula on blocks of tokens, only the routed experts read, and the
 tiny MoE model end to end (exactly the torch backend's tokens) on one chip and on 1 x 2 / 1 x 4
 meshes with whole experts per chip, in bf16 and the block-float profiles."""
@@ -15,13 +15,15 @@ import torch
 from tests.tt_contract import harness as h
 from tests.tt_contract.test_moe import INTER, TOP_K, H, _checkpoint, _dense, _ops, _weights
 from tt_serve.model.spec import ModelSpec
-from tt_serve.model.tt import limits, moe
-from tt_serve.model.tt.backend import TTBackend
-from tt_serve.model.tt.fake_ttnn import P150, ContractViolation, FakeTTNN
-from tt_serve.model.tt.limits import DeviceLimitError, Matmul1DConfig, TensorInfo
+from tt_serve.model.tt.contract import rules
+from tt_serve.model.tt.contract.rules import DeviceLimitError, Matmul1DConfig, TensorInfo
+from tt_serve.model.tt.contract.virtual_ttnn import P150, ContractViolation, VirtualTTNN
+from tt_serve.model.tt.layout.checkpoint import layout_weights, sparse_experts
+from tt_serve.model.tt.layout.host import shape_only_weights
 from tt_serve.model.tt.ops import ROW_MAJOR, Ops
 from tt_serve.model.tt.precision import Precision
-from tt_serve.model.tt.weights import layout_weights, shape_only_weights, sparse_experts
+from tt_serve.model.tt.runtime import moe
+from tt_serve.model.tt.runtime.build import build_backend
 
 EXPERTS = 8
 
@@ -93,11 +95,11 @@ def _t(*shape: int, dtype: str = "bfloat16", layout: str = "tile") -> TensorInfo
 CFG = Matmul1DConfig((8, 1), 2, 1, 1, 1, 1, 1, 1, False, True)
 
 
-def _call(a: TensorInfo, b: TensorInfo, s: TensorInfo, **kw: object) -> limits.SparseMatmulPlan:
+def _call(a: TensorInfo, b: TensorInfo, s: TensorInfo, **kw: object) -> rules.SparseMatmulPlan:
     args: dict = {"nnz": None, "is_input_a_sparse": False, "is_input_b_sparse": True}
     config = kw.pop("config", CFG)
     args.update(kw)
-    return limits.sparse_matmul(P150, a, b, s, config, **args)  # type: ignore[arg-type]
+    return rules.sparse_matmul(P150, a, b, s, config, **args)  # type: ignore[arg-type]
 
 
 def test_sparse_matmul_modes() -> None:
@@ -151,7 +153,7 @@ def test_sparse_matmul_rules(change: dict, rule: str) -> None:
 def test_skipped_entries_are_zero_and_nnz_must_be_exact() -> None:
     """A skipped (block, expert) entry is zero even where its operand holds NaN (the op does
     not read it); nnz other than the non-zero count is the device hang, refused."""
-    fake = FakeTTNN()
+    fake = VirtualTTNN()
     ops = Ops(fake)
     ops.open_device(0, trace_region_size=1 << 20, l1_small_size=0)
     g = np.random.default_rng(0)
@@ -189,7 +191,7 @@ def moe_torch_tokens(
     return h.generate(h.engine(h.torch_backend(moe_dir), spec), list(prompts), 8)
 
 
-def _decode_reads(fakes: list[FakeTTNN], rows: int) -> list[int]:
+def _decode_reads(fakes: list[VirtualTTNN], rows: int) -> list[int]:
     """Experts computed per decode-program gate/up call, summed over the chips (a decode batch
     is one block of ``rows`` rows; prefill blocks are whole buckets of 32 rows or more)."""
     per_chip = [
@@ -293,7 +295,7 @@ def test_shape_only_real_size_layer_charges_the_expanded_outputs() -> None:
     reads 576-B bfp4 tiles per expert, and the DRAM peak holds the expanded outputs (128 MiB of
     gate/up and 256 MiB of down projections, bf16)."""
     hidden, inter, experts, tokens = 2048, 512, 256, 256
-    fake = FakeTTNN(shape_only=True)
+    fake = VirtualTTNN(shape_only=True)
     ops = Ops(fake)
     ops.open_device(0, trace_region_size=1 << 20, l1_small_size=0)
 
@@ -334,7 +336,9 @@ def test_weight_cache_keys_the_expert_layout(moe_dir: Path, tmp_path: Path) -> N
 
     ops = Ops(h.fake())
     ops.open_device(0, trace_region_size=h.TRACE_REGION, l1_small_size=0)
-    second = TTBackend(spec, boom, ops=ops, max_prefill_chunk=h.CHUNK, weight_cache_dir=tmp_path)
+    second = build_backend(
+        spec, boom, ops=ops, max_prefill_chunk=h.CHUNK, weight_cache_dir=tmp_path
+    )
     layer = second.model.layers[0].mlp
     assert isinstance(layer, moe.MoeWeights) and isinstance(layer.experts, moe.SparseExperts)
     p = [h.prompt(70, 3)]

@@ -7,12 +7,13 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tt_serve.model.published import write_published_config
 from tt_serve.model.spec import ModelSpec
-from tt_serve.model.tt import planner
+from tt_serve.model.tt.plan import planner
 from tt_serve.model.tt.precision import Precision
 
 
@@ -102,25 +103,53 @@ def test_plan_pools_from_serve_config(q9: Path) -> None:
         planner.plan_pools(bad, spec, "n150")
 
 
-def test_serve_sizes_the_kv_pool_from_device_dram(dense_dir: Path) -> None:
-    """``serve`` with kv_blocks 0 on ttnn asks the planner for the chip it opened (by its worker
-    grid), not host RAM: the pool equals what ``tt-serve plan`` computes for that chip."""
+@pytest.mark.parametrize(
+    ("board", "mesh"), [("p150", ""), ("p100", ""), ("n150", ""), ("p300", "1x2")]
+)
+def test_a_ttnn_start_plans_once_and_builds_once(
+    dense_dir: Path, monkeypatch: pytest.MonkeyPatch, board: str, mesh: str
+) -> None:
+    """``serve --backend ttnn`` with kv_blocks and trace_region_size 0: the box is identified by
+    its ClusterType before anything opens, one planner call sizes the trace region and the KV
+    pool on that box (P100 and P150 told apart: they share a grid, not a DRAM size), and the
+    backend is built once on the device itself; every other build is the planner's, on the
+    shape-only virtual device. The pools equal what ``tt-serve plan`` computes for the box."""
     from tests.tt_contract import harness as h
     from tt_serve.config import ServeConfig
-    from tt_serve.engine.factory import num_kv_blocks
-    from tt_serve.model.tt.fake_ttnn import P150, WORMHOLE
+    from tt_serve.model.tt.contract.boards import device_spec
+    from tt_serve.model.tt.launch import launch
+    from tt_serve.model.tt.ops import Ops
+    from tt_serve.model.tt.runtime.backend import TTBackend
 
+    builds: list[bool] = []  # shape-only (the planner's virtual device) per TTBackend built
+    init = TTBackend.__init__
+
+    def counted(self: TTBackend, *a: Any, **kw: Any) -> None:
+        builds.append(bool(kw["ops"].ttnn.shape_only))
+        init(self, *a, **kw)
+
+    monkeypatch.setattr(TTBackend, "__init__", counted)
+    dev = device_spec(board)
+    chips = dev.num_chips
+    fake = h.mesh_fake(chips, chip=dev.chip) if chips > 1 else h.fake(chip=dev.chip)
     spec = ModelSpec.from_hf_dir(dense_dir)
-    for chip, name in ((P150, "p100"), (WORMHOLE, "n150")):  # P100 shares the P150 grid
-        be = h.tt_backend(dense_dir, h.fake(chip=chip))
-        assert be.device_description().name == name
-        cfg = ServeConfig(model=str(dense_dir), backend="ttnn", block_size=64, max_batch_size=4)
-        blocks = num_kv_blocks(cfg, spec, 1024, be)
-        plan_cfg = dataclasses.replace(cfg, max_model_len=1024)
-        want = planner.plan_pools(plan_cfg, spec, name, be.ops.trace_region_size)
-        assert blocks == want.num_kv_blocks
-        assert blocks > 1000  # gigabytes of device DRAM, not a host-RAM quarter of a tiny model
-        be.close()
+    cfg = ServeConfig(
+        model=str(dense_dir),
+        backend="ttnn",
+        block_size=64,
+        max_batch_size=4,
+        device_ids=tuple(range(chips)),
+        mesh=mesh,
+    )
+    launched = launch(cfg, spec, max_model_len=1024, ops=Ops(fake))
+    assert builds.count(False) == 1, "the backend is built once on the device"
+    assert builds.count(True) == len(builds) - 1 >= 1, "the rest are the planner's runs"
+    plan_cfg = dataclasses.replace(cfg, max_model_len=1024)
+    want = planner.plan_pools(plan_cfg, spec, board)
+    assert launched.num_kv_blocks == want.num_kv_blocks
+    assert launched.backend.ops.trace_region_size == want.trace_region_size > 0
+    assert launched.num_kv_blocks > 1000  # device DRAM, not a host-RAM quarter of a tiny model
+    launched.backend.close()
 
 
 def test_trace_region_is_sized_from_the_captured_traces(q9: Path) -> None:

@@ -1,7 +1,7 @@
 """Shape-only mode of the contract fake: real-size Qwen3.5-9B on the P150 description.
 
 Backend startup (every pool, every trace), prefill chunks, decode steps and one snapshot
-save/restore/reset run with every rule of limits.py / memory.py enforced, without data and
+save/restore/reset run with every rule of contract/rules.py / contract/dram.py enforced, without data and
 without weights (a folder holding only config.json)."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 
 from tt_serve.model.published import write_published_config
 from tt_serve.model.spec import ModelSpec
-from tt_serve.model.tt import planner
-from tt_serve.model.tt.fake_ttnn import FakeTTNN
-from tt_serve.model.tt.weights import is_shape_only, shape_only_weights
+from tt_serve.model.tt.contract.virtual_ttnn import VirtualTTNN
+from tt_serve.model.tt.layout.host import is_shape_only, shape_only_weights
+from tt_serve.model.tt.plan import planner
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,7 @@ def spec9b(tmp_path_factory: pytest.TempPathFactory) -> ModelSpec:
 
 
 def test_shape_only_tensors_hold_no_data() -> None:
-    fake = FakeTTNN(shape_only=True)
+    fake = VirtualTTNN(shape_only=True)
     big = fake.zeros([8192, 248320], fake.bfloat16, fake.TILE_LAYOUT, device=object())
     assert big.buffer.data.is_meta and fake.dram.used_per_bank > 0
     host = fake.from_device(big)

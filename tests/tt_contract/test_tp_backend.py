@@ -1,5 +1,5 @@
 """The tt backend tensor-parallel on a fake 1 x 2 and 1 x 4 mesh and on the 2-D 2 x 2 and
-2 x 4 meshes (``FakeMeshTTNN``, numeric mode): the torch backend's tokens, warm == cold,
+2 x 4 meshes (``VirtualMeshTTNN``, numeric mode): the torch backend's tokens, warm == cold,
 pipelined == synchronous, device draws and logits as on one chip, and a state restore that fails
 on one chip fails the hit cleanly."""
 
@@ -14,26 +14,27 @@ from tests import numerics as nm
 from tests.tt_contract import harness as h
 from tt_serve.model.interface import RowSampling, StateCopy, StepBatch, StepRow
 from tt_serve.model.spec import ModelSpec
-from tt_serve.model.tt.backend import StateCopyError
-from tt_serve.model.tt.fake_mesh import FakeMeshTTNN
-from tt_serve.model.tt.moe import SparseExperts
+from tt_serve.model.tt.contract.virtual_mesh import VirtualMeshTTNN
+from tt_serve.model.tt.launch import identify, launch
 from tt_serve.model.tt.ops import Ops
+from tt_serve.model.tt.runtime.backend import StateCopyError
+from tt_serve.model.tt.runtime.moe import SparseExperts
 from tt_serve.sequence import SamplingParams
 
 
-def mesh2d_fake(rows: int, cols: int) -> FakeMeshTTNN:
+def mesh2d_fake(rows: int, cols: int) -> VirtualMeshTTNN:
     return h.mesh_fake(rows * cols)
 
 
 def mesh2d_backend(
-    path: Path, rows: int, cols: int, fake: FakeMeshTTNN | None = None, **kw: object
+    path: Path, rows: int, cols: int, fake: VirtualMeshTTNN | None = None, **kw: object
 ) -> h.TTBackend:
     """The tt backend tensor-parallel over a fake ``rows`` x ``cols`` mesh."""
     ops = Ops(fake or mesh2d_fake(rows, cols))
     ops.open_mesh((rows, cols), trace_region_size=h.TRACE_REGION, l1_small_size=0)
     spec = ModelSpec.from_hf_dir(path)
     kw.setdefault("max_prefill_chunk", h.CHUNK)
-    return h.TTBackend(spec, h.load_weights(path, spec), ops=ops, **kw)  # type: ignore[arg-type]
+    return h.build_backend(spec, h.load_weights(path, spec), ops=ops, **kw)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("n", [2, 4])
@@ -178,7 +179,7 @@ def test_tp_logits_match_torch(dense_dir: Path) -> None:
 
 def _fault_on_restore(
     be: h.TTBackend,
-    fake: FakeMeshTTNN,
+    fake: VirtualMeshTTNN,
     chip: int,
     spec: ModelSpec,
     prompts: tuple[list[int], list[int]],
@@ -248,7 +249,7 @@ def test_one_chip_mesh_is_the_single_device(
     mesh = h.mesh_fake(1)
     ops = Ops(mesh)
     ops.open_mesh((1, 1), trace_region_size=h.TRACE_REGION, l1_small_size=0)
-    be2 = h.TTBackend(spec, h.load_weights(dense_dir, spec), ops=ops, max_prefill_chunk=h.CHUNK)
+    be2 = h.build_backend(spec, h.load_weights(dense_dir, spec), ops=ops, max_prefill_chunk=h.CHUNK)
     for be in (be1, be2):
         assert h.generate(h.engine(be, spec), list(prompts), 12) == torch_tokens
     assert mesh.chips[0].counts == single.counts
@@ -275,7 +276,7 @@ def test_from_config_opens_the_mesh(dense_dir: Path, tmp_path: Path) -> None:
     )
     cfg = dataclasses.replace(cfg, mesh="1x2")
     spec = ModelSpec.from_hf_dir(dense_dir)
-    be = h.TTBackend.from_config(cfg, spec, max_model_len=512, ops=Ops(fake))
+    be = launch(cfg, spec, max_model_len=512, ops=Ops(fake)).backend
     assert be.ops.mesh == (1, 2) and be.tp.degree == 2
     assert be.model.ccl.links == (2, 2)
     assert fake.fabric.name == "FABRIC_1D" and fake.device is not None
@@ -326,8 +327,8 @@ def test_2d_tokens_match_torch_with_warm_prefix_hit(
     }
     assert {topo for _, _, topo, _ in fake.ccl_calls} == {"linear"}
     assert len({c.dram.used_per_bank for c in fake.chips}) == 1
-    dev = be.device_description()  # the whole mesh, each chip planned as the grid's chip
-    assert dev.mesh == (rows, cols) and dev.num_chips == n and dev.name == "p100"
+    board = identify(be.ops)  # the box its ClusterType names, as a start identifies it
+    assert board.num_chips == n and board.chip == fake.chip
 
 
 def test_2d_warm_equals_cold(dense_dir: Path, prompts: tuple[list[int], list[int]]) -> None:
@@ -384,7 +385,7 @@ def test_2d_mesh_that_does_not_divide_raises(dense_dir: Path, moe_dir: Path) -> 
     not place whole over 16 chips."""
     import dataclasses
 
-    from tt_serve.model.tt.parallel import TensorParallel
+    from tt_serve.model.tt.layout.parallel import TensorParallel
 
     with pytest.raises(ValueError, match=r"4 x 4 mesh.*hidden 256 % \(32 x 16\)"):
         mesh2d_backend(dense_dir, 4, 4, h.mesh_fake(16))

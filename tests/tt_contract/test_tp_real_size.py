@@ -1,4 +1,4 @@
-"""Shape-only tensor parallel at real size (``FakeMeshTTNN(shape_only=True)`` through the
+"""Shape-only tensor parallel at real size (``VirtualMeshTTNN(shape_only=True)`` through the
 planner): startup (every pool, every trace on the mesh), two prefill chunks, decode steps
 (greedy, device-sampled, host-sampled) and a snapshot save/restore/reset of Qwen3.6-27B on a
 4 x P150 box, on a Galaxy (8 x 4) and a T3K opened as 2 x 4, and Qwen3.6-35B-A3B on 4 x P150
@@ -10,8 +10,8 @@ import pytest
 
 from tt_serve.model.published import write_published_config
 from tt_serve.model.spec import ModelSpec
-from tt_serve.model.tt import planner
-from tt_serve.model.tt.devices import device_spec
+from tt_serve.model.tt.contract.boards import device_spec
+from tt_serve.model.tt.plan import planner
 
 
 def _spec(name: str, tmp: pytest.TempPathFactory) -> ModelSpec:

@@ -18,6 +18,8 @@ from tt_serve.model.interface import (
     StepRow,
 )
 from tt_serve.model.spec import ModelSpec
+from tt_serve.model.tt.launch import launch, open_backend
+from tt_serve.model.tt.runtime.build import build_backend
 
 
 def test_engine_tokens_match_torch_with_warm_prefix_hit(
@@ -221,12 +223,13 @@ def test_weight_cache_round_trip(dense_dir: Path, tmp_path: Path) -> None:
     def boom() -> dict[str, np.ndarray]:
         raise AssertionError("cache hit must not reconvert the checkpoint")
 
-    from tt_serve.model.tt.backend import TTBackend
     from tt_serve.model.tt.ops import Ops
 
     ops = Ops(h.fake())
     ops.open_device(0, trace_region_size=h.TRACE_REGION, l1_small_size=0)
-    second = TTBackend(spec, boom, ops=ops, max_prefill_chunk=h.CHUNK, weight_cache_dir=tmp_path)
+    second = build_backend(
+        spec, boom, ops=ops, max_prefill_chunk=h.CHUNK, weight_cache_dir=tmp_path
+    )
     p = h.prompt(70, 3)
     a = h.generate(h.engine(first, spec), [p], 4)
     b = h.generate(h.engine(second, spec), [p], 4)
@@ -310,11 +313,10 @@ def test_from_config_maps_the_serve_config(
     dense_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from tt_serve.config import ServeConfig
-    from tt_serve.model.tt import planner, weights
-    from tt_serve.model.tt.backend import TTBackend
-    from tt_serve.model.tt.devices import single_chip_for_arch
     from tt_serve.model.tt.ops import Ops
+    from tt_serve.model.tt.plan import planner
     from tt_serve.model.tt.precision import Precision
+    from tt_serve.model.tt.runtime import weights
 
     fake = h.fake()
     monkeypatch.setattr(Ops, "load", classmethod(lambda cls: cls(fake)))
@@ -323,12 +325,11 @@ def test_from_config_maps_the_serve_config(
     cfg = ServeConfig(
         model=str(dense_dir), backend="ttnn", precision="mixed", prefill_chunk=128, block_size=64
     )
-    be = TTBackend.from_config(cfg, spec, max_model_len=512)
+    be = launch(cfg, spec, max_model_len=512).backend
     # trace_region_size 0: the device opened with a region sized for this configuration's traces
-    # on the shape-only model of a chip of its arch, before it opened.
-    chip = single_chip_for_arch(fake.chip.arch)
+    # on the shape-only model of the box its ClusterType names (a P150), before it opened.
     plan_cfg = dataclasses.replace(cfg, max_model_len=512)
-    want = planner.trace_region_for(spec, planner.PlanRequest.from_config(plan_cfg, chip.name))
+    want = planner.plan_pools(plan_cfg, spec, "p150").trace_region_size
     assert be.ops.trace_region_size == want == fake.trace_region.size > 0
     assert be.spec is spec and be.precision == Precision.named("mixed")
     assert be.max_prefill_chunk == 128 and be.max_model_len == 512
@@ -343,11 +344,11 @@ def test_from_config_maps_the_serve_config(
     be.close()
     be.close()  # idempotent
     fixed = dataclasses.replace(cfg, trace_region_size=96 << 20)
-    be = TTBackend.from_config(fixed, spec, max_model_len=512, ops=Ops(h.fake()))
+    be = launch(fixed, spec, max_model_len=512, ops=Ops(h.fake())).backend
     assert be.ops.trace_region_size == 96 << 20
     be.close()
     with pytest.raises(ValueError, match=r"mesh 1 x 4 needs 4 device ids"):
-        TTBackend.from_pretrained(
+        open_backend(
             dense_dir, trace_region_size=1 << 20, device_ids=(0, 1), mesh=(1, 4), ops=Ops(h.fake())
         )
 
@@ -421,8 +422,8 @@ def test_precision_profiles_convert_and_configure_every_matmul(
     gets a compute kernel config whose fidelity matches its weight dtype (LoFi for bfp4, HiFi2
     for bfp8, HiFi4 for bf16 and the one-hot/rotation matmuls), and the LM head runs as column
     chunks. The fake computes in fp32, so the tokens stay the torch backend's."""
-    from tt_serve.model.tt import model as tt_model
     from tt_serve.model.tt.precision import PROFILES, Precision
+    from tt_serve.model.tt.runtime import model as tt_model
 
     assert PROFILES == ("bfloat16", "mixed", "bfp4-mlp")
     assert {Precision.named(n).recurrent_state for n in PROFILES} == {"float32"}

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests import tiny_models as tm
-from tt_serve.model.tt.device import NoDeviceError, probe_devices
+from tt_serve.model.tt.probe import NoDeviceError, probe_devices
 
 # Per chip, as test_device.py opens one chip: the tiny models' traces need a few MB.
 MESH_TRACE_REGION = 64 << 20
@@ -55,10 +55,10 @@ def tt_num_devices() -> int:
 
 @pytest.fixture
 def tt_mesh_ops(request: pytest.FixtureRequest, tt_num_devices: int) -> Iterator[object]:
-    """The real ttnn with a MeshDevice open on the first chips, as ``TTBackend.from_pretrained``
+    """The real ttnn with a MeshDevice open on the first chips, as ``launch.open_backend``
     opens one (FABRIC_1D, the backend's L1_SMALL): the test's ``indirect`` parameter is N (a
     1 x N mesh) or (rows, cols); skips, saying why, when ttnn sees fewer chips."""
-    from tt_serve.model.tt.backend import DEFAULT_L1_SMALL
+    from tt_serve.model.tt.launch import DEFAULT_L1_SMALL
     from tt_serve.model.tt.ops import Ops
 
     rows, cols = request.param if isinstance(request.param, tuple) else (1, int(request.param))

@@ -1,16 +1,16 @@
 """Real-size checks of the ttnn backend, written once for any device.
 
 Every ``check_*`` takes an *unopened* ``Ops`` (the real ttnn on a Tenstorrent card in
-``tests/tt_hardware/test_real_size.py``; the numeric contract fake, ``Ops(FakeTTNN(chip=...))``,
+``tests/tt_hardware/test_real_size.py``; the numeric contract fake, ``Ops(VirtualTTNN(chip=...))``,
 in ``tests/tt_contract/test_real_size_fake.py``) and a :class:`RealSize`: a 2-layer checkpoint at
 Qwen3.5-9B layer dimensions (``tests/tiny_models.make_real_dims``: one GDN layer, 16 key / 32
 value heads of 128, then one gated attention layer, 16 q / 4 kv heads of 256; hidden 4096) and
 the sizes to run. The same bodies therefore run in ``make test`` at the real head counts and
 state sizes, which is what shows that the hardware tier is not vacuous: on the fake every device
-rule of ``limits.py`` (core grids, fill_cache work blocks, SDPA shards, the trace region) is
+rule of ``contract/rules.py`` (core grids, fill_cache work blocks, SDPA shards, the trace region) is
 checked at the shapes the card will see.
 
-The backend under test is built the way ``tt-serve`` builds it (``TTBackend.from_config`` on a
+The backend under test is built the way ``tt-serve`` builds it (``launch.launch`` on a
 ``ServeConfig``: the configured trace region, precision and prefill chunk), except for the
 per-layer check, which calls the layer functions eagerly. The torch reference
 (``TorchBackend``, fp32) runs the same rows; results are compared by :class:`Bar`.
@@ -32,7 +32,6 @@ from tt_serve.logprobs import top_logprobs
 from tt_serve.model.buckets import choose_bucket
 from tt_serve.model.draw import _kept, draw
 from tt_serve.model.interface import RowSampling, StateCopy, StepBatch, StepRow
-from tt_serve.model.ref import TorchBackend
 from tt_serve.model.ref.attention import AttentionWeights as RefAttention
 from tt_serve.model.ref.attention import attention_forward
 from tt_serve.model.ref.gdn import GdnWeights as RefGdn
@@ -40,14 +39,17 @@ from tt_serve.model.ref.gdn import gdn_forward
 from tt_serve.model.ref.layers import rope_cos_sin
 from tt_serve.model.ref.plan import StepPlan
 from tt_serve.model.spec import ModelSpec
-from tt_serve.model.tt.attention import AttentionWeights, attention_decode
-from tt_serve.model.tt.backend import DEFAULT_L1_SMALL, TTBackend
-from tt_serve.model.tt.gdn import GdnWeights, gdn_decode
-from tt_serve.model.tt.inputs import make_buckets
-from tt_serve.model.tt.model import LM_HEAD_CHUNK
+from tt_serve.model.torch_backend import TorchBackend
+from tt_serve.model.tt.launch import DEFAULT_L1_SMALL, launch
 from tt_serve.model.tt.ops import Ops
 from tt_serve.model.tt.precision import Precision
-from tt_serve.model.tt.weights import default_cache_dir
+from tt_serve.model.tt.runtime.attention import AttentionWeights, attention_decode
+from tt_serve.model.tt.runtime.backend import TTBackend
+from tt_serve.model.tt.runtime.build import build_backend
+from tt_serve.model.tt.runtime.gdn import GdnWeights, gdn_decode
+from tt_serve.model.tt.runtime.inputs import make_buckets
+from tt_serve.model.tt.runtime.model import LM_HEAD_CHUNK
+from tt_serve.model.tt.runtime.weights import default_cache_dir
 from tt_serve.model.weights import load_weights
 
 SNAPSHOTS = 2
@@ -115,7 +117,7 @@ def serve_backend(ops: Ops, size: RealSize, max_batch: int) -> TTBackend:
     """The backend as ``tt-serve`` builds it (opens the device with the configured trace
     region), allocated for ``max_batch`` rows: every trace is captured by now."""
     cfg = size.serve_config(max_batch)
-    be = TTBackend.from_config(cfg, size.spec, max_model_len=size.max_model_len, ops=ops)
+    be = launch(cfg, size.spec, max_model_len=size.max_model_len, ops=ops).backend
     _allocate(be, size, max_batch)
     return be
 
@@ -125,7 +127,7 @@ def eager_backend(ops: Ops, size: RealSize, max_batch: int) -> TTBackend:
     cfg = size.serve_config(max_batch)
     spec = size.spec
     ops.open_device(size.device_id, trace_region_size=0, l1_small_size=DEFAULT_L1_SMALL)
-    be = TTBackend(
+    be = build_backend(
         spec,
         load_weights(size.path, spec),
         ops=ops,

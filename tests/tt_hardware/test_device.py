@@ -16,10 +16,11 @@ import torch
 
 from tests.tt_contract import harness as h
 from tt_serve.model.interface import StateCopy, StepBatch, StepRow
-from tt_serve.model.ref import TorchBackend
 from tt_serve.model.ref.plan import StepPlan
 from tt_serve.model.spec import ModelSpec
-from tt_serve.model.tt.backend import TTBackend
+from tt_serve.model.torch_backend import TorchBackend
+from tt_serve.model.tt.runtime.backend import TTBackend
+from tt_serve.model.tt.runtime.build import build_backend
 from tt_serve.model.weights import load_weights
 
 pytestmark = pytest.mark.tt_hardware
@@ -36,7 +37,7 @@ def pcc(a: np.ndarray, b: np.ndarray) -> float:
 
 def _tt(path: Path, ops: Any, **kw: Any) -> TTBackend:
     spec = ModelSpec.from_hf_dir(path)
-    return TTBackend(spec, load_weights(path, spec), ops=ops, max_prefill_chunk=h.CHUNK, **kw)
+    return build_backend(spec, load_weights(path, spec), ops=ops, max_prefill_chunk=h.CHUNK, **kw)
 
 
 def test_pcc_per_layer_prefill(hw_dense_dir: Path, tt_ops: Any) -> None:
@@ -57,8 +58,8 @@ def test_pcc_per_layer_prefill(hw_dense_dir: Path, tt_ops: Any) -> None:
     for i, (rl, tl) in enumerate(zip(ref.model.layers, tt.model.layers, strict=True)):
         from tt_serve.model.ref.attention import attention_forward
         from tt_serve.model.ref.gdn import GdnWeights, gdn_forward
-        from tt_serve.model.tt.attention import attention_prefill
-        from tt_serve.model.tt.gdn import gdn_prefill
+        from tt_serve.model.tt.runtime.attention import attention_prefill
+        from tt_serve.model.tt.runtime.gdn import gdn_prefill
 
         h_in = rms_norm(x, rl.input_norm, ref.spec.rms_norm_eps)
         xt = tt_ops.upload(h_in.numpy()[None], "bfloat16")

@@ -17,10 +17,11 @@ import pytest
 from bench import tt_ccl
 from tests.tt_contract import harness as h
 from tt_serve.model.interface import StateCopy, StepBatch, StepRow
-from tt_serve.model.ref import TorchBackend
 from tt_serve.model.spec import ModelSpec
-from tt_serve.model.tt.backend import DEFAULT_CCL_LINKS, TTBackend
+from tt_serve.model.torch_backend import TorchBackend
 from tt_serve.model.tt.precision import Precision
+from tt_serve.model.tt.runtime.backend import TTBackend
+from tt_serve.model.tt.runtime.build import DEFAULT_CCL_LINKS, build_backend
 from tt_serve.model.weights import load_weights
 
 pytestmark = pytest.mark.tt_hardware
@@ -41,7 +42,7 @@ LOGIT_REL_ERR = 3e-2
 def _backend(path: Path, ops: Any) -> TTBackend:
     """The tensor-parallel backend on the open mesh, bf16 weights (LOGIT_REL_ERR's profile)."""
     spec = ModelSpec.from_hf_dir(path)
-    return TTBackend(
+    return build_backend(
         spec,
         load_weights(path, spec),
         ops=ops,

@@ -2,7 +2,7 @@
 
 One GDN and one gated attention layer at full Qwen3.5-9B dimensions (hidden 4096, intermediate
 12288, vocabulary 248320: the LM head runs in column chunks), random context-sensitive weights,
-built as ``tt-serve --backend ttnn`` builds the backend (``TTBackend.from_config``: the
+built as ``tt-serve --backend ttnn`` builds the backend (``launch.launch``: the
 configured trace region, precision, prefill chunk 2048 with every bucket traced). The checks
 are ``tests/tt_hardware/real_size.py``'s, which ``tests/tt_contract/test_real_size_fake.py``
 also runs on the numeric contract fake in ``make test``; ``reviews/ttnn-backend.md`` §5 lists
@@ -18,8 +18,8 @@ import pytest
 
 from tests import tiny_models as tm
 from tests.tt_hardware import real_size as rs
-from tt_serve.model.tt import weights
 from tt_serve.model.tt.ops import Ops
+from tt_serve.model.tt.runtime import weights
 
 pytestmark = pytest.mark.tt_hardware
 

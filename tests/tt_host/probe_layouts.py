@@ -9,11 +9,16 @@ import ttnn
 
 from tt_serve.model.interface import StepRow
 from tt_serve.model.spec import ModelSpec
-from tt_serve.model.tt.buffers import DECODE_FIELDS, PREFILL_FIELDS
-from tt_serve.model.tt.inputs import decode_values, padded_table, prefill_values, rope_tables
+from tt_serve.model.tt.layout.checkpoint import layout_weights
 from tt_serve.model.tt.ops import ROW_MAJOR, TILE, Ops
 from tt_serve.model.tt.precision import Precision
-from tt_serve.model.tt.weights import layout_weights
+from tt_serve.model.tt.runtime.buffers import DECODE_FIELDS, PREFILL_FIELDS
+from tt_serve.model.tt.runtime.inputs import (
+    decode_values,
+    padded_table,
+    prefill_values,
+    rope_tables,
+)
 
 ops = Ops(ttnn)
 checks = []

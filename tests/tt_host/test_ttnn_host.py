@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.tt_host.ops_calls import extract
-from tt_serve.model.tt.device import NoDeviceError, probe_devices, require_device
+from tt_serve.model.tt.probe import NoDeviceError, probe_devices, require_device
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

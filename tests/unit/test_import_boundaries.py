@@ -51,10 +51,120 @@ def _offenders(package: str, forbidden: tuple[str, ...]) -> list[str]:
         ("server", ("tt_serve.llm", "tt_serve.cli")),
         ("config", ("tt_serve.engine", "tt_serve.model", "tt_serve.server", "tt_serve.llm")),
         ("logprobs", ("tt_serve.engine", "tt_serve.model", "torch")),
+        # ttnn: the device program knows neither the device model nor the planner, and the
+        # numpy layout knows no device program (launch -> plan -> {runtime, contract};
+        # runtime -> layout -> ops).
+        (
+            "model/tt/runtime",
+            (
+                "tt_serve.model.tt.contract",
+                "tt_serve.model.tt.plan",
+                "tt_serve.model.tt.launch",
+                "tt_serve.model.tt.probe",
+            ),
+        ),
+        (
+            "model/tt/layout",
+            (
+                "tt_serve.model.tt.runtime",
+                "tt_serve.model.tt.contract",
+                "tt_serve.model.tt.plan",
+                "tt_serve.model.tt.launch",
+                "ttnn",
+            ),
+        ),
+        (
+            "model/tt/contract",
+            (
+                "tt_serve.model.tt.runtime",
+                "tt_serve.model.tt.plan",
+                "tt_serve.model.tt.launch",
+                "tt_serve.model.tt.layout",
+            ),
+        ),
+        ("model/tt/plan", ("tt_serve.model.tt.launch",)),
+        (
+            "model/tt/ops",
+            (
+                "tt_serve.model.tt.runtime",
+                "tt_serve.model.tt.contract",
+                "tt_serve.model.tt.plan",
+                "tt_serve.model.tt.layout",
+            ),
+        ),
     ],
 )
 def test_arrows_point_down(package: str, forbidden: tuple[str, ...]) -> None:
     assert _offenders(package, forbidden) == []
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_no_import_circles() -> None:
+    """No two modules of tt_serve import each other, directly or through others (lazy imports
+    count): the house reads top to bottom."""
+    modules = {_module(p): p for p in ROOT.rglob("*.py")}
+
+    def target(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {
+        m: {t for n in _imports(p) if (t := target(n)) is not None and t != m}
+        for m, p in modules.items()
+    }
+    # Tarjan's strongly connected components: every one larger than a module is a circle.
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert circles == []
+
+
+def test_backend_types_stay_inside_model() -> None:
+    """Outside ``model/`` no code tells one backend from another by its concrete type (a
+    protocol's capability check, such as ``PipelinedBackend``, is fine): the engine factory
+    takes what ``model/launch.py`` started."""
+    bad = []
+    for path in ROOT.rglob("*.py"):
+        if path.is_relative_to(ROOT / "model"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "isinstance"
+                and any(b in ast.unparse(node.args[1]) for b in ("TTBackend", "TorchBackend"))
+            ):
+                bad.append(f"{path.relative_to(ROOT.parent)}: {ast.unparse(node)}")
+    assert bad == []
 
 
 def test_the_scheduler_is_the_caches_only_client() -> None:
@@ -83,6 +193,7 @@ def test_bookkeeping_and_server_import_no_torch_at_module_level() -> None:
                 bad += [
                     f"{path.name}: {m}"
                     for m in mods
-                    if m.split(".")[0] in ("torch", "ttnn") or m.startswith("tt_serve.model.ref")
+                    if m.split(".")[0] in ("torch", "ttnn")
+                    or m.startswith(("tt_serve.model.ref", "tt_serve.model.torch_backend"))
                 ]
     assert bad == []

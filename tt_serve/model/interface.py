@@ -233,3 +233,12 @@ class PipelinedBackend(Backend, Protocol):
     device_resident: bool
 
     def submit(self, batch: StepBatch) -> PendingOutput: ...
+
+
+@dataclass(frozen=True)
+class Launched:
+    """A started backend (weights loaded, pools not yet allocated) and the KV pool size it was
+    planned for: what ``model/launch.py`` hands the engine factory, whichever the backend."""
+
+    backend: Backend
+    num_kv_blocks: int  # the padding block included

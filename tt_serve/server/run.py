@@ -136,7 +136,7 @@ def _serve(argv: Sequence[str]) -> int:
         print(f"tt-serve serve: {slow}", file=sys.stderr)
         return 2
     if cfg.backend == "ttnn":
-        from tt_serve.model.tt.device import require_device
+        from tt_serve.model.tt.probe import require_device
 
         require_device(cfg.device_ids)
     try:

@@ -1,8 +1,4 @@
-"""Torch reference backend: the numerical reference (one eager forward) and the backend that runs
-anywhere; its optional CUDA-graph path lives in ``model/cuda``."""
-
-from __future__ import annotations
-
-from tt_serve.model.ref.backend import TorchBackend
-
-__all__ = ["TorchBackend"]
+"""The torch reference: one eager forward of the hybrid model (layers, GDN, attention, MoE,
+pools, sampling, the screened LM head and its C kernels), the numerical reference every other
+path is tested against. ``model/torch_backend.py`` drives it (and ``model/cuda`` when graphs are
+on); nothing here imports either."""

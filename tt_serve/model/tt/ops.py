@@ -62,6 +62,12 @@ class Ops:
         """The chips' architecture ("wormhole_b0", "blackhole"), known before any device opens."""
         return str(self.ttnn.get_arch_name())
 
+    def cluster_type(self) -> str:
+        """The box's ClusterType name ("P150", "N300", "T3K", ...), known before any device
+        opens: what the launch identifies the hardware by (``contract/boards.py``)."""
+        t = self.ttnn.cluster.get_cluster_type()
+        return str(getattr(t, "name", t))
+
     def open_device(self, device_id: int, *, trace_region_size: int, l1_small_size: int) -> Any:
         self.device = self.ttnn.open_device(
             device_id=device_id,

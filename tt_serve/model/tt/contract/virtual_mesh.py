@@ -1,6 +1,6 @@
-"""CONTRACT FAKE of a ttnn 0.81.1 MeshDevice: SPMD over one ``FakeTTNN`` per chip.
+"""CONTRACT FAKE of a ttnn 0.81.1 MeshDevice: SPMD over one ``VirtualTTNN`` per chip.
 
-``FakeMeshTTNN`` has the module surface of ``FakeTTNN`` plus the mesh API of
+``VirtualMeshTTNN`` has the module surface of ``VirtualTTNN`` plus the mesh API of
 ``shared/design/notes/ttnn-mesh.md`` (sections 1-4): ``MeshShape``, ``open_mesh_device``, the
 mappers ``replicate_tensor_to_mesh_mapper`` / ``shard_tensor_to_mesh_mapper`` (1-D over every
 chip in row-major order), ``create_mesh_mapper`` with a ``MeshMapperConfig`` of
@@ -21,21 +21,21 @@ chips that differ only in that coordinate), the other axis untouched (the 0.81.1
 docstring: "Other mesh axes run independent gathers"). Without ``cluster_axis`` the line is the
 whole mesh, which on a mesh with more than one row and column needs a 2-D fabric (FABRIC_2D*:
 tenstorrent/vllm-tt-plugin:tests/test_fabric_config.py, notes 3.2). Links are checked per axis
-(tt-metal:models/tt_transformers/tt/ccl.py ``get_num_links``: TG / BHGLX (4, 3));
+(tt-metal:models/tt_transformers/tt/runtime/ccl.py ``get_num_links``: TG / BHGLX (4, 3));
 ``Topology.Ring`` needs a ring fabric and an axis
 whose chips wrap around (``ttnn.get_usable_topology``: a ring "is demoted to linear when the
 tensor's devices along cluster_axis do not form a full wraparound"; this fake is strict and
 raises instead).
 
 Design: a mesh tensor (:class:`MeshTensor`) holds one shard per chip, each an ordinary
-``FakeTTNN`` tensor on that chip's fake; ``tensor.shape`` is the per-chip shard shape, as in
+``VirtualTTNN`` tensor on that chip's fake; ``tensor.shape`` is the per-chip shard shape, as in
 ttnn. Every op runs once per chip on that chip's shards, so each chip's fake applies every rule
-of ``limits.py`` to the per-chip shapes, charges its own DRAM banks and trace region, and
+of ``rules.py`` to the per-chip shapes, charges its own DRAM banks and trace region, and
 records its own trace; the chips' traces share one step list, so a replay re-runs the ops of
 every chip and the collectives in their call order. CCLs compute their semantics from all
 chips' shards (numeric mode) or just shapes (shape-only mode), allocate their outputs and
 intermediate buffers on every chip, and check the device-operation rules
-(``limits.all_gather_async``, ``limits.reduce_scatter_minimal_async``), the fabric and the
+(``rules.all_gather_async``, ``rules.reduce_scatter_minimal_async``), the fabric and the
 topology. A one-chip mesh returns its chip's own tensors: it is exactly the single-device fake.
 
 Fault injection (``inject_fault``): the next call of an op on one chip raises
@@ -61,21 +61,21 @@ from typing import Any, TypeAlias
 import numpy as np
 import torch
 
-from tt_serve.model.tt import limits
-from tt_serve.model.tt.devices import ChipSpec
-from tt_serve.model.tt.fake_ttnn import (
+from tt_serve.model.tt.contract import rules
+from tt_serve.model.tt.contract.boards import ChipSpec
+from tt_serve.model.tt.contract.virtual_ttnn import (
     P150,
     Buffer,
     ContractViolation,
     CoreCoord,
     FakeDevice,
-    FakeTTNN,
+    VirtualTTNN,
 )
-from tt_serve.model.tt.fake_ttnn import Tensor as ChipTensor
+from tt_serve.model.tt.contract.virtual_ttnn import Tensor as ChipTensor
 
 
 class InjectedFault(RuntimeError):
-    """A device error the test injected (``FakeMeshTTNN.inject_fault``)."""
+    """A device error the test injected (``VirtualMeshTTNN.inject_fault``)."""
 
 
 class FabricConfig(Enum):
@@ -209,7 +209,7 @@ class MeshTensor:
         """Chip 0's buffer (what a test pokes; per-chip buffers are in ``shards``)."""
         return self.shards[0].buffer
 
-    def info(self) -> limits.TensorInfo:
+    def info(self) -> rules.TensorInfo:
         return self.shards[0].info()
 
     def to_numpy(self, mesh_composer: MeshComposer | None = None) -> np.ndarray:
@@ -243,7 +243,9 @@ class _Namespace:
     """``ttnn.experimental`` / ``ttnn.transformer``: chip-0's functions dispatched per chip,
     plus the mesh's own (the CCLs)."""
 
-    def __init__(self, mesh: FakeMeshTTNN, path: str, own: dict[str, Callable[..., Any]]) -> None:
+    def __init__(
+        self, mesh: VirtualMeshTTNN, path: str, own: dict[str, Callable[..., Any]]
+    ) -> None:
         self._mesh, self._path, self._own = mesh, path, own
 
     def __getattr__(self, name: str) -> Any:
@@ -251,7 +253,7 @@ class _Namespace:
             return self._own[name]
         mesh, parts = self._mesh, [*self._path.split("."), name]
 
-        def resolve(chip: FakeTTNN) -> Any:
+        def resolve(chip: VirtualTTNN) -> Any:
             obj: Any = chip
             for p in parts:
                 obj = getattr(obj, p)
@@ -270,7 +272,7 @@ _Coord: TypeAlias = CoreCoord
 _MapperConfig: TypeAlias = MeshMapperConfig
 
 
-class FakeMeshTTNN:
+class VirtualMeshTTNN:
     """The fake ttnn module for a mesh of ``num_devices`` identical chips."""
 
     FabricConfig = FabricConfig
@@ -294,12 +296,15 @@ class FakeMeshTTNN:
         """``max_links``: Ethernet links between neighbours, one count or (axis 0, axis 1) (0:
         not checked); ``ring_axes``: the mesh axes whose chips wrap around (a ``Topology.Ring``
         CCL is refused on the others); ``mirror``: one chip's fake for all (shape-only mode
-        only, see the module docstring); ``chip_kwargs`` go to every chip's ``FakeTTNN``."""
+        only, see the module docstring); ``chip_kwargs`` go to every chip's ``VirtualTTNN``."""
         self._num_devices, self._chip_kwargs = num_devices, chip_kwargs
         self.max_links = (max_links, max_links) if isinstance(max_links, int) else max_links
         self.ring_axes = ring_axes
-        self.chips: list[FakeTTNN] = [FakeTTNN(num_devices=num_devices, chip=chip, **chip_kwargs)]
+        self.chips: list[VirtualTTNN] = [
+            VirtualTTNN(num_devices=num_devices, chip=chip, **chip_kwargs)
+        ]  # one per chip once the mesh opens
         self.chip = chip
+        self.cluster = self.chips[0].cluster
         self.shape_only = bool(chip_kwargs.get("shape_only", False))
         if mirror and not self.shape_only:
             raise ValueError("mirror=True needs shape_only=True (chips differ in numeric mode)")
@@ -351,7 +356,7 @@ class FakeMeshTTNN:
 
     # ---- SPMD dispatch ---------------------------------------------------------------------
     def _spmd(
-        self, name: str, resolve: Callable[[FakeTTNN], Any], args: tuple[Any, ...], kw: dict
+        self, name: str, resolve: Callable[[VirtualTTNN], Any], args: tuple[Any, ...], kw: dict
     ) -> Any:
         """Run ``name`` on every chip with that chip's shards; a call with only plain (one-chip)
         tensors runs on their chip alone (``get_device_tensors(t)[0]`` reads)."""
@@ -404,7 +409,7 @@ class FakeMeshTTNN:
             raise ContractViolation("mesh.device_ids", f"physical_device_ids {ids} for {shape}")
         while len(self.chips) < (1 if self.mirror else n):
             self.chips.append(
-                FakeTTNN(num_devices=self._num_devices, chip=self.chip, **self._chip_kwargs)
+                VirtualTTNN(num_devices=self._num_devices, chip=self.chip, **self._chip_kwargs)
             )
         devices = [
             c.open_device(device_id=i, trace_region_size=trace_region_size, l1_small_size=0)
@@ -483,7 +488,7 @@ class FakeMeshTTNN:
             ]
         )
 
-    def _chips(self, n: int) -> list[FakeTTNN]:
+    def _chips(self, n: int) -> list[VirtualTTNN]:
         if self._n < n:
             raise ContractViolation("mesh.open", "a mesh mapper before open_mesh_device")
         return [self.chips[0]] * n if self.mirror else self.chips[:n]
@@ -631,7 +636,7 @@ class FakeMeshTTNN:
         lines = self._lines(name, cluster_axis)
         line_of = {i: line for line in lines for i in line}
         with self.chips[0]._rules():
-            out_shape = limits.all_gather_async(
+            out_shape = rules.all_gather_async(
                 self.chip,
                 x.info(),
                 dim,
@@ -681,7 +686,7 @@ class FakeMeshTTNN:
         n = len(lines[0])
         place = {i: (line, k) for line in lines for k, i in enumerate(line)}
         with self.chips[0]._rules():
-            inter, out_shape = limits.reduce_scatter_minimal_async(
+            inter, out_shape = rules.reduce_scatter_minimal_async(
                 self.chip,
                 x.info(),
                 dim,
@@ -695,7 +700,7 @@ class FakeMeshTTNN:
         for c in self.chips:  # the staging buffer: charged while the op runs
             key = -(1 << 40) - c.dram.used_per_bank
             with c._rules():
-                c.dram.allocate(key, limits.TensorInfo(inter, x.dtype.value, x.layout.value))
+                c.dram.allocate(key, rules.TensorInfo(inter, x.dtype.value, x.layout.value))
             c.dram_peak_per_bank = max(c.dram_peak_per_bank, c.dram.used_per_bank)
             c.dram.free(key)
         bufs = [s.buffer for s in x.shards]
@@ -773,7 +778,7 @@ def _has_mesh(args: Any, kw: dict) -> bool:
     return walk(args) or walk(tuple(kw.values()))
 
 
-def _owner(args: Any, kw: dict, chips: list[FakeTTNN]) -> int | None:
+def _owner(args: Any, kw: dict, chips: list[VirtualTTNN]) -> int | None:
     """The chip of the first plain tensor among the arguments."""
     for v in itertools.chain(args, kw.values()):
         for t in v if isinstance(v, (list, tuple)) else (v,):

@@ -25,8 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tt_serve.model.tt.layers import l2norm, whole
 from tt_serve.model.tt.ops import Ops, Tensor
+from tt_serve.model.tt.runtime.layers import l2norm, whole
 
 KERNEL_CHUNK = 32  # chunk_gated_delta_rule's own chunk: its flat (rank-3) path requires 32
 

@@ -31,7 +31,7 @@ planner's shape-only run charges them).
 
 Expert placement on a mesh of N chips (1 x N, or R x C with N = R·C in row-major chip order):
 chip c holds the whole experts [c·E/N, (c+1)·E/N) (gate_up
-and down sharded on the expert dim, ``parallel.py``), the router is replicated, and each chip
+and down sharded on the expert dim, ``layout/parallel.py``), the router is replicated, and each chip
 computes its local experts for the tokens routed to them. Its output is a partial sum over the
 experts, added to the shared expert's partial sum (column/row parallel) and reduced by the
 layer's one ``ccl.TensorParallelCCL.all_reduce``, as every other row-parallel projection. Not
@@ -61,17 +61,11 @@ the dense path splits every expert by its intermediate dim instead of placing ex
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from tt_serve.model.tt.layers import swiglu
 from tt_serve.model.tt.ops import Ops, Tensor
+from tt_serve.model.tt.runtime.layers import swiglu
 
-MoeDispatch = Literal["sparse", "dense"]
-DISPATCHES: tuple[MoeDispatch, ...] = ("sparse", "dense")
-
-# Rows (experts x intermediate) of one dense group's matmuls: bounds each expert activation to
-# 64 KiB per token in bf16 (2 MiB at a 32-row decode, 16 MiB at a 256-token prefill chunk).
-EXPERT_GROUP_ROWS = 32768
 # Rows of one sparse block. A block reads each of its experts' weights once, so one block per
 # call reads no more than the dense path does (a 256-token chunk routes to nearly every expert:
 # 256 x (1 - (1 - 8/256)^256) ~ 256 of Qwen3.6's 256), where 32-row blocks would read each expert
@@ -81,13 +75,6 @@ BLOCK_ROWS = 256
 # K tiles of one core's in0 block (at most; a divisor of Kt): the qwen3_6_a3b port measured fewer K-block handshakes as faster, and 8 divides both K of
 # Qwen3.6 (64 and 16 tiles).
 IN0_BLOCK_TILES = 8
-
-
-def expert_groups(num_experts: int, intermediate: int) -> list[tuple[int, int]]:
-    """[first, end) expert ranges of the dense path's stacked-weight groups: as many whole
-    experts as fit in EXPERT_GROUP_ROWS rows (at least one), the last group possibly smaller."""
-    size = max(1, EXPERT_GROUP_ROWS // max(intermediate, 1))
-    return [(a, min(num_experts, a + size)) for a in range(0, num_experts, size)]
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,9 @@ compared token for token with the torch reference; device numerics are tested on
 * runtime_args: under capture, the chunk start and cache positions must be device tensors, and
   chunk_gated_delta_rule must get its constant tiles explicitly;
 * program_cache: every program captured must have run eagerly before (compile run);
-* device limits (``tt_serve/model/tt/limits.py``, rule names ``<op>.<check>``): every op call is
+* device limits (``tt_serve/model/tt/contract/rules.py``, rule names ``<op>.<check>``): every op call is
   checked against tt-metal's own validation for the fake's chip (default a Blackhole P150,
-  ``FakeTTNN(chip=WORMHOLE)`` for an 8x8 Wormhole): core-grid limits, shape, dtype, layout and
+  ``VirtualTTNN(chip=WORMHOLE)`` for an 8x8 Wormhole): core-grid limits, shape, dtype, layout and
   sharding rules; every device allocation is charged to the chip's DRAM banks
   (``dram.capacity``); every capture is charged to the trace region at ``end_trace_capture``
   (``trace.region``, an estimate of the command stream) and released by ``release_trace``.
@@ -32,7 +32,7 @@ compared token for token with the torch reference; device numerics are tested on
 
 Replay re-runs the recorded ops on the recorded buffers, in place, like a device trace.
 
-``FakeTTNN(shape_only=True)`` (the planner's device model, ``planner.py``): tensors hold torch
+``VirtualTTNN(shape_only=True)`` (the planner's device model, ``plan/planner.py``): tensors hold torch
 ``meta`` data (shape, dtype, layout and placement, no storage); ops run every rule above and
 produce outputs of the right shape without computing; host reads return zeros; replays check
 their rules and recompute nothing. Real-size models (Qwen3.5-9B) run in seconds.
@@ -56,8 +56,8 @@ import torch.nn.functional as F
 
 from tt_serve.model.ref.gdn import chunk_gated_delta, recurrent_gated_delta_step
 from tt_serve.model.ref.layers import l2norm
-from tt_serve.model.tt import limits, memory
-from tt_serve.model.tt.devices import ChipSpec, device_spec
+from tt_serve.model.tt.contract import dram, rules
+from tt_serve.model.tt.contract.boards import DEVICES, ChipSpec, device_spec
 
 WORMHOLE = device_spec("n150").chip  # 8x8 workers, 12 x 1 GiB DRAM banks
 P150 = device_spec("p150").chip  # 11x10 workers, 8 x (4 GiB - 16 MiB) DRAM banks
@@ -93,7 +93,7 @@ class Buffer:
     serial: int
     on_device: bool
     freed: bool = False
-    shard: limits.Shard | None = None  # L1 height-sharded (interleaved_to_sharded)
+    shard: rules.Shard | None = None  # L1 height-sharded (interleaved_to_sharded)
     pending: int = 0  # stamp of a non-blocking read not yet synchronized (0: readable)
 
     @property
@@ -104,7 +104,7 @@ class Buffer:
 class Tensor:
     """A handle; device buffers die with their last handle (as ttnn tensors do)."""
 
-    def __init__(self, fake: FakeTTNN, buf: Buffer, dtype: DataType, layout: Layout) -> None:
+    def __init__(self, fake: VirtualTTNN, buf: Buffer, dtype: DataType, layout: Layout) -> None:
         self._fake, self.buffer, self.dtype, self.layout = fake, buf, dtype, layout
 
     def __del__(self) -> None:
@@ -121,10 +121,10 @@ class Tensor:
             s[-1], s[-2] = -(-s[-1] // 32) * 32, -(-s[-2] // 32) * 32
         return tuple(s)
 
-    def info(self) -> limits.TensorInfo:
+    def info(self) -> rules.TensorInfo:
         """The operand as the device rules see it."""
         buf = self.buffer
-        return limits.TensorInfo(
+        return rules.TensorInfo(
             self.shape,
             self.dtype.value,
             self.layout.value,
@@ -175,7 +175,22 @@ class FakeEvent:
     stamp: int
 
 
-class FakeTTNN:
+def cluster_type_of(chip: ChipSpec, num_devices: int) -> str:
+    """The ClusterType name a box of ``num_devices`` ``chip``s reports (the first description
+    that matches), or ``"CUSTOM"``."""
+    for d in DEVICES.values():
+        if d.chip == chip and d.num_chips == num_devices and d.cluster_types:
+            return d.cluster_types[0]
+    return "CUSTOM"
+
+
+def _cluster(name: str) -> SimpleNamespace:
+    """``ttnn.cluster``: ``get_cluster_type()`` returns a ClusterType-like value (``.name``)."""
+    value = SimpleNamespace(name=name)
+    return SimpleNamespace(get_cluster_type=lambda: value)
+
+
+class VirtualTTNN:
     """The module-like fake: attribute names as in ttnn 0.81.1."""
 
     def __init__(
@@ -186,20 +201,23 @@ class FakeTTNN:
         require_sdpa_program_config: bool = False,
         legacy_fill_cache_work_blocks: bool = False,
         shape_only: bool = False,
+        cluster_type: str | None = None,
     ) -> None:
         self._num_devices = num_devices
         # shape_only: tensors hold torch ``meta`` data (shape, no storage); ops check every rule
         # and produce outputs of the right shape and dtype without computing; host reads give
-        # zeros. Used by the planner (``planner.py``) to run real-size models.
+        # zeros. Used by the planner (``plan/planner.py``) to run real-size models.
         self.shape_only = shape_only
         self._tdev = torch.device("meta" if shape_only else "cpu")
         self.chip = chip
+        # ``ttnn.cluster.get_cluster_type()``: given, or the box of ``num_devices`` such chips
+        self.cluster = _cluster(cluster_type or cluster_type_of(chip, num_devices))
         self.require_sdpa_program_config = require_sdpa_program_config
         self.legacy_fill_cache_work_blocks = legacy_fill_cache_work_blocks
-        self.dram = memory.DramBudget(chip)
+        self.dram = dram.DramBudget(chip)
         self.dram_peak_per_bank = 0  # high-water mark of ``dram.used_per_bank``
-        self.trace_region = memory.TraceRegion(chip, 0)
-        self.sdpa_decode_plans: list[limits.SdpaDecodePlan] = []
+        self.trace_region = dram.TraceRegion(chip, 0)
+        self.sdpa_decode_plans: list[rules.SdpaDecodePlan] = []
         self.argmax_paths: list[str] = []
         self._serial = itertools.count(1)
         self._capturing: int | None = None
@@ -243,7 +261,7 @@ class FakeTTNN:
             data = torch.empty(data.shape, dtype=data.dtype, device="meta")
         buf = Buffer(data, next(self._serial), device)
         if device:
-            info = limits.TensorInfo(tuple(data.shape), dtype.value, layout.value)
+            info = rules.TensorInfo(tuple(data.shape), dtype.value, layout.value)
             with self._rules():
                 self.dram.allocate(buf.serial, info)
             self.dram_peak_per_bank = max(self.dram_peak_per_bank, self.dram.used_per_bank)
@@ -260,7 +278,7 @@ class FakeTTNN:
         """Device limits as contract violations (same rule names)."""
         try:
             yield
-        except limits.DeviceLimitError as exc:
+        except rules.DeviceLimitError as exc:
             raise ContractViolation(exc.rule, str(exc).split("] ", 1)[1]) from None
 
     def _no_host_io(self, what: str) -> None:
@@ -298,7 +316,7 @@ class FakeTTNN:
         trace = self._traces[self._capturing]
         if cores is None:
             tiles = max((_tiles(b.data.shape) for b in outs), default=1)
-            cores = limits.op_cores(self.chip, tiles)
+            cores = rules.op_cores(self.chip, tiles)
         trace.program_cores.append(cores)
         in_bufs = [t.buffer for t in inputs]
         trace.inputs.extend(b for b in in_bufs if b.serial < trace.end_serial)
@@ -369,7 +387,7 @@ class FakeTTNN:
         if device_id >= self._num_devices:
             raise RuntimeError("No chips detected in the cluster")
         self.dram.trace_region_size = trace_region_size
-        self.trace_region = memory.TraceRegion(self.chip, trace_region_size)
+        self.trace_region = dram.TraceRegion(self.chip, trace_region_size)
         return FakeDevice(self.chip)
 
     def close_device(self, device: FakeDevice) -> None:
@@ -424,9 +442,9 @@ class FakeTTNN:
             with self._rules():
                 size = self.trace_region.end_capture(trace_id, trace.program_cores)
                 if self.trace_region.size == 0:  # the trace buffer is an ordinary DRAM buffer
-                    pages = size // memory.TRACE_PAGE_BYTES
+                    pages = size // dram.TRACE_PAGE_BYTES
                     label = f"trace {trace_id}"
-                    self.dram.allocate_pages(-trace_id, pages, memory.TRACE_PAGE_BYTES, label)
+                    self.dram.allocate_pages(-trace_id, pages, dram.TRACE_PAGE_BYTES, label)
         except ContractViolation:
             trace.released = True
             self.trace_region.release(trace_id)
@@ -546,9 +564,9 @@ class FakeTTNN:
         k_chunk_size: int,
         exp_approx_mode: bool | None = None,
         max_cores_per_head_batch: int = 16,
-    ) -> limits.SdpaConfig:
+    ) -> rules.SdpaConfig:
         grid = compute_with_storage_grid_size
-        return limits.SdpaConfig(
+        return rules.SdpaConfig(
             (grid.x, grid.y), q_chunk_size, k_chunk_size, exp_approx_mode, max_cores_per_head_batch
         )
 
@@ -557,7 +575,7 @@ class FakeTTNN:
 
     def num_cores_to_corerangeset(self, n: int, grid: Any, row_wise: bool) -> Any:
         with self._rules():
-            limits.num_cores_to_corerangeset(self.chip, n)
+            rules.num_cores_to_corerangeset(self.chip, n)
         return SimpleNamespace(num_cores=n)
 
     def create_sharded_memory_config(
@@ -570,7 +588,7 @@ class FakeTTNN:
     ) -> Any:
         return SimpleNamespace(
             sharded=True,
-            shard=limits.Shard(core_grid.num_cores, tuple(shape), strategy, orientation),
+            shard=rules.Shard(core_grid.num_cores, tuple(shape), strategy, orientation),
         )
 
     def interleaved_to_sharded(self, x: Tensor, config: Any) -> Tensor:
@@ -591,7 +609,7 @@ class FakeTTNN:
 
     def permute(self, x: Tensor, dims: Sequence[int]) -> Tensor:
         with self._rules():
-            limits.permute(x.info(), dims)
+            rules.permute(x.info(), dims)
         return self._single(
             "permute", [x], lambda: x.buffer.data.permute(*dims).contiguous(), x.dtype, x.layout
         )
@@ -618,7 +636,7 @@ class FakeTTNN:
             )
         nkv = num_heads if num_kv_heads is None else num_kv_heads
         with self._rules():
-            qs, _, _ = limits.nlp_create_qkv_heads(input.info(), num_heads, nkv, transpose_k_heads)
+            qs, _, _ = rules.nlp_create_qkv_heads(input.info(), num_heads, nkv, transpose_k_heads)
         hd = qs[-1]
 
         def split() -> tuple[torch.Tensor, ...]:
@@ -675,7 +693,7 @@ class FakeTTNN:
                 "dtype", f"fill_cache {x.shape}/{x.dtype} into {cache.shape}/{cache.dtype}"
             )
         with self._rules():
-            limits.fill_cache(
+            rules.fill_cache(
                 self.chip,
                 cache.info(),
                 x.info(),
@@ -715,11 +733,11 @@ class FakeTTNN:
         compute_kernel_config: Any = None,
         dtype: DataType | None = None,
     ) -> Tensor:
-        """Batch dims as ``limits.matmul`` allows (B broadcast when its batch is 1, else equal);
+        """Batch dims as ``rules.matmul`` allows (B broadcast when its batch is 1, else equal);
         the output dtype is ``dtype`` or, as in ttnn, A's."""
         self._compute_kernel_config("matmul", compute_kernel_config)
         with self._rules():
-            limits.matmul(a.info(), b.info())
+            rules.matmul(a.info(), b.info())
         return self._single(
             "matmul", [a, b], lambda: a.buffer.data @ b.buffer.data, dtype or a.dtype
         )
@@ -736,7 +754,7 @@ class FakeTTNN:
         return self._single("rms_norm", [x, weight], fn, x.dtype)
 
     def _binary(self, name: str, a: Any, b: Any, f: Callable[[Any, Any], torch.Tensor]) -> Tensor:
-        """An eltwise binary op (binary_ng): TILE operands broadcast as ``limits.binary``
+        """An eltwise binary op (binary_ng): TILE operands broadcast as ``rules.binary``
         allows; comparisons give 0/1 in the first tensor's dtype."""
         ts = [t for t in (a, b) if isinstance(t, Tensor)]
         for t in ts:
@@ -744,7 +762,7 @@ class FakeTTNN:
                 raise ContractViolation("tile", f"{name} on a ROW_MAJOR tensor")
         if len(ts) == 2:
             with self._rules():
-                limits.binary(ts[0].shape, ts[1].shape)
+                rules.binary(ts[0].shape, ts[1].shape)
 
         def val(v: Any) -> Any:
             return v.buffer.data if isinstance(v, (Tensor, Ref)) else v
@@ -816,7 +834,7 @@ class FakeTTNN:
         indices_tensor: Tensor | None = None,
         stable: bool = False,
     ) -> list[Tensor]:
-        """Values (x's dtype) and indices (``limits.topk``'s dtype; the labels of
+        """Values (x's dtype) and indices (``rules.topk``'s dtype; the labels of
         ``indices_tensor`` when given), both TILE, sorted. Ties: ``stable`` puts the lowest index
         first (as the 0.81.1 docstring says); otherwise the fake orders them highest index
         first, a legal outcome of an unstable sort that differs from the stable one, so code
@@ -825,7 +843,7 @@ class FakeTTNN:
             raise ContractViolation("not_modelled", "topk: only largest=True, sorted=True")
         labels = indices_tensor.info() if indices_tensor is not None else None
         with self._rules():
-            kind = limits.topk(
+            kind = rules.topk(
                 x.info(), k, dim, indices=labels, stable=stable, l1_bytes=self.chip.l1_bytes
             )
         shape = (*x.shape[:-1], k)
@@ -858,7 +876,7 @@ class FakeTTNN:
         if dim is None and x.layout is not Layout.ROW_MAJOR:
             raise ContractViolation("dtype", "argmax over all dims needs ROW_MAJOR")
         with self._rules():
-            self.argmax_paths.append(limits.argmax(x.info(), dim))
+            self.argmax_paths.append(rules.argmax(x.info(), dim))
         return self._single(
             "argmax", [x], lambda: x.buffer.data.argmax(dim=-1), DataType.UINT32, Layout.ROW_MAJOR
         )
@@ -883,7 +901,7 @@ class FakeTTNN:
         if x.shape[2] % 32:
             raise ContractViolation("tile", f"paged_fill_cache of {x.shape[2]} tokens")
         with self._rules():
-            limits.paged_fill_cache(cache.info(), x.info(), page_table.info(), batch_idx)
+            rules.paged_fill_cache(cache.info(), x.info(), page_table.info(), batch_idx)
 
         def fn() -> torch.Tensor:
             new, bs = cache.buffer.data.clone(), cache.shape[2]
@@ -917,7 +935,7 @@ class FakeTTNN:
         if update_idxs_tensor.dtype is not DataType.INT32:
             raise ContractViolation("dtype", "update_idxs_tensor must be INT32")
         with self._rules():
-            limits.paged_update_cache(
+            rules.paged_update_cache(
                 self.chip, cache.info(), x.info(), update_idxs_tensor.info(), page_table.info()
             )
 
@@ -970,7 +988,7 @@ class FakeTTNN:
             raise ContractViolation("tile", f"chunked SDPA chunk of {t} tokens")
         start_info = chunk_start_idx_tensor.info() if chunk_start_idx_tensor is not None else None
         with self._rules():
-            limits.chunked_sdpa(
+            rules.chunked_sdpa(
                 q.info(), k.info(), v.info(), page_table.info(), start_info, program_config
             )
         qc = program_config.q_chunk_size if program_config is not None else 32
@@ -986,7 +1004,7 @@ class FakeTTNN:
                 else int(chunk_start_idx or 0)
             )
             with self._rules():
-                limits.chunked_sdpa_start(start, qc, kc)
+                rules.chunked_sdpa_start(start, qc, kc)
             end = start + t
             row = page_table.buffer.data[0]
             keys = self._gather(k.buffer.data, row, end)
@@ -1010,7 +1028,7 @@ class FakeTTNN:
         *,
         cur_pos_tensor: Tensor | None = None,
         scale: float | None = None,
-        program_config: limits.SdpaConfig | None = None,
+        program_config: rules.SdpaConfig | None = None,
         compute_kernel_config: Any = None,
     ) -> Tensor:
         self._compute_kernel_config("sdpa_decode", compute_kernel_config)
@@ -1020,7 +1038,7 @@ class FakeTTNN:
             )
         self._check_cache(k, page_table)
         with self._rules():
-            plan = limits.paged_sdpa_decode(
+            plan = rules.paged_sdpa_decode(
                 self.chip,
                 q.info(),
                 k.info(),
@@ -1163,7 +1181,7 @@ class FakeTTNN:
                 "tile", "flat chunk_gated_delta_rule needs chunk 32, T%32==0, K==V"
             )
         with self._rules():
-            limits.chunk_gated_delta_rule(
+            rules.chunk_gated_delta_rule(
                 self.chip,
                 [q.info(), k.info(), v.info()],
                 g.info(),
@@ -1217,7 +1235,7 @@ class FakeTTNN:
         if q.shape[1] != 1:
             raise ContractViolation("dtype", "decode runs one token per row")
         with self._rules():
-            limits.fused_recurrent_gated_delta_rule(
+            rules.fused_recurrent_gated_delta_rule(
                 self.chip, q.info(), v.info(), initial_state.info()
             )
 
@@ -1354,7 +1372,7 @@ class FakeTTNN:
         untilize_out: bool = False,
         allowed_worker_cores: Any = None,
         stream_in1: bool = False,
-    ) -> limits.Matmul1DConfig:
+    ) -> rules.Matmul1DConfig:
         """ttnn.MatmulMultiCoreReuseMultiCast1DProgramConfig (the 0.81.1 signature); unset
         out_block_h / out_block_w are per_core_M / per_core_N, as tt-metal defaults them
         (matmul/device/config/matmul_program_config_types.hpp). Fused activations, gathered in0,
@@ -1364,7 +1382,7 @@ class FakeTTNN:
                 "not_modelled", "1D program config: fused_activation / gather_in0 / untilize_out"
             )
         grid = compute_with_storage_grid_size
-        return limits.Matmul1DConfig(
+        return rules.Matmul1DConfig(
             (grid.x, grid.y),
             in0_block_w,
             out_subblock_h,
@@ -1383,7 +1401,7 @@ class FakeTTNN:
         input_tensor_b: Tensor,
         *,
         sparsity: Tensor,
-        program_config: limits.Matmul1DConfig | None = None,
+        program_config: rules.Matmul1DConfig | None = None,
         nnz: int | None = None,
         is_input_a_sparse: bool = False,
         is_input_b_sparse: bool = True,
@@ -1399,7 +1417,7 @@ class FakeTTNN:
         bias: Tensor | None = None,
     ) -> Tensor:
         """ttnn.sparse_matmul in the scan modes (no ``indices``, op-owned expanded output), rules
-        in ``limits.sparse_matmul``. Batch entry (i, e) is A's block times B's expert e where the
+        in ``rules.sparse_matmul``. Batch entry (i, e) is A's block times B's expert e where the
         sparsity entry is non-zero; the op zero-fills the entries it skips (0.81.1 docstring:
         "skipped positions are zero-filled", create_output_tensors' zeros_like, tt-metal PR
         #36714: an unfilled output gave different users different outputs in GPT-OSS), and never
@@ -1419,7 +1437,7 @@ class FakeTTNN:
                 raise ContractViolation("sparse_matmul.memory", "inputs must be interleaved")
         self._compute_kernel_config("sparse_matmul", compute_kernel_config)
         with self._rules():
-            plan = limits.sparse_matmul(
+            plan = rules.sparse_matmul(
                 self.chip,
                 a.info(),
                 b.info(),
@@ -1430,7 +1448,7 @@ class FakeTTNN:
                 is_input_b_sparse=is_input_b_sparse,
             )
         if "sparse_matmul_work" not in self.__dict__:
-            self.sparse_matmul_work: list[tuple[limits.SparseMatmulPlan, int | None]] = []
+            self.sparse_matmul_work: list[tuple[rules.SparseMatmulPlan, int | None]] = []
         work = self.sparse_matmul_work
 
         def fn() -> torch.Tensor:
@@ -1455,7 +1473,7 @@ class FakeTTNN:
                 full, keep = ad @ bd, (sd[0, 0] != 0)[..., None, None]
             return torch.where(keep, full, torch.zeros(()))
 
-        assert program_config is not None  # limits.sparse_matmul refuses None
+        assert program_config is not None  # rules.sparse_matmul refuses None
         cores = program_config.grid[0] * program_config.grid[1]
         return self._single("sparse_matmul", [a, b, s], fn, dtype or a.dtype, cores=cores)
 

@@ -96,9 +96,12 @@ class DeviceSpec:
     other_meshes: tuple[tuple[int, int], ...] = field(default=())  # other shapes tt-metal opens
     description: str = ""
     # Ethernet links a collective uses between neighbours, per mesh axis (axis 0, axis 1)
-    # (models/tt_transformers/tt/ccl.py get_num_links: N300/T3K (1, 1), P150x4/P150x8/P300
+    # (models/tt_transformers/tt/runtime/ccl.py get_num_links: N300/T3K (1, 1), P150x4/P150x8/P300
     # (2, 2), TG/BHGLX (4, 3); (0, 0): no ethernet collectives)
     ccl_links: tuple[int, int] = (0, 0)
+    # ``ttnn.cluster.get_cluster_type()``'s ClusterType member names this box reports, known
+    # before any device opens (tt_metal/api/tt-metalium/cluster.hpp ClusterType)
+    cluster_types: tuple[str, ...] = ()
 
     @property
     def num_chips(self) -> int:
@@ -297,6 +300,7 @@ N150 = DeviceSpec(
     mesh=(1, 1),  # MESH_DEVICE "N150": (1, 1)
     dispatch="worker-row",
     description="Wormhole n150: one chip",
+    cluster_types=("N150",),
 )
 N300 = DeviceSpec(
     name="n300",
@@ -305,6 +309,7 @@ N300 = DeviceSpec(
     dispatch="eth",
     description="Wormhole n300: two chips on one card (one PCIe-attached, one over ethernet)",
     ccl_links=(1, 1),
+    cluster_types=("N300",),
 )
 T3K = DeviceSpec(
     name="t3k",
@@ -314,6 +319,7 @@ T3K = DeviceSpec(
     other_meshes=((2, 4),),
     description="Wormhole T3000 (LoudBox/QuietBox): 4 x n300 = 8 chips",
     ccl_links=(1, 1),
+    cluster_types=("T3K",),
 )
 GALAXY = DeviceSpec(
     name="galaxy",
@@ -323,6 +329,7 @@ GALAXY = DeviceSpec(
     other_meshes=((4, 8),),
     description="Wormhole Galaxy: 32 chips",
     ccl_links=(4, 3),
+    cluster_types=("GALAXY", "TG"),
 )
 P100 = DeviceSpec(
     name="p100",
@@ -330,6 +337,7 @@ P100 = DeviceSpec(
     mesh=(1, 1),  # determine_device_name: 1 Blackhole device with a 7x1 DRAM grid -> "P100"
     dispatch="worker-col",
     description="Blackhole p100a: one chip, 7 DRAM channels, no ethernet",
+    cluster_types=("P100",),
 )
 P150 = DeviceSpec(
     name="p150",
@@ -337,6 +345,7 @@ P150 = DeviceSpec(
     mesh=(1, 1),  # MESH_DEVICE "P150": (1, 1)
     dispatch="worker-col",
     description="Blackhole p150a/p150b: one chip",
+    cluster_types=("P150",),
 )
 P300 = DeviceSpec(
     name="p300",
@@ -345,6 +354,7 @@ P300 = DeviceSpec(
     dispatch="worker-col",
     description="Blackhole p300: two chips on one card",
     ccl_links=(2, 2),
+    cluster_types=("P300",),
 )
 P150X4 = DeviceSpec(
     name="p150x4",
@@ -353,6 +363,7 @@ P150X4 = DeviceSpec(
     dispatch="worker-col",
     description="Blackhole QuietBox: 4 x p150",
     ccl_links=(2, 2),
+    cluster_types=("P150_X4",),
 )
 P150X8 = DeviceSpec(
     name="p150x8",
@@ -361,6 +372,7 @@ P150X8 = DeviceSpec(
     dispatch="worker-col",
     description="Blackhole LoudBox: 8 x p150",
     ccl_links=(2, 2),
+    cluster_types=("P150_X8",),
 )
 BH_GALAXY = DeviceSpec(
     name="bh_galaxy",
@@ -370,6 +382,7 @@ BH_GALAXY = DeviceSpec(
     other_meshes=((4, 8),),
     description="Blackhole Galaxy: 32 chips",
     ccl_links=(4, 3),
+    cluster_types=("BLACKHOLE_GALAXY",),
 )
 
 DEVICES: dict[str, DeviceSpec] = {
@@ -386,37 +399,16 @@ def device_spec(name: str) -> DeviceSpec:
     return spec
 
 
-def single_chip_for_grid(grid_x: int, grid_y: int) -> DeviceSpec:
-    """The one-chip description whose worker grid an opened device reports (what the server
-    plans its pools with). Boards that share a grid are told apart by nothing the grid says, so
-    the one with the least DRAM wins: an 11x10 Blackhole chip is planned as a P100 (7 DRAM banks)
-    even on a P150 (8), which leaves an eighth of the DRAM unplanned rather than risk running out.
-    Raises ValueError for a grid no description has."""
-    matches = [d for d in DEVICES.values() if (d.chip.grid_x, d.chip.grid_y) == (grid_x, grid_y)]
-    if not matches:
-        known = sorted({f"{d.chip.grid_x}x{d.chip.grid_y}" for d in DEVICES.values()})
-        raise ValueError(f"no device description has a {grid_x}x{grid_y} worker grid ({known})")
-    return min(matches, key=lambda d: (d.num_chips, d.chip.dram_bytes))
-
-
-def box_for_mesh(arch: str, mesh: tuple[int, int]) -> DeviceSpec | None:
-    """The multi-chip description a ``mesh`` of ``arch`` chips is opened on (T3K for 1x8 or 2x4
-    Wormhole chips, P150x4 for 1x4 Blackhole, ...), or None when no description opens as it:
-    what a server on a mesh takes its per-axis CCL link counts from (``links_on``)."""
-    chips = mesh[0] * mesh[1]
+def board_for_cluster(cluster_type: str) -> DeviceSpec:
+    """The box a ``ttnn.cluster.get_cluster_type()`` name (``"P150"``, ``"T3K"``, ...)
+    describes: the one way the server identifies its hardware, before the device opens (the
+    trace region and every pool are planned on this box's chip). Raises ValueError for a cluster
+    type no description has, naming the known ones."""
     for d in DEVICES.values():
-        if d.chip.arch == arch and d.num_chips == chips and mesh in d.meshes:
+        if cluster_type in d.cluster_types:
             return d
-    return None
-
-
-def single_chip_for_arch(arch: str) -> DeviceSpec:
-    """The one-chip description to size a trace region with before a device of ``arch``
-    (``ttnn.get_arch_name()``: "wormhole_b0", "blackhole") is opened: the one with the most
-    worker cores, since a trace's size grows with the cores its programs run on (``memory.
-    trace_bytes``). Raises ValueError for an arch no description has."""
-    matches = [d for d in DEVICES.values() if d.num_chips == 1 and d.chip.arch == arch]
-    if not matches:
-        known = sorted({d.chip.arch for d in DEVICES.values()})
-        raise ValueError(f"no single-chip device description has arch {arch!r} ({known})")
-    return max(matches, key=lambda d: (d.chip.num_cores, -d.chip.dram_bytes))
+    known = ", ".join(sorted(t for d in DEVICES.values() for t in d.cluster_types))
+    raise ValueError(
+        f"no device description for cluster type {cluster_type!r} (known: {known}); pass "
+        "--trace-region-size and --kv-blocks to start without a plan"
+    )

@@ -16,7 +16,7 @@ import numpy as np
 
 from tt_serve.model.interface import StepOutput
 from tt_serve.model.tt.ops import Ops, PendingRead
-from tt_serve.model.tt.sampling import logprob_dict
+from tt_serve.model.tt.runtime.sampling import logprob_dict
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ import numpy as np
 
 from tt_serve.model.buckets import doubling
 from tt_serve.model.interface import PAD_BLOCK, RowSampling, StepRow
-from tt_serve.model.tt.sampling import sampling_planes
+from tt_serve.model.tt.runtime.sampling import sampling_planes
 
 TILE_SIZE = 32
 

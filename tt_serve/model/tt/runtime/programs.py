@@ -18,8 +18,10 @@ from tt_serve.model.tt.ops import Ops
 
 
 class Programs:
-    def __init__(self, ops: Ops) -> None:
-        self.ops = ops
+    def __init__(self, ops: Ops, *, on_capture: Callable[[], None] | None = None) -> None:
+        """``on_capture``: called once before the first capture (a hook for observers such as
+        the planner's op log; it must not touch the device)."""
+        self.ops, self.on_capture = ops, on_capture
         self._programs: dict[Hashable, Callable[[], None]] = {}
         self._traced: set[Hashable] = set()
         self._traces: dict[Hashable, Any] = {}
@@ -37,6 +39,8 @@ class Programs:
 
     def capture_all(self) -> None:
         """Compile-run then capture every program registered as traced."""
+        if self.on_capture is not None:
+            self.on_capture()
         for key, program in self._programs.items():
             if key in self._traces or key not in self._traced:
                 continue

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tt_serve.model.tt.inputs import DecodeValues, PrefillValues
 from tt_serve.model.tt.ops import ROW_MAJOR, TILE, Ops, Tensor
-from tt_serve.model.tt.sampling import CANDIDATES
+from tt_serve.model.tt.runtime.inputs import DecodeValues, PrefillValues
+from tt_serve.model.tt.runtime.sampling import CANDIDATES
 
 # field -> (dtype, layout); "act" is the activation dtype of the precision config.
 PREFILL_FIELDS: dict[str, tuple[str, str]] = {

@@ -1,10 +1,10 @@
 """Deployment planning for the ttnn backend: the backend's whole startup and a short workload on
-the shape-only device model (``FakeTTNN(shape_only=True)``), no device and no weights needed.
+the shape-only device model (``VirtualTTNN(shape_only=True)``), no device and no weights needed.
 
 The plan runs what ``serve`` would run: the weights converted by the normal weight path (device
 tensors of the profile's dtypes, from shape-only arrays), every pool and persistent buffer
 allocated, every trace captured, then prefill chunks, decode steps and one snapshot
-save/restore/reset. Every rule of ``limits.py`` and ``memory.py`` applies at real size: a
+save/restore/reset. Every rule of ``contract/rules.py`` and ``contract/dram.py`` applies at real size: a
 ``DeviceLimitError`` (``dram.capacity``, ``trace.region``, an op's core-grid rule, ...) is the
 verdict, reported with its rule and what to change.
 
@@ -14,7 +14,7 @@ trace region), then the pool takes what is left less ``SAFETY_FRACTION`` of the 
 a second run checks the result. :func:`plan_pools` is that sizing, for the server.
 
 A multi-chip device is planned as the backend runs on it: tensor parallel over its mesh (1 x N,
-or 2-D: T3K 2x4 with ``mesh``, Galaxy 8x4; ``FakeMeshTTNN``: every chip its own DRAM banks,
+or 2-D: T3K 2x4 with ``mesh``, Galaxy 8x4; ``VirtualMeshTTNN``: every chip its own DRAM banks,
 trace region and op rules on the per-chip shapes; the collectives of each ``cluster_axis`` and
 their staging buffers are charged while they run, links per axis as the device has them).
 Figures are per chip.
@@ -32,16 +32,18 @@ from typing import IO, Any
 from tt_serve.config import DEFAULT_BATCH, ServeConfig
 from tt_serve.model.interface import RowSampling, StateCopy, StepBatch, StepRow
 from tt_serve.model.spec import FULL_ATTENTION, ModelSpec
-from tt_serve.model.tt.backend import TTBackend
-from tt_serve.model.tt.devices import DeviceSpec, device_spec
-from tt_serve.model.tt.fake_mesh import FakeMeshTTNN
-from tt_serve.model.tt.fake_ttnn import ContractViolation, FakeTTNN, Tensor
-from tt_serve.model.tt.limits import TensorInfo
-from tt_serve.model.tt.memory import DramBudget
+from tt_serve.model.tt.contract.boards import DeviceSpec, device_spec
+from tt_serve.model.tt.contract.dram import DramBudget
+from tt_serve.model.tt.contract.rules import TensorInfo
+from tt_serve.model.tt.contract.virtual_mesh import VirtualMeshTTNN
+from tt_serve.model.tt.contract.virtual_ttnn import ContractViolation, Tensor, VirtualTTNN
+from tt_serve.model.tt.layout.checkpoint import layout_weights
+from tt_serve.model.tt.layout.host import shape_only_weights
+from tt_serve.model.tt.layout.parallel import TensorParallel
 from tt_serve.model.tt.ops import Ops
-from tt_serve.model.tt.parallel import TensorParallel
 from tt_serve.model.tt.precision import Precision
-from tt_serve.model.tt.weights import layout_weights, shape_only_weights
+from tt_serve.model.tt.runtime.backend import TTBackend
+from tt_serve.model.tt.runtime.build import build_backend
 
 SAFETY_FRACTION = 0.02
 """DRAM kept free when the KV pool is sized from memory (allocator fragmentation, buffers the
@@ -284,7 +286,7 @@ def _weight_bytes(
 
 @dataclass
 class _Run:
-    fake: FakeTTNN | FakeMeshTTNN
+    fake: VirtualTTNN | VirtualMeshTTNN
     backend: TTBackend | None = None
     readback: dict[str, int] = field(default_factory=dict)
 
@@ -343,16 +345,16 @@ def _run(
     """The backend's startup (and the workload) on a fresh shape-only chip, or on a mesh of
     them (tensor parallel)."""
     mesh = _mesh(req, chip_dev)
-    fake: FakeTTNN | FakeMeshTTNN
+    fake: VirtualTTNN | VirtualMeshTTNN
     if mesh == (1, 1):
-        fake = FakeTTNN(chip=chip_dev.chip, shape_only=True)
+        fake = VirtualTTNN(chip=chip_dev.chip, shape_only=True)
     else:
         try:
             TensorParallel.for_mesh(spec, mesh)
         except ValueError as exc:
             raise PlanError("tp.split", str(exc)) from None
         n = mesh[0] * mesh[1]
-        fake = FakeMeshTTNN(
+        fake = VirtualMeshTTNN(
             num_devices=n,
             chip=chip_dev.chip,
             shape_only=True,
@@ -367,7 +369,7 @@ def _run(
         ops.open_mesh(mesh, trace_region_size=req.trace_region_size, l1_small_size=0)
     log.phase = "startup"
     try:
-        be = TTBackend(
+        be = build_backend(
             spec,
             lambda: shape_only_weights(spec),
             ops=ops,
@@ -377,15 +379,9 @@ def _run(
             max_prefill_chunk=req.prefill_chunk,
             max_model_len=req.max_model_len or None,
             ccl_links=chip_dev.links_on(mesh),
+            on_capture=lambda: setattr(log, "phase", "capture"),
         )
         run.backend = be
-        capture_all = be.programs.capture_all
-
-        def capture() -> None:
-            log.phase = "capture"
-            capture_all()
-
-        be.programs.capture_all = capture  # type: ignore[method-assign]
         be.allocate(
             num_kv_blocks=kv_blocks,
             block_size=req.block_size,
@@ -403,7 +399,7 @@ def _hint(rule: str) -> str:
     for key, hint in HINTS.items():
         if rule.startswith(key):
             return hint
-    return "see the rule in tt_serve/model/tt/limits.py; change the shapes that trip it"
+    return "see the rule in tt_serve/model/tt/contract/rules.py; change the shapes that trip it"
 
 
 def _mesh(req: PlanRequest, dev: DeviceSpec) -> tuple[int, int]:

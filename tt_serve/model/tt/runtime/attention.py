@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tt_serve.model.tt.layers import apply_rope, whole
 from tt_serve.model.tt.ops import Ops, Tensor
+from tt_serve.model.tt.runtime.layers import apply_rope, whole
 
 HEAD_MAJOR = [0, 2, 1, 3]  # [1, heads, N, hd] -> [1, N, heads, hd]
 

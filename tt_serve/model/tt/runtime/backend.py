@@ -1,4 +1,4 @@
-"""TTBackend: the Backend protocol on a Tenstorrent device through ttnn (mirrors ``ref/backend``).
+"""TTBackend: the Backend protocol on a Tenstorrent device through ttnn (mirrors ``model/torch_backend.py``).
 
 ``allocate`` creates every pool and persistent buffer, then warms and captures one prefill trace
 per bucket and one decode trace, before any request runs: a prefix hit (a warm tail of any
@@ -23,7 +23,7 @@ replay's pick for its slot, chosen per row inside the decode program (``TTModel.
 so fed and host-token rows may share a step.
 
 Mesh (``mesh=(R, C)``, tensor parallel; 1 x N, or 2-D as T3K 2x4 and Galaxy 8x4): the ops open
-a MeshDevice and the programs run SPMD on every chip (``parallel.py`` splits every layer, heads
+a MeshDevice and the programs run SPMD on every chip (``layout/parallel.py`` splits every layer, heads
 over the columns and widths over the rows too, ``ccl.py`` reduces per ``cluster_axis``); pools,
 working state and snapshots are sharded by heads over the columns and replicated over the rows. Picks, candidates and fed ids are replicated on every chip (the
 final pick runs on the gathered candidates on each chip), so chip 0's copy is what is read and
@@ -34,51 +34,31 @@ one that fails on any chip raises :class:`StateCopyError` for the whole call.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict, Unpack
+from typing import TypedDict, Unpack
 
 import numpy as np
 
 from tt_serve.model.buckets import choose_bucket
 from tt_serve.model.interface import StateCopy, StepBatch, StepOutput, StepRow
 from tt_serve.model.resident import ResidentSlots
-from tt_serve.model.spec import ModelSpec
-from tt_serve.model.tt.buffers import InputBuffers
-from tt_serve.model.tt.devices import (
-    DeviceSpec,
-    box_for_mesh,
-    single_chip_for_arch,
-    single_chip_for_grid,
-)
-from tt_serve.model.tt.inputs import (
+from tt_serve.model.tt.ops import Ops
+from tt_serve.model.tt.runtime.buffers import InputBuffers
+from tt_serve.model.tt.runtime.inputs import (
     DecodeValues,
     PrefillValues,
     decode_values,
     make_buckets,
     prefill_values,
 )
-from tt_serve.model.tt.model import TTModel
-from tt_serve.model.tt.moe import MoeDispatch
-from tt_serve.model.tt.ops import Ops
-from tt_serve.model.tt.parallel import TensorParallel
-from tt_serve.model.tt.pending import PendingStep, PickReads
-from tt_serve.model.tt.pools import DevicePools
-from tt_serve.model.tt.precision import Precision
-from tt_serve.model.tt.programs import Programs
-from tt_serve.model.tt.sampling import CANDIDATES
-from tt_serve.model.tt.weights import default_cache_dir, load_device_weights, to_numpy
+from tt_serve.model.tt.runtime.model import TTModel
+from tt_serve.model.tt.runtime.pending import PendingStep, PickReads
+from tt_serve.model.tt.runtime.pools import DevicePools
+from tt_serve.model.tt.runtime.programs import Programs
+from tt_serve.model.tt.runtime.sampling import CANDIDATES
 
-if TYPE_CHECKING:
-    import torch
-
-    from tt_serve.config import ServeConfig
-
-DEFAULT_L1_SMALL = 32768
 DEFAULT_PREFILL_CHUNK = 2048
-DEFAULT_CCL_LINKS = 1  # tt_transformers get_num_links: 1 on N300/T3K, 2 on P150x4 (both work)
 
 
 class StateCopyError(RuntimeError):
@@ -87,20 +67,17 @@ class StateCopyError(RuntimeError):
     which frees their slots, blocks and snapshots, and a slot is reset or restored before reuse."""
 
 
-class TTOptions(TypedDict, total=False):
-    """The ttnn backend's options, all optional (defaults in brackets)."""
+class RuntimeOptions(TypedDict, total=False):
+    """How the backend runs its programs, all optional (defaults in brackets); what the model
+    is built from (precision, links, weight cache, MoE dispatch) is ``launch.ModelOptions``."""
 
-    precision: Precision  # [Precision()] the weight profile (``Precision.named``)
     traced_decode: bool  # [True] replay the captured decode trace (False: eager, for debugging)
     traced_prefill: bool  # [True] replay captured prefill traces (False: run them eagerly)
     device_resident: bool  # [False] picked ids stay on the device for fed rows
     max_prefill_chunk: int  # [DEFAULT_PREFILL_CHUNK] the largest prefill bucket
     max_model_len: int | None  # [None: the model's own] sizes the traces' page tables
-    # [DEFAULT_CCL_LINKS] Ethernet links each collective uses on a mesh: one count, or
-    # (axis 0, axis 1) as tt_transformers' get_num_links gives Galaxy (4, 3)
-    ccl_links: int | tuple[int, int]
-    weight_cache_dir: Path | None  # [None: no cache; from_pretrained uses the default dir]
-    moe_dispatch: MoeDispatch  # ["sparse"] only the routed experts; "dense": all (the reference)
+    # [None] called once when the programs are captured (the planner tags its op log with it)
+    on_capture: Callable[[], None] | None
 
 
 class TTBackend:
@@ -111,28 +88,15 @@ class TTBackend:
     # k <= 32); the engine picks other sampling rows on the host.
     max_device_top_k = CANDIDATES
 
-    def __init__(
-        self,
-        spec: ModelSpec,
-        weights: dict[str, torch.Tensor] | Callable[[], dict[str, np.ndarray]],
-        *,
-        ops: Ops,
-        **options: Unpack[TTOptions],
-    ) -> None:
-        self.spec, self.ops = spec, ops
-        self.precision = options.get("precision") or Precision()
+    def __init__(self, model: TTModel, *, ops: Ops, **options: Unpack[RuntimeOptions]) -> None:
+        """A backend over a built model (``launch.build_backend`` builds both: tensor parallel,
+        weight layout and upload, model); nothing is allocated until :meth:`allocate`."""
+        self.spec, self.ops, self.model = model.spec, ops, model
+        self.precision, self.tp = model.precision, model.tp
         self.device_resident = options.get("device_resident", False)
         self.max_prefill_chunk = options.get("max_prefill_chunk", DEFAULT_PREFILL_CHUNK)
         self.max_model_len = options.get("max_model_len")
-        source = weights if callable(weights) else (lambda: to_numpy(weights))
-        cache_dir = options.get("weight_cache_dir")
-        # Before any weight is converted: a split that does not divide fails here.
-        self.tp = TensorParallel.for_mesh(spec, ops.mesh) if ops.mesh else TensorParallel(spec, 1)
-        moe = options.get("moe_dispatch", "sparse")
-        dev_w = load_device_weights(ops, spec, self.precision, source, cache_dir, self.tp, moe)
-        links = options.get("ccl_links", DEFAULT_CCL_LINKS)
-        self.model = TTModel(ops, spec, dev_w, self.precision, self.tp, links, moe_dispatch=moe)
-        self.programs = Programs(ops)
+        self.programs = Programs(ops, on_capture=options.get("on_capture"))
         # Decode is always traced on a device (an eager step dispatches ~1.5-2k ops from the
         # host); prefill tracing is the ``--traced-prefill`` choice.
         self.traced_decode = options.get("traced_decode", True)
@@ -148,93 +112,6 @@ class TTBackend:
         # back: consecutive prefill chunks of one row load and store it once, not per replay.
         self._work_slot: int | None = None
         self._closed = False
-
-    @classmethod
-    def from_pretrained(
-        cls,
-        path: str | Path,
-        *,
-        trace_region_size: int,
-        spec: ModelSpec | None = None,
-        device_ids: tuple[int, ...] = (0,),
-        mesh: tuple[int, int] | None = None,
-        ops: Ops | None = None,
-        **options: Unpack[TTOptions],
-    ) -> TTBackend:
-        """Open the device with a ``trace_region_size``-byte trace region, convert (or load
-        cached) weights for a checkpoint folder; ``spec`` is read from its config.json unless
-        the caller already has it, ``ops`` is the real ttnn unless given. ``mesh`` (rows, cols):
-        a MeshDevice over ``device_ids`` (None: one device, or (1, len(device_ids))), rows x
-        cols in row-major order of the ids."""
-        from tt_serve.model.weights import load_weights
-
-        model_spec = spec or ModelSpec.from_hf_dir(path)
-        shape = mesh or (1, len(device_ids))
-        if shape[0] * shape[1] != len(device_ids):
-            raise ValueError(
-                f"mesh {shape[0]} x {shape[1]} needs {shape[0] * shape[1]} device ids; got "
-                f"{device_ids}"
-            )
-        if shape != (1, 1):
-            TensorParallel.for_mesh(model_spec, shape)  # before the device opens
-        ops = ops or Ops.load()
-        if shape == (1, 1):
-            ops.open_device(
-                device_ids[0], trace_region_size=trace_region_size, l1_small_size=DEFAULT_L1_SMALL
-            )
-        else:
-            ops.open_mesh(
-                shape,
-                trace_region_size=trace_region_size,
-                l1_small_size=DEFAULT_L1_SMALL,
-                device_ids=device_ids,
-            )
-        options["weight_cache_dir"] = options.get("weight_cache_dir") or default_cache_dir()
-        return cls(model_spec, lambda: to_numpy(load_weights(path, model_spec)), ops=ops, **options)
-
-    @classmethod
-    def from_config(
-        cls, cfg: ServeConfig, spec: ModelSpec, *, max_model_len: int, ops: Ops | None = None
-    ) -> TTBackend:
-        """The backend ``cfg`` describes (the one mapping of config to ttnn options). A
-        ``trace_region_size`` of 0 is sized, before the device opens, from the traces this
-        configuration captures on the shape-only model of a chip of the device's arch (on a
-        mesh: of the same mesh of such chips, each chip's region); the mesh is
-        ``config.mesh_shape(cfg)``."""
-        if cfg.model is None:
-            raise ValueError("TTBackend.from_config needs cfg.model (a checkpoint folder)")
-        from tt_serve.config import mesh_shape
-
-        mesh = mesh_shape(cfg)  # config.py owns "ROWSxCOLS" / 1 x len(device_ids)
-        ops = ops or Ops.load()
-        # The links tt_transformers' get_num_links gives the box (2 on P150x4 / P300, 4 and 3 on
-        # a Galaxy's axes); a mesh no description opens as keeps DEFAULT_CCL_LINKS.
-        box = box_for_mesh(ops.arch_name(), mesh) if mesh != (1, 1) else None
-        links = box.links_on(mesh) if box is not None else DEFAULT_CCL_LINKS
-        region = cfg.trace_region_size
-        if region == 0:
-            from tt_serve.model.tt.planner import PlanRequest, trace_region_for
-
-            chip = single_chip_for_arch(ops.arch_name())
-            plan_cfg = dataclasses.replace(cfg, max_model_len=max_model_len)
-            req = PlanRequest.from_config(plan_cfg, chip.name)
-            if mesh != (1, 1):
-                req = dataclasses.replace(req, mesh=mesh)
-            region = trace_region_for(spec, req)
-        return cls.from_pretrained(
-            cfg.model,
-            trace_region_size=region,
-            ops=ops,
-            spec=spec,
-            device_ids=cfg.device_ids,
-            mesh=mesh,
-            precision=Precision.named(cfg.resolved_precision),
-            traced_prefill=cfg.traced_prefill,
-            device_resident=cfg.device_resident,
-            max_prefill_chunk=cfg.prefill_chunk,
-            max_model_len=max_model_len,
-            ccl_links=links,
-        )
 
     # ---- pools and traces ----------------------------------------------------------------
     def allocate(
@@ -433,20 +310,6 @@ class TTBackend:
             # Raised outside the handler: no chained traceback keeps the copies' temporaries
             # (slices of the pools, on the chips that ran them) alive past this call.
             raise StateCopyError(failure)
-
-    def device_description(self) -> DeviceSpec:
-        """The opened device: the one-chip description matching its worker grid (the planner
-        sizes the pools with it), and on a mesh the whole mesh (its shape, hence its chips)."""
-        grid = self.ops.device.compute_with_storage_grid_size()
-        chip = single_chip_for_grid(int(grid.x), int(grid.y))
-        if self.ops.mesh is None or self.ops.mesh == (1, 1):
-            return chip
-        rows, cols = self.ops.mesh
-        return dataclasses.replace(
-            chip,
-            mesh=(rows, cols),
-            description=f"{rows} x {cols} mesh of {rows * cols} {chip.name} chips",
-        )
 
     def close(self) -> None:
         if self._closed:

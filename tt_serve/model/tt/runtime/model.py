@@ -18,30 +18,24 @@ from typing import Any
 import numpy as np
 
 from tt_serve.model.spec import FULL_ATTENTION, ModelSpec
-from tt_serve.model.tt.attention import (
+from tt_serve.model.tt.layout.experts import MoeDispatch, expert_groups
+from tt_serve.model.tt.layout.parallel import TensorParallel
+from tt_serve.model.tt.ops import ROW_MAJOR, Ops, Tensor
+from tt_serve.model.tt.precision import FIDELITY, Precision
+from tt_serve.model.tt.runtime.attention import (
     AttentionWeights,
     SdpaConfigs,
     attention_decode,
     attention_prefill,
 )
-from tt_serve.model.tt.buffers import InputBuffers
-from tt_serve.model.tt.ccl import TensorParallelCCL
-from tt_serve.model.tt.gdn import KERNEL_CHUNK, GdnWeights, gdn_decode, gdn_prefill
-from tt_serve.model.tt.inputs import gdn_const_tiles, rope_tables, rotation_matrix
-from tt_serve.model.tt.layers import swiglu
-from tt_serve.model.tt.moe import (
-    ExpertGroup,
-    MoeDispatch,
-    MoeWeights,
-    SparseExperts,
-    expert_groups,
-    moe_forward,
-)
-from tt_serve.model.tt.ops import ROW_MAJOR, Ops, Tensor
-from tt_serve.model.tt.parallel import TensorParallel
-from tt_serve.model.tt.pools import DevicePools
-from tt_serve.model.tt.precision import FIDELITY, Precision
-from tt_serve.model.tt.sampling import candidate_logprobs, candidates, draw, mesh_candidates
+from tt_serve.model.tt.runtime.buffers import InputBuffers
+from tt_serve.model.tt.runtime.ccl import TensorParallelCCL
+from tt_serve.model.tt.runtime.gdn import KERNEL_CHUNK, GdnWeights, gdn_decode, gdn_prefill
+from tt_serve.model.tt.runtime.inputs import gdn_const_tiles, rope_tables, rotation_matrix
+from tt_serve.model.tt.runtime.layers import swiglu
+from tt_serve.model.tt.runtime.moe import ExpertGroup, MoeWeights, SparseExperts, moe_forward
+from tt_serve.model.tt.runtime.pools import DevicePools
+from tt_serve.model.tt.runtime.sampling import candidate_logprobs, candidates, draw, mesh_candidates
 
 # Chunked (prefill) SDPA: q/k chunk 64 as qwen36 and tt_transformers below 2048 tokens; a chunk
 # start (a multiple of the block size) must be a multiple of both, so 32 when the block is not.
