@@ -129,7 +129,7 @@ def _plan_smallest(spec: ModelSpec, req: PlanRequest, candidates: list[str]) -> 
     then that device's whole plan (exit 3 when none fits)."""
     from dataclasses import replace
 
-    from tt_serve.model.tt.plan import planner
+    from tt_serve.model.tt.plan import planner, report
 
     for name in candidates:
         p = planner.plan(spec, replace(req, device=name))
@@ -137,7 +137,7 @@ def _plan_smallest(spec: ModelSpec, req: PlanRequest, candidates: list[str]) -> 
             print(f"{name}: does not fit: [{p.limit_rule}] {p.limit_message}")
             continue
         print(f"{name}: fits; the smallest of {', '.join(candidates)} that does")
-        for line in planner.format_plan(p, replace(req, device=name)):
+        for line in report.format_plan(p, replace(req, device=name)):
             print(line)
         return 0
     print(f"none of {', '.join(candidates)} fits")
@@ -214,7 +214,7 @@ def _plan(argv: Sequence[str]) -> int:
 
     from dataclasses import replace
 
-    from tt_serve.model.tt.plan import planner
+    from tt_serve.model.tt.plan import planner, report
 
     try:
         spec = _plan_spec(a.model)
@@ -240,7 +240,7 @@ def _plan(argv: Sequence[str]) -> int:
         return 2
     if a.smallest:
         return _plan_smallest(spec, req, candidates)
-    return planner.main(
+    return report.main(
         spec,
         req,
         as_json=a.json,

@@ -152,7 +152,7 @@ def matmul(a: TensorInfo, b: TensorInfo) -> tuple[int, ...]:
       matmul) expects input tensors of shapes BCMK*BCKN=BCMN or batch dimension {} mismatch": every
       batch dim equal. The one exception (A's batch 1 reused across B's batches) holds only for
       the 1D-multicast program config with mcast_in0=false, which ttnn picks by itself when no
-      config is given; the fake does not model that choice and refuses it.
+      config is given; the virtual device does not model that choice and refuses it.
 
     Returns the output shape."""
     rule = "matmul"
@@ -663,7 +663,7 @@ def chunked_sdpa_start(start: int, q_chunk: int, k_chunk: int) -> None:
     """ "chunk_start_idx must be a multiple of q_chunk_size" / "... of k_chunk_size" (issue
     #35225; 0.81.1: present). tt-metal checks it on the scalar path only: with
     ``chunk_start_idx_tensor`` the value is read on the device and a misaligned start silently
-    mis-indexes, so the fake checks the value at run time."""
+    mis-indexes, so the virtual device checks the value at run time."""
     _fail(
         "chunked_scaled_dot_product_attention.chunk_start",
         start >= 0 and start % q_chunk == 0 and start % k_chunk == 0,
@@ -988,7 +988,7 @@ def sparse_matmul(
       [A, E, M, N]. "sparsity logical_volume ({}) must equal batch_length ({})";
     * "nnz ({}) must be greater than 0" and "<= the length of all batch dimensions". That nnz
       equals count_nonzero(sparsity) cannot be checked here (the values live on the device; a
-      mismatch deadlocks it, #45943): the fake checks it when the op computes.
+      mismatch deadlocks it, #45943): the virtual device checks it when the op computes.
 
     Returns the plan (output shape, entries scanned, bytes read per computed entry)."""
     rule = "sparse_matmul"

@@ -17,7 +17,7 @@ compared token for token with the torch reference; device numerics are tested on
   chunk_gated_delta_rule must get its constant tiles explicitly;
 * program_cache: every program captured must have run eagerly before (compile run);
 * device limits (``tt_serve/model/tt/contract/rules.py``, rule names ``<op>.<check>``): every op call is
-  checked against tt-metal's own validation for the fake's chip (default a Blackhole P150,
+  checked against tt-metal's own validation for the virtual chip (default a Blackhole P150,
   ``VirtualTTNN(chip=WORMHOLE)`` for an 8x8 Wormhole): core-grid limits, shape, dtype, layout and
   sharding rules; every device allocation is charged to the chip's DRAM banks
   (``dram.capacity``); every capture is charged to the trace region at ``end_trace_capture``
@@ -836,7 +836,7 @@ class VirtualTTNN:
     ) -> list[Tensor]:
         """Values (x's dtype) and indices (``rules.topk``'s dtype; the labels of
         ``indices_tensor`` when given), both TILE, sorted. Ties: ``stable`` puts the lowest index
-        first (as the 0.81.1 docstring says); otherwise the fake orders them highest index
+        first (as the 0.81.1 docstring says); otherwise the virtual device orders them highest index
         first, a legal outcome of an unstable sort that differs from the stable one, so code
         that needs an order among ties must ask for it."""
         if not largest or not sorted:

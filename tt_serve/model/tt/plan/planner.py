@@ -23,10 +23,7 @@ Figures are per chip.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
-from types import SimpleNamespace
 from typing import IO, Any
 
 from tt_serve.config import DEFAULT_BATCH, ServeConfig
@@ -36,11 +33,12 @@ from tt_serve.model.tt.contract.boards import DeviceSpec, device_spec
 from tt_serve.model.tt.contract.dram import DramBudget
 from tt_serve.model.tt.contract.rules import TensorInfo
 from tt_serve.model.tt.contract.virtual_mesh import VirtualMeshTTNN
-from tt_serve.model.tt.contract.virtual_ttnn import ContractViolation, Tensor, VirtualTTNN
+from tt_serve.model.tt.contract.virtual_ttnn import ContractViolation, VirtualTTNN
 from tt_serve.model.tt.layout.checkpoint import layout_weights
 from tt_serve.model.tt.layout.host import shape_only_weights
 from tt_serve.model.tt.layout.parallel import TensorParallel
 from tt_serve.model.tt.ops import Ops
+from tt_serve.model.tt.plan.oplog import OpLog, Recorder
 from tt_serve.model.tt.precision import Precision
 from tt_serve.model.tt.runtime.backend import TTBackend
 from tt_serve.model.tt.runtime.build import build_backend
@@ -172,82 +170,6 @@ class PlanError(Exception):
         self.rule, self.message = rule, message
 
 
-# ---- the op log -----------------------------------------------------------------------------
-def _tensor_json(t: Tensor) -> dict[str, Any]:
-    buf = t.buffer
-    memory = "host" if not buf.on_device else ("l1_sharded" if buf.sharded else "dram")
-    return {
-        "shape": list(t.shape),
-        "dtype": t.dtype.value,
-        "layout": t.layout.value,
-        "memory": memory,
-    }
-
-
-def _value_json(v: Any) -> Any:
-    if v is None or isinstance(v, (bool, int, float, str)):
-        return v
-    if isinstance(v, (list, tuple)) and all(not isinstance(x, Tensor) for x in v):
-        return [_value_json(x) for x in v]
-    if hasattr(v, "value") and isinstance(v.value, (str, int)):
-        return v.value
-    if isinstance(v, SimpleNamespace):
-        return {k: _value_json(x) for k, x in vars(v).items()}
-    if hasattr(v, "__dataclass_fields__"):
-        return {k: _value_json(x) for k, x in asdict(v).items()}
-    return type(v).__name__
-
-
-class OpLog:
-    """Every ttnn call, one JSON object per call, tagged with the current phase."""
-
-    def __init__(self, out: IO[str] | None) -> None:
-        self.out, self.phase, self.count = out, "startup", 0
-
-    def record(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        self.count += 1
-        if self.out is None:
-            return
-        tensors: dict[str, Any] = {}
-        rest: dict[str, Any] = {}
-        items = [(str(i), a) for i, a in enumerate(args)] + list(kwargs.items())
-        for key, a in items:
-            if isinstance(a, Tensor):
-                tensors[key] = _tensor_json(a)
-            elif isinstance(a, (list, tuple)) and any(isinstance(x, Tensor) for x in a):
-                for j, x in enumerate(a):
-                    if isinstance(x, Tensor):
-                        tensors[f"{key}[{j}]"] = _tensor_json(x)
-            elif key in kwargs:
-                rest[key] = _value_json(a)
-        line = {"op": name, "tensors": tensors, "kwargs": rest, "phase": self.phase}
-        self.out.write(json.dumps(line) + "\n")
-
-
-class _Recorder:
-    """A ttnn module proxy: calls go to the fake and are logged as ``ttnn.<path>``."""
-
-    def __init__(self, target: Any, log: OpLog, path: str = "ttnn") -> None:
-        self._target, self._log, self._path = target, log, path
-
-    def __getattr__(self, name: str) -> Any:
-        value = getattr(self._target, name)
-        path = f"{self._path}.{name}"
-        if isinstance(value, SimpleNamespace) and all(
-            callable(v) or isinstance(v, SimpleNamespace) for v in vars(value).values()
-        ):
-            return _Recorder(value, self._log, path)
-        if callable(value) and not isinstance(value, type):
-            log = self._log
-
-            def call(*args: Any, **kwargs: Any) -> Any:
-                log.record(path, args, kwargs)
-                return value(*args, **kwargs)
-
-            return call
-        return value
-
-
 # ---- running the plan ----------------------------------------------------------------------
 def _bytes(dram: DramBudget, shape: tuple[int, ...], dtype: str, layout: str) -> int:
     return dram.per_bank(TensorInfo(shape, dtype, layout)) * dram.banks
@@ -362,7 +284,7 @@ def _run(
             mirror=True,  # SPMD on equal shapes: one chip's model stands for every chip
         )
     run = _Run(fake)
-    ops = Ops(_Recorder(fake, log))
+    ops = Ops(Recorder(fake, log))
     if mesh == (1, 1):
         ops.open_device(0, trace_region_size=req.trace_region_size, l1_small_size=0)
     else:
@@ -662,81 +584,3 @@ def max_batch_that_fits(spec: ModelSpec, req: PlanRequest, top: int = 32) -> int
         else:
             hi = mid
     return lo
-
-
-# ---- text output ---------------------------------------------------------------------------
-def _gb(n: int) -> str:
-    return f"{n / 1e9:.2f} GB"
-
-
-def _size(n: int) -> str:
-    return (
-        f"{n} B" if n < 10_000 else f"{n / 1e3:.1f} kB" if n < 10_000_000 else f"{n / 1e6:.1f} MB"
-    )
-
-
-def format_plan(p: Plan, req: PlanRequest) -> Iterator[str]:
-    yield (
-        f"plan: {p.device} ({p.chips} chip{'s' if p.chips > 1 else ''}, {p.chip}), precision "
-        f"{p.precision}, max_batch {req.max_batch_size}, prefill_chunk {req.prefill_chunk}, "
-        f"block {req.block_size}, snapshots {req.snapshot_slots}"
-    )
-    for note in p.notes:
-        yield f"  note: {note}"
-    total_w = sum(p.weights.values())
-    groups = ", ".join(f"{g} {_gb(b)}" for g, b in sorted(p.weights.items()))
-    dtypes = ", ".join(f"{d} {_gb(b)}" for d, b in sorted(p.weight_dtypes.items()))
-    yield f"  weights      {_gb(total_w)}  ({groups})"
-    yield f"               by dtype: {dtypes}"
-    if not p.ok:
-        yield f"  DOES NOT FIT: [{p.limit_rule}] {p.limit_message}"
-        yield f"  change: {p.hint}"
-        return
-    yield (
-        f"  KV pool      {_gb(p.kv_bytes)}  ({p.kv_blocks} blocks x {req.block_size} = "
-        f"{p.kv_tokens} tokens)"
-    )
-    yield f"  GDN states   {_gb(p.state_bytes)}  ({req.max_batch_size} slots + working state)"
-    yield f"  snapshots    {_gb(p.snapshot_bytes)}  ({req.snapshot_slots} slots)"
-    how = "sized from them" if p.trace_auto else "configured"
-    yield (
-        f"  traces       {_gb(p.trace_needed)} needed by {p.traces} traces, "
-        f"{_gb(p.trace_configured)} {how}"
-    )
-    yield (
-        f"  DRAM         {_gb(p.dram_total)} per chip: trace region {_gb(p.trace_reserved)} "
-        f"(every bank), peak use {_gb(p.dram_peak)}, left {_gb(p.dram_left)}"
-    )
-    yield f"  context      up to {p.max_context} tokens for one sequence"
-    if p.readback:
-        yield "  readback     per decode step: " + ", ".join(
-            f"{mode.replace('_', '-')} {_size(n)}" for mode, n in p.readback.items()
-        )
-    if p.max_batch is not None:
-        yield f"  max_batch    up to {p.max_batch} fits"
-    yield "  fits"
-
-
-def main(
-    spec: ModelSpec,
-    req: PlanRequest,
-    *,
-    as_json: bool,
-    ops_file: str | None,
-    search_batch: bool,
-    echo: Callable[[str], None],
-) -> int:
-    out = open(ops_file, "w") if ops_file else None  # noqa: SIM115
-    try:
-        p = plan(spec, req, out)
-    finally:
-        if out is not None:
-            out.close()
-    if p.ok and search_batch:
-        p.max_batch = max_batch_that_fits(spec, req)
-    if as_json:
-        echo(json.dumps(p.to_json(), indent=2))
-    else:
-        for line in format_plan(p, req):
-            echo(line)
-    return 0 if p.ok else 3

@@ -301,7 +301,7 @@ class TTBackend:
         try:
             self._pools().copy_states(self.ops, ops)
         except (ValueError, AssertionError):
-            raise  # a bad request or a broken device rule (the fake's ContractViolation)
+            raise  # a bad request or a broken device rule (the virtual device's ContractViolation)
         except Exception as exc:
             failure = f"state copies {list(ops)} failed: {exc}"
         finally:

@@ -286,11 +286,15 @@ class TTModel:
         ops, eps = self.ops, self.spec.rms_norm_eps
         self.ccl.restart()
         sdpa = self.sdpa_prefill(pools.block_size)
+        # Embedding and norms are replicated: the residual x [1, T, H] is whole on every chip.
         x = ops.embedding(inp.ids, self.embed)  # [1, T, H]
         rope = self.rope(inp, x.shape[1], head_major=True)
         for layer in self.layers:
-            h = ops.rms_norm(x, layer.input_norm, eps)
+            h = ops.rms_norm(x, layer.input_norm, eps)  # replicated in, replicated out
             j = layer.pool_index
+            # The mixer takes the replicated h and its chip's heads (KV / GDN state: the chip's
+            # column share) and returns partial sums of its row-parallel output projection:
+            # fractured, [1, T, H] per chip on 1 x N, [1, T, H/R] (row r's piece) on R x C.
             if isinstance(layer.mixer, GdnWeights):
                 h = gdn_prefill(
                     ops,
@@ -304,9 +308,14 @@ class TTModel:
                 )
             else:
                 h = attention_prefill(ops, h, layer.mixer, inp, pools.k[j], pools.v[j], rope, sdpa)
+            # Summed over the columns and the rows' pieces gathered: replicated again.
             x = ops.add(x, self.ccl.reduce_heads(h))
+            # The MLP (or the experts) takes replicated input and leaves partial sums on every
+            # chip (its intermediate dim split over all R·C chips): all-reduced to replicated.
             mlp = self._mlp(ops.rms_norm(x, layer.post_norm, eps), layer, inp)
             x = ops.add(x, self.ccl.all_reduce(mlp))
+        # The head takes the replicated last token; logits stay vocabulary-sharded per chip,
+        # the picks are gathered and replicated (``_head``).
         self._head(ops.matmul(inp.last_select, x, self.exact), inp)  # the last valid token only
 
     def decode(self, inp: InputBuffers, pools: DevicePools) -> None:
@@ -314,11 +323,14 @@ class TTModel:
         place."""
         ops, eps = self.ops, self.spec.rms_norm_eps
         self.ccl.restart()
+        # Ids and embedding replicated: x [1, S, H] whole on every chip (S: every state slot).
         x = ops.embedding(self._decode_ids(inp), self.embed)  # [1, S, H]
         rope = self.rope(inp, x.shape[1], head_major=False)
         for layer in self.layers:
-            h = ops.rms_norm(x, layer.input_norm, eps)
+            h = ops.rms_norm(x, layer.input_norm, eps)  # replicated in, replicated out
             j = layer.pool_index
+            # Replicated in; the chip's heads and state; row-parallel partial sums out
+            # (fractured: [1, S, H] per chip on 1 x N, row r's [1, S, H/R] on R x C).
             if isinstance(layer.mixer, GdnWeights):
                 h = gdn_decode(
                     ops, h, layer.mixer, inp, pools.conv[j], pools.rec[j], self.gdn_rows_per_call
@@ -327,10 +339,11 @@ class TTModel:
                 h = attention_decode(
                     ops, h, layer.mixer, inp, pools.k[j], pools.v[j], rope, self.sdpa_decode
                 )
-            x = ops.add(x, self.ccl.reduce_heads(h))
+            x = ops.add(x, self.ccl.reduce_heads(h))  # summed and gathered: replicated
+            # Replicated in, partial sums on every chip out, all-reduced back to replicated.
             mlp = self._mlp(ops.rms_norm(x, layer.post_norm, eps), layer, inp)
             x = ops.add(x, self.ccl.all_reduce(mlp))
-        self._head(x, inp)
+        self._head(x, inp)  # vocabulary-sharded logits; picks gathered and replicated
 
 
 def _channel_chunk(channels: int, target: int = 768) -> int:
