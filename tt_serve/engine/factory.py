@@ -1,8 +1,8 @@
 """Build a running engine from the one configuration: spec -> backend -> pool sizes -> Engine.
 
 The model spec is read once here and handed down to the backend; every option comes from
-``ServeConfig`` (``tt_serve/config.py``), where the defaults live. Backends are imported lazily,
-so ``engine/`` stays importable without torch or ttnn.
+``ServeConfig`` (``tt_serve/config/serve_config.py``), where the defaults live. Backends are
+imported lazily, so ``engine/`` stays importable without torch or ttnn.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
-from tt_serve.config import ServeConfig
+from tt_serve.config.serve_config import ServeConfig
 from tt_serve.engine.engine import Engine, EngineConfig, TextStreamFactory
 from tt_serve.engine.scheduler import SchedulerConfig
 
