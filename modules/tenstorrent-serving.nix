@@ -1,7 +1,7 @@
 # NixOS module: services.tenstorrent-serving runs `tt-serve serve` as a hardened systemd service.
 #
 # This file only declares options and wires in the builtins-only files under ./lib:
-#   lib/defaults.nix    option defaults (mirrored by tt_serve/config.py)
+#   lib/defaults.nix    option defaults (mirrored by tt_serve/config/serve_config.py)
 #   lib/invariants.nix  the assertions (the same rules as tt_serve.config.validate)
 #   lib/args.nix        ExecStart=, the pre-start doctor and the /health readiness probe
 #   lib/host-defaults.nix  defaults of the module-only options (hugepages, kernelDriver, ...)

@@ -108,7 +108,7 @@ def _check_config(argv: Sequence[str]) -> int:
     )
     p.add_argument("file", help="JSON file")
     a = p.parse_args(argv)
-    from tt_serve.config import check_config_main
+    from tt_serve.config.nix_json import check_config_main
 
     return check_config_main(a.file)
 
@@ -146,7 +146,7 @@ def _plan_smallest(spec: ModelSpec, req: PlanRequest, candidates: list[str]) -> 
 
 def _plan_mesh(text: str, dev: DeviceSpec) -> tuple[int, int]:
     """``--mesh ROWSxCOLS`` for ``dev``: one of the shapes tt-metal opens it as."""
-    from tt_serve.config import parse_mesh
+    from tt_serve.config.serve_config import parse_mesh
 
     mesh = parse_mesh(text)
     if mesh is None:
@@ -158,7 +158,7 @@ def _plan_mesh(text: str, dev: DeviceSpec) -> tuple[int, int]:
 
 
 def _plan(argv: Sequence[str]) -> int:
-    from tt_serve.config import DEFAULT_BATCH, PRECISIONS, ServeConfig
+    from tt_serve.config.serve_config import DEFAULT_BATCH, PRECISIONS, ServeConfig
     from tt_serve.model.published import SIZES
 
     d = ServeConfig()

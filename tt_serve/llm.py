@@ -1,7 +1,7 @@
 """The offline API: ``LLM(model=DIR, **options).generate(prompts, params)``.
 
-Options are ``ServeConfig`` fields (``tt_serve/config.py`` holds their defaults); the engine is
-built by ``engine/factory.py``, the same factory the HTTP server uses.
+Options are ``ServeConfig`` fields (``tt_serve/config/serve_config.py`` holds their defaults);
+the engine is built by ``engine/factory.py``, the same factory the HTTP server uses.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tt_serve.config import ServeConfig
+from tt_serve.config.serve_config import ServeConfig
 from tt_serve.engine.factory import build_engine
 from tt_serve.model.spec import ModelSpec
 from tt_serve.sequence import RequestError, RequestOutput, SamplingParams

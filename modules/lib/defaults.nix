@@ -1,5 +1,6 @@
 # Defaults of the serve settings: the single source for the module's mkOption defaults.
-# Builtins only. tt_serve/config.py's ServeConfig holds the same values (a test keeps them equal).
+# Builtins only. tt_serve/config/serve_config.py's ServeConfig holds the same values (a test
+# keeps them equal).
 {
   model = null; # null: the built-in demo model
   servedModelName = null;

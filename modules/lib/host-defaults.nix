@@ -1,5 +1,6 @@
 # Defaults of the module-only options (host and unit settings that are not `tt-serve serve`
-# flags, so tt_serve/config.py's ServeConfig does not mirror them; defaults.nix holds those).
+# flags, so tt_serve/config/serve_config.py's ServeConfig does not mirror them; defaults.nix
+# holds those).
 # Builtins only; tests/nix/test_module_stub.py checks the module's defaults against this file.
 {
   hugepages = {

@@ -1,11 +1,11 @@
 # The configuration rule set, as NixOS assertions: cfg -> [ { assertion; message; } ].
 # Builtins only, so the real evaluator runs it without nixpkgs (tests/nix).
-# tt_serve/config.py's validate() holds the same rules in the same order with the same
+# tt_serve/config/rules.py's validate() holds the same rules in the same order with the same
 # messages; tests/nix/test_invariants.py requires identical verdicts on one truth table.
 cfg:
 let
   p = "services.tenstorrent-serving";
-  gdnChunk = 64; # tt_serve.config.GDN_CHUNK
+  gdnChunk = 64; # tt_serve.config.serve_config.GDN_CHUNK
   ttnnMaxBatch = 32;
   ttnnBlockAlign = 32; # ttnn keeps paged KV in TILE layout (32 x 32)
   backends = [ "torch" "ttnn" ];
@@ -33,11 +33,11 @@ let
   meshRows = if meshMatch == null then 0 else builtins.fromJSON (builtins.elemAt meshMatch 0);
   meshCols = if meshMatch == null then 0 else builtins.fromJSON (builtins.elemAt meshMatch 1);
   chips = meshRows * meshCols;
-  meshSides = [ 1 2 4 8 ]; # tt_serve.config.MESH_SIDES
+  meshSides = [ 1 2 4 8 ]; # tt_serve.config.rules.MESH_SIDES
 
   rule = assertion: message: { inherit assertion message; };
 
-  # Replica topology (tt_serve.config._replica_rules).
+  # Replica topology (tt_serve.config.rules._replica_rules).
   n = builtins.length cfg.instances;
   base = cfg.workerBasePort;
   last = base + n - 1;

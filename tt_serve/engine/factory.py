@@ -2,8 +2,9 @@
 
 The model spec is read once here and handed down; ``model/launch.py`` starts whichever backend
 is configured and says how large its KV pool is, so nothing here knows one backend from another.
-Every option comes from ``ServeConfig`` (``tt_serve/config.py``), where the defaults live.
-Backends are imported lazily, so ``engine/`` stays importable without torch or ttnn.
+Every option comes from ``ServeConfig`` (``tt_serve/config/serve_config.py``), where the
+defaults live. Backends are imported lazily, so ``engine/`` stays importable without torch or
+ttnn.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from tt_serve.config import ServeConfig
+from tt_serve.config.serve_config import ServeConfig
 from tt_serve.engine.engine import Engine, EngineConfig, TextStreamFactory
 from tt_serve.engine.scheduler import SchedulerConfig
 

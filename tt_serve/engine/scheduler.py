@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from tt_serve.cache import PAD_BLOCK, Admission, PrefixCache, SnapshotSave
-from tt_serve.config import ServeConfig
+from tt_serve.config.serve_config import ServeConfig
 from tt_serve.model.interface import RowSampling, StateCopy, StepBatch, StepRow
 from tt_serve.sequence import FinishReason, Request, RequestError, RequestStatus
 

@@ -31,7 +31,7 @@ from tt_serve.model.resident import ResidentSlots
 from tt_serve.model.spec import ModelSpec
 
 if TYPE_CHECKING:
-    from tt_serve.config import ServeConfig
+    from tt_serve.config.serve_config import ServeConfig
     from tt_serve.model.cuda.steps import StaticSteps
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tt_serve.config import ServeConfig, add_serve_arguments, dry_run, validate
+from tt_serve.config.flags import add_serve_arguments
+from tt_serve.config.nix_json import dry_run
+from tt_serve.config.rules import validate
+from tt_serve.config.serve_config import ServeConfig
 
 if TYPE_CHECKING:
     from tt_serve.server.app import ServerState

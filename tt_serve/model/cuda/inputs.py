@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tt_serve.config import GDN_CHUNK
+from tt_serve.config.serve_config import GDN_CHUNK
 from tt_serve.model.buckets import NoBucket, doubling
 from tt_serve.model.interface import PAD_BLOCK, StepRow
 

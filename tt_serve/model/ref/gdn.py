@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tt_serve.config import GDN_CHUNK
+from tt_serve.config.serve_config import GDN_CHUNK
 from tt_serve.model.interface import StepBatch, StepRow
 from tt_serve.model.ref import native
 from tt_serve.model.ref.layers import Linear, fused, l2norm, rms_norm_gated
