@@ -39,6 +39,7 @@ def tt_backend(path: Path, fake_ttnn: VirtualTTNN | None = None, **kw: Any) -> T
     ops.open_device(0, trace_region_size=TRACE_REGION, l1_small_size=0)
     spec = ModelSpec.from_hf_dir(path)
     kw.setdefault("max_prefill_chunk", CHUNK)
+    kw.setdefault("checkpoint", path)  # what keys a weight cache, when one is given
     return build_backend(spec, load_weights(path, spec), ops=ops, **kw)
 
 
@@ -93,4 +94,5 @@ def mesh_backend(
     ops.open_mesh((1, n), trace_region_size=TRACE_REGION, l1_small_size=0)
     spec = ModelSpec.from_hf_dir(path)
     kw.setdefault("max_prefill_chunk", CHUNK)
+    kw.setdefault("checkpoint", path)  # what keys a weight cache, when one is given
     return build_backend(spec, load_weights(path, spec), ops=ops, **kw)

@@ -21,7 +21,7 @@ from tt_serve.model.tt.contract import rules
 from tt_serve.model.tt.contract.rules import DeviceLimitError, TensorInfo
 from tt_serve.model.tt.contract.virtual_ttnn import ContractViolation, VirtualTTNN
 from tt_serve.model.tt.layout import experts as expert_layout
-from tt_serve.model.tt.layout.checkpoint import linear_t, stacked_experts
+from tt_serve.model.tt.layout.transforms import linear_t, stacked_experts
 from tt_serve.model.tt.ops import TILE, Ops
 from tt_serve.model.tt.plan import planner
 from tt_serve.model.tt.runtime import moe

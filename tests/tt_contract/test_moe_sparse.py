@@ -18,8 +18,9 @@ from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.contract import rules
 from tt_serve.model.tt.contract.rules import DeviceLimitError, Matmul1DConfig, TensorInfo
 from tt_serve.model.tt.contract.virtual_ttnn import P150, ContractViolation, VirtualTTNN
-from tt_serve.model.tt.layout.checkpoint import layout_weights, sparse_experts
+from tt_serve.model.tt.layout.checkpoint import layout_weights
 from tt_serve.model.tt.layout.host import shape_only_weights
+from tt_serve.model.tt.layout.transforms import sparse_experts
 from tt_serve.model.tt.ops import ROW_MAJOR, Ops
 from tt_serve.model.tt.precision import Precision
 from tt_serve.model.tt.runtime import moe
@@ -337,7 +338,12 @@ def test_weight_cache_keys_the_expert_layout(moe_dir: Path, tmp_path: Path) -> N
     ops = Ops(h.fake())
     ops.open_device(0, trace_region_size=h.TRACE_REGION, l1_small_size=0)
     second = build_backend(
-        spec, boom, ops=ops, max_prefill_chunk=h.CHUNK, weight_cache_dir=tmp_path
+        spec,
+        boom,
+        ops=ops,
+        max_prefill_chunk=h.CHUNK,
+        weight_cache_dir=tmp_path,
+        checkpoint=moe_dir,
     )
     layer = second.model.layers[0].mlp
     assert isinstance(layer, moe.MoeWeights) and isinstance(layer.experts, moe.SparseExperts)

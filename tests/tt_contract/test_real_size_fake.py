@@ -23,7 +23,7 @@ from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.contract.boards import ChipSpec
 from tt_serve.model.tt.contract.virtual_ttnn import P150, WORMHOLE, VirtualTTNN
 from tt_serve.model.tt.ops import Ops
-from tt_serve.model.tt.runtime import weights
+from tt_serve.model.tt.runtime import weight_cache
 
 CHIPS = {"p150": P150, "wormhole": WORMHOLE}
 # What the fake run keeps at the 9B's values: everything a device rule or a state row depends on.
@@ -66,7 +66,7 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(autouse=True)
 def _weight_cache(cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     # from_config caches converted weights in the default folder: keep it in the test's tmp.
-    monkeypatch.setenv(weights.CACHE_ENV, str(cache_dir))
+    monkeypatch.setenv(weight_cache.CACHE_ENV, str(cache_dir))
     yield
 
 

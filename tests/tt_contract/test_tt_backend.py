@@ -228,7 +228,12 @@ def test_weight_cache_round_trip(dense_dir: Path, tmp_path: Path) -> None:
     ops = Ops(h.fake())
     ops.open_device(0, trace_region_size=h.TRACE_REGION, l1_small_size=0)
     second = build_backend(
-        spec, boom, ops=ops, max_prefill_chunk=h.CHUNK, weight_cache_dir=tmp_path
+        spec,
+        boom,
+        ops=ops,
+        max_prefill_chunk=h.CHUNK,
+        weight_cache_dir=tmp_path,
+        checkpoint=dense_dir,
     )
     p = h.prompt(70, 3)
     a = h.generate(h.engine(first, spec), [p], 4)
@@ -316,11 +321,11 @@ def test_from_config_maps_the_serve_config(
     from tt_serve.model.tt.ops import Ops
     from tt_serve.model.tt.plan import planner
     from tt_serve.model.tt.precision import Precision
-    from tt_serve.model.tt.runtime import weights
+    from tt_serve.model.tt.runtime import weight_cache
 
     fake = h.fake()
     monkeypatch.setattr(Ops, "load", classmethod(lambda cls: cls(fake)))
-    monkeypatch.setenv(weights.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(weight_cache.CACHE_ENV, str(tmp_path))
     spec = ModelSpec.from_hf_dir(dense_dir)
     cfg = ServeConfig(
         model=str(dense_dir), backend="ttnn", precision="mixed", prefill_chunk=128, block_size=64

@@ -49,7 +49,7 @@ from tt_serve.model.tt.runtime.build import build_backend
 from tt_serve.model.tt.runtime.gdn import GdnWeights, gdn_decode
 from tt_serve.model.tt.runtime.inputs import make_buckets
 from tt_serve.model.tt.runtime.model import LM_HEAD_CHUNK
-from tt_serve.model.tt.runtime.weights import default_cache_dir
+from tt_serve.model.tt.runtime.weight_cache import default_cache_dir
 from tt_serve.model.weights import load_weights
 
 SNAPSHOTS = 2
@@ -137,6 +137,7 @@ def eager_backend(ops: Ops, size: RealSize, max_batch: int) -> TTBackend:
         max_prefill_chunk=size.prefill_chunk,
         max_model_len=size.max_model_len,
         weight_cache_dir=default_cache_dir(),  # as from_pretrained
+        checkpoint=size.path,
     )
     _allocate(be, size, max_batch)
     return be

@@ -19,7 +19,7 @@ import pytest
 from tests import tiny_models as tm
 from tests.tt_hardware import real_size as rs
 from tt_serve.model.tt.ops import Ops
-from tt_serve.model.tt.runtime import weights
+from tt_serve.model.tt.runtime import weight_cache
 
 pytestmark = pytest.mark.tt_hardware
 
@@ -48,7 +48,7 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def ops(cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Ops]:
     """The real ttnn, device not yet open (each check opens and closes it through the backend);
     converted weights are cached in the test's tmp, not the user's cache folder."""
-    monkeypatch.setenv(weights.CACHE_ENV, str(cache_dir))
+    monkeypatch.setenv(weight_cache.CACHE_ENV, str(cache_dir))
     yield Ops.load()
 
 

@@ -50,6 +50,20 @@ def _tensor_files(root: Path) -> dict[str, Path]:
         return dict.fromkeys(f.keys(), single)
 
 
+def checkpoint_files(path: str | Path) -> list[Path]:
+    """The files a checkpoint folder's tensors are read from, sorted, with the shard index when
+    there is one: what a converted-weight cache keys the checkpoint's content on."""
+    root = Path(path)
+    index = root / "model.safetensors.index.json"
+    if index.exists():
+        weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+        return sorted({index, *(root / f for f in weight_map.values())})
+    single = root / "model.safetensors"
+    if not single.exists():
+        raise CheckpointError(f"no model.safetensors or model.safetensors.index.json in {root}")
+    return [single]
+
+
 def _strip(name: str) -> str | None:
     """Checkpoint name -> name relative to the text model, or None when ignored."""
     if name.startswith(IGNORED_PREFIXES):

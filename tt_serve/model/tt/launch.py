@@ -25,7 +25,7 @@ from tt_serve.model.tt.ops import Ops
 from tt_serve.model.tt.precision import Precision
 from tt_serve.model.tt.runtime.backend import TTBackend
 from tt_serve.model.tt.runtime.build import DEFAULT_CCL_LINKS, TTOptions, build_backend
-from tt_serve.model.tt.runtime.weights import default_cache_dir
+from tt_serve.model.tt.runtime.weight_cache import default_cache_dir
 
 if TYPE_CHECKING:
     from tt_serve.config import ServeConfig
@@ -71,6 +71,7 @@ def open_backend(
             device_ids=device_ids,
         )
     options["weight_cache_dir"] = options.get("weight_cache_dir") or default_cache_dir()
+    options["checkpoint"] = Path(path)
     return build_backend(
         model_spec, lambda: to_numpy(load_weights(path, model_spec)), ops=ops, **options
     )

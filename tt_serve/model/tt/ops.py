@@ -279,10 +279,31 @@ class Ops:
             host = self.ttnn.to_layout(host, self.ttnn.ROW_MAJOR_LAYOUT)
         return np.asarray(host.to_numpy())
 
+    def cache_host(
+        self,
+        array: np.ndarray,
+        dtype: str,
+        layout: str = TILE,
+        *,
+        shard_dim: int | None = None,
+        mesh_dims: tuple[int | None, int | None] | None = None,
+    ) -> Tensor:
+        """The host tensor a converted-weight cache file holds (:meth:`dump`): a sharded weight
+        with its mesh mapper (every chip's shard in one file), a replicated one as one unmapped
+        copy, which :meth:`load_tensor` and :meth:`to_device` replicate over a mesh, as
+        ``ttnn.as_tensor`` caches replicated weights unsharded "so that it can be loaded on any
+        device" (one copy on disk, not one per chip)."""
+        if shard_dim is not None or mesh_dims is not None:
+            return self.host(array, dtype, layout, shard_dim=shard_dim, mesh_dims=mesh_dims)
+        src: np.ndarray = np.ascontiguousarray(array, dtype=_numpy_source_dtype(dtype))
+        return self.ttnn.Tensor(src, data_type=self.dtype(dtype), layout=self.layout(layout))
+
     def dump(self, path: Path, host: Tensor) -> None:
+        """Write a host tensor to ``path``; a mesh tensor's file keeps its distribution."""
         self.ttnn.dump_tensor(str(path), host)
 
     def load_tensor(self, path: Path) -> Tensor:
+        """A :meth:`dump` file onto the open device or mesh, distributed as it was written."""
         return self.ttnn.load_tensor(str(path), device=self.device)
 
     def deallocate(self, t: Tensor) -> None:

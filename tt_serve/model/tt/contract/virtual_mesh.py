@@ -5,8 +5,9 @@
 mappers ``replicate_tensor_to_mesh_mapper`` / ``shard_tensor_to_mesh_mapper`` (1-D over every
 chip in row-major order), ``create_mesh_mapper`` with a ``MeshMapperConfig`` of
 ``PlacementShard`` / ``PlacementReplicate`` per mesh axis (and its ``ShardTensor2dMesh``
-wrapper), the composer ``concat_mesh_to_tensor_composer``, ``get_device_tensors``, the fabric
-config, global semaphores, and the two experimental CCLs the backend uses
+wrapper), the composer ``concat_mesh_to_tensor_composer``, ``get_device_tensors``, tensor files
+that keep a mesh tensor's distribution (``dump_tensor`` / ``load_tensor``), the fabric config,
+global semaphores, and the two experimental CCLs the backend uses
 (``all_gather_async``, ``reduce_scatter_minimal_async``; the plain ``ttnn.all_gather`` is not
 modelled: it is trace-unsafe, tt-metal #48469).
 
@@ -53,9 +54,11 @@ cannot be injected on other chips there.
 from __future__ import annotations
 
 import itertools
+import pickle
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -70,6 +73,7 @@ from tt_serve.model.tt.contract.virtual_ttnn import (
     CoreCoord,
     FakeDevice,
     VirtualTTNN,
+    tensor_payload,
 )
 from tt_serve.model.tt.contract.virtual_ttnn import Tensor as ChipTensor
 
@@ -518,6 +522,40 @@ class VirtualMeshTTNN:
             lambda c: c.copy_host_to_device_tensor,
             (host, device_tensor),
             {},
+        )
+
+    # ---- tensor files ----------------------------------------------------------------------
+    def dump_tensor(self, file_name: str, tensor: ChipTensor | MeshTensor) -> None:
+        """A mesh tensor's file holds every chip's shard and the mesh shape (ttnn's flatbuffer
+        file records the distribution); a one-chip tensor's file is the single-device one."""
+        if not isinstance(tensor, MeshTensor):
+            self.chips[0].dump_tensor(file_name, tensor)
+            return
+        shards = [tensor_payload(s) for s in tensor.shards]
+        Path(file_name).write_bytes(pickle.dumps({"mesh": self._mesh_shape(), "shards": shards}))
+
+    def load_tensor(
+        self, file_name: str, *, device: FakeMeshDevice | None = None
+    ) -> ChipTensor | MeshTensor:
+        """A distributed file loads onto a mesh of the shape it was written on, each chip its
+        own shard; a one-chip file loaded onto the mesh is replicated (``ttnn.as_tensor`` caches
+        replicated weights unsharded "so that it can be loaded on any device")."""
+        payload = pickle.loads(Path(file_name).read_bytes())
+        on_device = device is not None
+        if not isinstance(payload, dict):
+            if not on_device or self._n == 1:
+                return self.chips[0].from_payload(payload, device=on_device)
+            return MeshTensor([c.from_payload(payload, device=True) for c in self._chips(self._n)])
+        if payload["mesh"] != self._mesh_shape():
+            raise ContractViolation(
+                "mesh.distribution",
+                f"{file_name} was written on a {payload['mesh']} mesh; this one is "
+                f"{self._mesh_shape()}",
+            )
+        shards = payload["shards"]
+        chips = self._chips(len(shards))
+        return MeshTensor(
+            [c.from_payload(p, device=on_device) for c, p in zip(chips, shards, strict=True)]
         )
 
     # ---- traces ----------------------------------------------------------------------------

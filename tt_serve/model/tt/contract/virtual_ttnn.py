@@ -544,16 +544,24 @@ class VirtualTTNN:
         self._release(tensor.buffer)
 
     def dump_tensor(self, file_name: str, tensor: Tensor) -> None:
-        payload = (tensor.buffer.data.numpy(), tensor.dtype.value, tensor.layout.value)
-        Path(file_name).write_bytes(pickle.dumps(payload))
+        Path(file_name).write_bytes(pickle.dumps(tensor_payload(tensor)))
 
     def load_tensor(self, file_name: str, *, device: FakeDevice | None = None) -> Tensor:
-        if device is not None:
+        payload = pickle.loads(Path(file_name).read_bytes())
+        if isinstance(payload, dict):
+            raise ContractViolation(
+                "mesh.distribution",
+                f"{file_name} holds a tensor distributed over a {payload['mesh']} mesh; "
+                "load it onto that mesh",
+            )
+        return self.from_payload(payload, device=device is not None)
+
+    def from_payload(self, payload: tuple[Any, ...], *, device: bool) -> Tensor:
+        """The tensor a ``dump_tensor`` payload describes, on this chip's DRAM when ``device``."""
+        if device:
             self._no_host_io("load_tensor(device=...)")
-        data, dtype, layout = pickle.loads(Path(file_name).read_bytes())
-        return self._new(
-            torch.from_numpy(data), DataType(dtype), Layout(layout), device is not None
-        )
+        data, dtype, layout = payload
+        return self._new(torch.from_numpy(data), DataType(dtype), Layout(layout), device)
 
     # ---- configs --------------------------------------------------------------------------
     def SDPAProgramConfig(
@@ -1483,6 +1491,11 @@ def _tiles(shape: Sequence[int]) -> int:
     s = [1, *list(shape)] if len(shape) < 2 else list(shape)
     rows, cols = -(-s[-2] // 32), -(-s[-1] // 32)
     return int(np.prod(s[:-2])) * rows * cols
+
+
+def tensor_payload(t: Tensor) -> tuple[Any, ...]:
+    """What ``dump_tensor`` writes for one chip's tensor: its values, dtype and layout."""
+    return (t.buffer.data.numpy(), t.dtype.value, t.layout.value)
 
 
 def _landed(t: Tensor, what: str) -> None:

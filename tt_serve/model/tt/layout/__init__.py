@@ -1,1 +1,2 @@
-"""Checkpoint -> device layouts in numpy only (no device): host weights and tensor parallel placement."""
+"""Checkpoint -> device layouts in numpy only (no device): the declared device-weight table, its
+transforms, host weights and tensor parallel placement."""

@@ -55,6 +55,10 @@ them. The fused projections are stored per chip in the order the per-chip progra
 ([q_c | k_c | v_c] columns, chip after chip in row-major mesh order), so sharding the stored
 tensor into R·C equal contiguous chunks (``shard_tensor_to_mesh_mapper``) gives each chip
 exactly its block.
+
+Which weight takes which of these splits is declared once, in the device-weight table
+(``table.py``, its :class:`~tt_serve.model.tt.layout.table.Placement` per entry);
+:meth:`TensorParallel.place` carries each placement out.
 """
 
 from __future__ import annotations
@@ -66,22 +70,9 @@ import numpy as np
 
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.layout.host import HostWeight, is_shape_only, shape_only_array
+from tt_serve.model.tt.layout.table import Placement, slot
 
 TILE = 32
-# Last-dim suffixes of device weight names that split column-parallel (dim -1) or row-parallel
-# (dim 0); every other weight is replicated.
-COLUMN = (
-    *("gate", "z", "b", "a", "dt_bias", "neg_a"),
-    *("mlp.gate", "mlp.up", "shared.gate", "shared.up", "lm_head"),
-)
-ROW = ("o", "out", "mlp.down", "shared.down")
-# Mixer projections whose column block is also split over the mesh rows and all-gathered on
-# axis 0 after the matmul (``ccl.TensorParallelCCL.gather_rows``).
-ROW_GATHERED = ("qkv", "gate", "z")
-# Mixer outputs: input dim over the columns (heads), output (hidden) over the rows.
-MIXER_ROW = ("o", "out")
-# Column-parallel weights over all chips (row-major chip order) on a 2-D mesh.
-ALL_CHIPS = ("mlp.gate", "mlp.up", "shared.gate", "shared.up", "lm_head")
 
 
 @dataclass(frozen=True)
@@ -247,48 +238,50 @@ class TensorParallel:
         ]
 
     def layout(self, laid: dict[str, HostWeight]) -> dict[str, HostWeight]:
-        """Single-chip device layouts -> TP layouts: each weight with its placement
-        (``shard_dim`` over all chips in row-major order, or ``mesh_dims`` per mesh axis; neither:
-        replicated) and, for fused tensors, its columns in per-chip order."""
-        out: dict[str, HostWeight] = {}
-        attn = set(self.spec.attention_layers)
-        two_d = self.rows > 1
-        for name, hw in laid.items():
-            layer, _, field = name.partition(".")
-            key = field if layer.isdigit() else name
-            kind = "attn" if layer.isdigit() and int(layer) in attn else "gdn"
-            if key == "qkv":
-                cols = self._attention_qkv_cols() if kind == "attn" else self._gdn_qkv_cols()
-                out[name] = _take(hw, self._by_chip(cols), -1, -1)
-            elif key.startswith("tap"):
+        """Single-chip device layouts -> TP layouts: each weight placed as its entry of the
+        device-weight table says (:meth:`place`)."""
+        return {n: self.place(hw, slot(self.spec, n).weight.placement) for n, hw in laid.items()}
+
+    def place(self, hw: HostWeight, placement: Placement) -> HostWeight:
+        """``hw`` with its placement on this mesh (``shard_dim`` over all chips in row-major
+        order, or ``mesh_dims`` per mesh axis; neither: replicated) and, for fused tensors, its
+        columns in per-chip order."""
+        P, two_d = Placement, self.rows > 1
+        match placement:
+            case P.REPLICATED:
+                return hw
+            case P.ATTENTION_QKV:
+                return _take(hw, self._by_chip(self._attention_qkv_cols()), -1, -1)
+            case P.GDN_QKV:
+                return _take(hw, self._by_chip(self._gdn_qkv_cols()), -1, -1)
+            case P.CONV_TAPS:
                 taps = np.concatenate(self._gdn_qkv_cols())
                 if two_d:
-                    out[name] = _take(hw, taps, -1, None, (None, -1))
-                else:
-                    out[name] = _take(hw, taps, -1, -1)
-            elif key in ("experts.gate_up", "experts.down"):
-                out[name] = dataclasses.replace(hw, shard_dim=1)  # [1, E, in, out]: by expert
-            elif key.startswith("experts.") and key.endswith((".gate", ".up")):
-                out[name] = dataclasses.replace(hw, shard_dim=2)  # [1, G, I, H]: by I
-            elif key.startswith("experts.") and key.endswith(".down"):
-                experts = hw.array.shape[-1] // self.spec.moe_intermediate_size
-                down = np.concatenate(self._expert_down_cols(experts))
-                out[name] = _take(hw, down, -1, -1)
-            elif two_d and key in ROW_GATHERED:
+                    return _take(hw, taps, -1, None, (None, -1))
+                return _take(hw, taps, -1, -1)
+            case P.COLUMN_GATHERED if two_d:
                 width = hw.array.shape[-1] // self.cols
                 blocks = [np.arange(c * width, (c + 1) * width) for c in range(self.cols)]
-                out[name] = _take(hw, self._by_chip(blocks), -1, -1)
-            elif two_d and key in MIXER_ROW:
-                out[name] = dataclasses.replace(hw, mesh_dims=(-1, 0))
-            elif two_d and key in COLUMN and key not in ALL_CHIPS:
-                out[name] = dataclasses.replace(hw, mesh_dims=(None, -1))
-            elif key in COLUMN:
-                out[name] = dataclasses.replace(hw, shard_dim=-1)
-            elif key in ROW:
-                out[name] = dataclasses.replace(hw, shard_dim=0)
-            else:
-                out[name] = hw
-        return out
+                return _take(hw, self._by_chip(blocks), -1, -1)
+            case P.MIXER_ROW:
+                if two_d:
+                    return dataclasses.replace(hw, mesh_dims=(-1, 0))
+                return dataclasses.replace(hw, shard_dim=0)
+            case P.COLUMN if two_d:
+                return dataclasses.replace(hw, mesh_dims=(None, -1))
+            case P.COLUMN | P.COLUMN_GATHERED | P.ALL_CHIPS_COLUMN:
+                return dataclasses.replace(hw, shard_dim=-1)
+            case P.ALL_CHIPS_ROW:
+                return dataclasses.replace(hw, shard_dim=0)
+            case P.EXPERTS:
+                return dataclasses.replace(hw, shard_dim=1)  # [1, E, in, out]: by expert
+            case P.EXPERT_INTER:
+                return dataclasses.replace(hw, shard_dim=2)  # [1, G, I, H]: by I
+            case P.EXPERT_DOWN:
+                experts = hw.array.shape[-1] // self.spec.moe_intermediate_size
+                down = np.concatenate(self._expert_down_cols(experts))
+                return _take(hw, down, -1, -1)
+        raise AssertionError(f"unplaced {placement}")
 
 
 def _take(

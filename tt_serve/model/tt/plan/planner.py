@@ -28,7 +28,7 @@ from typing import IO, Any
 
 from tt_serve.config import DEFAULT_BATCH, ServeConfig
 from tt_serve.model.interface import RowSampling, StateCopy, StepBatch, StepRow
-from tt_serve.model.spec import FULL_ATTENTION, ModelSpec
+from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.contract.boards import DeviceSpec, device_spec
 from tt_serve.model.tt.contract.dram import DramBudget
 from tt_serve.model.tt.contract.rules import TensorInfo
@@ -37,6 +37,7 @@ from tt_serve.model.tt.contract.virtual_ttnn import ContractViolation, VirtualTT
 from tt_serve.model.tt.layout.checkpoint import layout_weights
 from tt_serve.model.tt.layout.host import shape_only_weights
 from tt_serve.model.tt.layout.parallel import TensorParallel
+from tt_serve.model.tt.layout.table import slot
 from tt_serve.model.tt.ops import Ops
 from tt_serve.model.tt.plan.oplog import OpLog, Recorder
 from tt_serve.model.tt.precision import Precision
@@ -176,16 +177,8 @@ def _bytes(dram: DramBudget, shape: tuple[int, ...], dtype: str, layout: str) ->
 
 
 def _weight_group(name: str, spec: ModelSpec) -> str:
-    if name in ("embed", "lm_head"):
-        return name
-    head, _, rest = name.partition(".")
-    if "norm" in rest or not head.isdigit():
-        return "norms"
-    if rest.startswith(("mlp.", "shared", "router")):
-        return "mlp"
-    if rest.startswith("experts."):
-        return "experts"
-    return "attention" if spec.layer_types[int(head)] == FULL_ATTENTION else "gdn"
+    """The report group the device-weight table gives weight ``name``."""
+    return slot(spec, name).weight.group
 
 
 def _weight_bytes(

@@ -22,6 +22,7 @@ from tt_serve.model.tt.ops import Ops
 from tt_serve.model.tt.precision import Precision
 from tt_serve.model.tt.runtime.backend import RuntimeOptions, TTBackend
 from tt_serve.model.tt.runtime.model import TTModel
+from tt_serve.model.tt.runtime.weight_cache import WeightCache
 from tt_serve.model.tt.runtime.weights import load_device_weights
 
 if TYPE_CHECKING:
@@ -38,7 +39,10 @@ class TTOptions(RuntimeOptions, total=False):
     # [DEFAULT_CCL_LINKS] Ethernet links each collective uses on a mesh: one count, or
     # (axis 0, axis 1) as tt_transformers' get_num_links gives Galaxy (4, 3)
     ccl_links: int | tuple[int, int]
-    weight_cache_dir: Path | None  # [None: no cache; launch.open_backend uses the default dir]
+    # [None: no cache; launch.open_backend uses the default dir] converted weights cached here,
+    # keyed on the content of ``checkpoint`` (required with it)
+    weight_cache_dir: Path | None
+    checkpoint: Path | None  # [None] the folder the weights were read from
     moe_dispatch: MoeDispatch  # ["sparse"] only the routed experts; "dense": all (the reference)
 
 
@@ -54,15 +58,26 @@ def build_backend(
 ) -> TTBackend:
     """The backend for ``spec`` on the device ``ops`` has open: ``weights`` are the canonical
     checkpoint tensors, or a function giving them as numpy (called only when the converted-weight
-    cache misses). A mesh split that does not divide the model fails before any weight is
-    converted."""
+    cache misses; the cache needs the ``checkpoint`` folder they come from, whose content keys
+    it). A mesh split that does not divide the model fails before any weight is converted."""
     precision = options.get("precision") or Precision()
     tp = TensorParallel.for_mesh(spec, ops.mesh) if ops.mesh else TensorParallel(spec, 1)
     source = weights if callable(weights) else (lambda: to_numpy(weights))
     moe = options.get("moe_dispatch", "sparse")
-    cache_dir = options.get("weight_cache_dir")
-    device_weights = load_device_weights(ops, spec, precision, source, cache_dir, tp, moe)
+    cache = _weight_cache(options)
+    device_weights = load_device_weights(ops, spec, precision, source, cache, tp, moe)
     links = options.get("ccl_links", DEFAULT_CCL_LINKS)
     model = TTModel(ops, spec, device_weights, precision, tp, links, moe_dispatch=moe)
     runtime: RuntimeOptions = {k: v for k, v in options.items() if k in _RUNTIME_KEYS}  # type: ignore[assignment]
     return TTBackend(model, ops=ops, **runtime)
+
+
+def _weight_cache(options: TTOptions) -> WeightCache | None:
+    root, checkpoint = options.get("weight_cache_dir"), options.get("checkpoint")
+    if root is None:
+        return None
+    if checkpoint is None:
+        raise ValueError(
+            "weight_cache_dir needs checkpoint: the folder whose content keys the cached weights"
+        )
+    return WeightCache(Path(root), Path(checkpoint))

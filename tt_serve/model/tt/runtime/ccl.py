@@ -14,7 +14,7 @@ collective: the call is the identity, as ``tt_all_reduce`` skips it. Link counts
 tt_transformers keeps the residual fractured and gathers in its distributed norm, this stack
 keeps a replicated residual, one gather per reduction). On a 2-D mesh it scatters over axis 1,
 then axis 0, and gathers back over axis 0, then axis 1. ``reduce_heads`` sums partials over the
-columns only, for outputs whose hidden dim is split over the rows (``parallel.MIXER_ROW``), and
+columns only, for outputs whose hidden dim is split over the rows (``Placement.MIXER_ROW``), and
 gathers the rows' pieces. Both ops are the experimental ones with caller-owned global
 semaphores and a barrier semaphore, created here once before any capture: the plain
 ``ttnn.all_gather`` / ``all_reduce`` set up semaphores per call and are unsafe under trace
