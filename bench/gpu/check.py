@@ -238,7 +238,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         eng, be = s.engine(mode)
         outs[mode] = generate(eng, prompts, n_new)
         if mode == "graph":
-            res["graphs_captured"] = be.static.programs.num_graphs if be.static else 0
+            res["graphs_captured"] = be.static.programs.num_captured if be.static else 0
             res["fed_decode_rows"] = be.static.num_fed_rows if be.static else 0
     res["setup_and_equality_s"] = round(time.perf_counter() - t0, 2)
     checks["graph_equals_buffered"] = outs["graph"] == outs["buffered"]

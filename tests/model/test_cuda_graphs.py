@@ -18,14 +18,14 @@ import torch
 
 from tests import numerics as nm
 from tests.model import driver as d
+from tt_serve.config import GDN_CHUNK
 from tt_serve.engine.engine import Engine, EngineConfig
 from tt_serve.engine.scheduler import SchedulerConfig
-from tt_serve.model.buckets import NoBucket, choose_bucket
+from tt_serve.model.buckets import NoBucket, choose_bucket, prefill_buckets
 from tt_serve.model.cuda.buffers import FlatInputs, decode_shapes
 from tt_serve.model.cuda.inputs import (
     decode_buckets,
     decode_values,
-    prefill_buckets,
     prefill_values,
 )
 from tt_serve.model.interface import PAD_BLOCK, StateCopy, StepBatch, StepOutput, StepRow
@@ -44,10 +44,10 @@ def test_bucket_selection() -> None:
     assert decode_buckets(16) == (1, 2, 4, 8, 16)
     assert decode_buckets(20) == (1, 2, 4, 8, 16, 20)
     assert decode_buckets(100) == (1, 2, 4, 8, 16, 32)
-    assert prefill_buckets(256) == (64, 128, 256)
-    assert prefill_buckets(192) == (64, 128, 192)
+    assert prefill_buckets(256, GDN_CHUNK, unit="the GDN chunk") == (64, 128, 256)
+    assert prefill_buckets(192, GDN_CHUNK, unit="the GDN chunk") == (64, 128, 192)
     with pytest.raises(ValueError, match="GDN chunk"):
-        prefill_buckets(100)
+        prefill_buckets(100, GDN_CHUNK, unit="the GDN chunk")
     assert choose_bucket(5, (1, 2, 4, 8)) == 8
     assert choose_bucket(64, (64, 128)) == 64
     with pytest.raises(NoBucket):
@@ -251,5 +251,5 @@ def test_cuda_graphs_equal_buffered_eager(dense_dir: Path) -> None:
             **STATIC,
         )
         outs.append(_generate(_engine(be), prompts, 12))
-        assert be.static is not None and be.static.programs.num_graphs == (6 if capture else 0)
+        assert be.static is not None and be.static.programs.num_captured == (6 if capture else 0)
     assert outs[0] == outs[1]

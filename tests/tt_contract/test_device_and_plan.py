@@ -8,13 +8,12 @@ import sys
 import numpy as np
 import pytest
 
-from tt_serve.model.buckets import choose_bucket
+from tt_serve.model.buckets import choose_bucket, prefill_buckets
 from tt_serve.model.interface import PAD_BLOCK, StepRow
 from tt_serve.model.tt.probe import NoDeviceError, probe_devices, require_device
 from tt_serve.model.tt.runtime.inputs import (
     DecodeValues,
     decode_values,
-    make_buckets,
     prefill_values,
 )
 
@@ -47,7 +46,7 @@ def test_serve_backend_ttnn_fails_fast_without_a_device() -> None:
 
 
 def test_buckets_and_prefill_values() -> None:
-    assert make_buckets(64, 256) == (64, 128, 256)
+    assert prefill_buckets(256, 64, unit="block_size") == (64, 128, 256)
     assert choose_bucket(40, (64, 128)) == 64
     with pytest.raises(ValueError):
         choose_bucket(200, (64, 128))

@@ -339,5 +339,5 @@ def test_sampled_decode_at_9b_batch_32_shape_only(tmp_path: Path) -> None:
         be.execute(StepBatch(rows))
         reads.append(ops.bytes_read - before)
     assert reads == [32 * 4 + 2 * 32 * 32 * 4, 32 * spec.vocab_size * 4], reads
-    trace = fake._traces[be.programs._traces[("decode", 32)]]
+    trace = fake._traces[be.programs._captured[("decode", 32)]]
     assert [sig[0] for sig in trace.signature].count("topk") == 8 + 1 + 2  # chunks, merge, picks

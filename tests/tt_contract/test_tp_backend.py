@@ -50,7 +50,7 @@ def test_tp_tokens_match_torch_with_warm_prefix_hit(
     got = h.generate(h.engine(be, spec), list(prompts), 12)
     assert got == torch_tokens
     assert got[1][1] == 256, "the second prompt must be a warm prefix hit"
-    assert be.programs.num_traces == len(be.buckets) + 1  # captured on the mesh
+    assert be.programs.num_captured == len(be.buckets) + 1  # captured on the mesh
     # Each chip holds its heads: 4 q / 2 KV heads (KV replicated past 2 chips), 8 GDN value
     # heads, a quarter or half of the vocabulary.
     assert be.pools is not None

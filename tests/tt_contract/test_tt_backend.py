@@ -33,7 +33,7 @@ def test_engine_tokens_match_torch_with_warm_prefix_hit(
     assert got[1][1] == 256, "the second prompt must be a warm prefix hit"
     assert len(set(got[0][0])) >= 6, "degenerate model output makes the comparison vacuous"
     # Every step ran from captured traces: buckets (64, 128) + decode, nothing captured later.
-    assert be.programs.num_traces == len(be.buckets) + 1
+    assert be.programs.num_captured == len(be.buckets) + 1
     assert fake.counts.get("paged_update_cache", 0) > 0
 
 
@@ -343,7 +343,7 @@ def test_from_config_maps_the_serve_config(
     be.allocate(num_kv_blocks=16, block_size=64, num_state_slots=2, num_snapshot_slots=1)
     assert be.width == 8  # 512 tokens / 64 per block, not the model's whole context
     # Decode is traced whatever --traced-prefill says; prefill (off by default) runs eagerly.
-    assert be.programs.traced(("decode", 2)) and be.programs.num_traces == 1
+    assert be.programs.traced(("decode", 2)) and be.programs.num_captured == 1
     assert not any(be.programs.traced(("prefill", b)) for b in be.buckets)
     assert 0 < sum(fake.trace_region.live.values()) <= want
     be.close()
@@ -467,7 +467,7 @@ def test_rope_tables_are_resident_and_gathered_by_position(dense_dir: Path) -> N
     for bufs in (be.decode_bufs, *be.prefill_bufs.values()):
         assert "cos" not in bufs.tensors and "sin" not in bufs.tensors
         assert bufs.positions.dtype.value == "uint32"
-    trace = fake._traces[be.programs._traces[("decode", 3)]]
+    trace = fake._traces[be.programs._captured[("decode", 3)]]
     ops = [sig[0] for sig in trace.signature]
     assert ops.count("embedding") == 3  # token ids, cos rows, sin rows: inside the trace
     assert be.execute(_decode(state)).token_ids[0] is not None
@@ -480,7 +480,7 @@ def test_gdn_decode_writes_state_pools_in_place(dense_dir: Path) -> None:
     fake = h.fake()
     be = h.tt_backend(dense_dir, fake)
     _two_prefilled(be)
-    trace = fake._traces[be.programs._traces[("decode", 3)]]
+    trace = fake._traces[be.programs._captured[("decode", 3)]]
     ops = [sig[0] for sig in trace.signature]
     assert ops.count("copy") == 4
     # beta, g, rec state, conv state per GDN layer; the fed-id select; three in the draw

@@ -29,7 +29,7 @@ from tests import numerics as nm
 from tests.tt_contract import harness as h
 from tt_serve.config import ServeConfig
 from tt_serve.logprobs import top_logprobs
-from tt_serve.model.buckets import choose_bucket
+from tt_serve.model.buckets import choose_bucket, prefill_buckets
 from tt_serve.model.draw import _kept, draw
 from tt_serve.model.interface import RowSampling, StateCopy, StepBatch, StepRow
 from tt_serve.model.ref.attention import AttentionWeights as RefAttention
@@ -47,7 +47,6 @@ from tt_serve.model.tt.runtime.attention import AttentionWeights, attention_deco
 from tt_serve.model.tt.runtime.backend import TTBackend
 from tt_serve.model.tt.runtime.build import build_backend
 from tt_serve.model.tt.runtime.gdn import GdnWeights, gdn_decode
-from tt_serve.model.tt.runtime.inputs import make_buckets
 from tt_serve.model.tt.runtime.model import LM_HEAD_CHUNK
 from tt_serve.model.tt.runtime.weight_cache import default_cache_dir
 from tt_serve.model.weights import load_weights
@@ -260,9 +259,9 @@ def check_capture_and_batch_decode(ops: Ops, size: RealSize, max_batch: int) -> 
     trace runs ``batch_steps`` steps with all ``max_batch`` rows active, as the reference."""
     be = serve_backend(ops, size, max_batch)
     try:
-        assert be.buckets == make_buckets(size.block_size, size.prefill_chunk)
+        assert be.buckets == prefill_buckets(size.prefill_chunk, size.block_size, unit="block_size")
         assert be.buckets[-1] == size.prefill_chunk
-        assert be.programs.num_traces == len(be.buckets) + 1
+        assert be.programs.num_captured == len(be.buckets) + 1
         assert all(be.programs.traced(("prefill", b)) for b in be.buckets)
         assert be.programs.traced(("decode", max_batch))
         # The traces live in the trace region (with none, tt-metal keeps them in plain DRAM and

@@ -7,6 +7,7 @@ import ml_dtypes
 import numpy as np
 import ttnn
 
+from tt_serve.model.buckets import fit_table
 from tt_serve.model.interface import StepRow
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.layout.checkpoint import layout_weights
@@ -15,7 +16,6 @@ from tt_serve.model.tt.precision import Precision
 from tt_serve.model.tt.runtime.buffers import DECODE_FIELDS, PREFILL_FIELDS
 from tt_serve.model.tt.runtime.inputs import (
     decode_values,
-    padded_table,
     prefill_values,
     rope_tables,
 )
@@ -70,7 +70,9 @@ check("kv_pool_padded_shape", list(t.padded_shape) == list(kv.shape), t.padded_s
 check("kv_pool_bf16_round_trip", np.array_equal(back(t), bf16(kv)))
 
 # Page tables: int32 ROW_MAJOR, padded with the padding block.
-pt = padded_table((5, 9, 2), 8)[None]
+pt = np.array(
+    [fit_table(StepRow(1, (4,), 0, (5, 9, 2), 0, True), 8, held_by="traces")], dtype=np.int32
+)
 t = ops.host(pt, "int32", ROW_MAJOR)
 check("page_table_int32", t.dtype == ttnn.int32 and np.array_equal(back(t), pt), back(t))
 

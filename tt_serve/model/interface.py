@@ -28,6 +28,7 @@ picks, e.g. under a grammar, skips the step after it and rejoins with its id).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -202,6 +203,37 @@ class Backend(Protocol):
     def close(self) -> None:
         """Release device resources (traces, device handles). Idempotent."""
         ...
+
+
+def check_rows(rows: Iterable[StepRow], *, max_device_top_k: int = 0) -> None:
+    """The checks every backend makes on a step's rows before any device work: ValueError for a
+    row without tokens, or for a device draw whose top-k is outside ``1..max_device_top_k``
+    (the backend's ``max_device_top_k``; 0 draws any top-k). Fed rows are ``ResidentSlots``'
+    (``model/resident.py``)."""
+    for row in rows:
+        if row.num_tokens == 0:
+            raise ValueError(f"row for seq {row.seq_id} has no tokens")
+        if (
+            max_device_top_k
+            and row.sampling is not None
+            and not 1 <= row.sampling.top_k <= max_device_top_k
+        ):
+            raise ValueError(
+                f"row for seq {row.seq_id}: device draws need 1 <= top_k <= "
+                f"{max_device_top_k} (got {row.sampling.top_k}); pick it on the host"
+            )
+
+
+def blocks_needed(row: StepRow, block_size: int) -> int:
+    """How many blocks of ``row.block_table`` its positions reach (ValueError when the table
+    holds fewer)."""
+    need = -(-row.end_pos // block_size)
+    if need > len(row.block_table):
+        raise ValueError(
+            f"seq {row.seq_id}: block table has {len(row.block_table)} blocks, "
+            f"positions up to {row.end_pos} need {need}"
+        )
+    return need
 
 
 def device_top_k_limit(backend: object) -> int:

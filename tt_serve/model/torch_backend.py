@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, TypedDict, Unpack
 import torch
 
 from tt_serve.model.dtypes import torch_dtype
-from tt_serve.model.interface import StateCopy, StepBatch, StepOutput, StepRow
+from tt_serve.model.interface import StateCopy, StepBatch, StepOutput, StepRow, check_rows
 from tt_serve.model.ref.layers import cpu_bf16
 from tt_serve.model.ref.model import HybridModel
 from tt_serve.model.ref.outputs import fill_logprobs, pick_on_device, pick_screened, screens
@@ -157,8 +157,10 @@ class TorchBackend:
 
     def _build_static(self, pools: Pools, num_kv_blocks: int, num_state_slots: int) -> StaticSteps:
         # The graph path builds on this package, so it is imported only when enabled.
-        from tt_serve.model.cuda.inputs import decode_buckets, prefill_buckets
-        from tt_serve.model.cuda.programs import Programs
+        from tt_serve.config import GDN_CHUNK
+        from tt_serve.model.buckets import prefill_buckets
+        from tt_serve.model.cuda.inputs import decode_buckets
+        from tt_serve.model.cuda.programs import GraphPrograms
         from tt_serve.model.cuda.steps import StaticSteps
 
         spec = self.spec
@@ -179,9 +181,13 @@ class TorchBackend:
         return StaticSteps.build(
             self.model,
             pools,
-            Programs(self.device, capture=capture),
+            GraphPrograms(self.device, capture=capture),
             decode_buckets=decode_buckets(num_state_slots) if self.cuda_graphs else (),
-            prefill_buckets=prefill_buckets(self.max_prefill_chunk) if self.traced_prefill else (),
+            prefill_buckets=(
+                prefill_buckets(self.max_prefill_chunk, GDN_CHUNK, unit="the GDN chunk")
+                if self.traced_prefill
+                else ()
+            ),
             width=width,
             conv_state_len=spec.conv_state_len,
             slot_ids=slot_ids,
@@ -200,13 +206,11 @@ class TorchBackend:
 
         Rows the bucketed programs hold run there (asynchronously on CUDA); the rest run
         eagerly before this returns. Raises ValueError, before any device work, for an empty
-        row or a fed row this backend cannot feed."""
+        row or a fed row this backend cannot feed (``check_rows``, ``ResidentSlots``)."""
         self._pools()
         rows = batch.rows
         out = StepOutput(token_ids=[None] * len(rows), logprobs=[None] * len(rows))
-        for r in rows:
-            if r.num_tokens == 0:
-                raise ValueError(f"row for seq {r.seq_id} has no tokens")
+        check_rows(rows, max_device_top_k=self.max_device_top_k)
         self.resident.check(rows)
         if self.static is None:
             self._eager(batch, list(range(len(rows))), out)

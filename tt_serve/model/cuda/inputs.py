@@ -7,13 +7,14 @@ A captured graph has fixed shapes, so every step is fitted into a bucket and pad
   which no engine row uses) and an all-``PAD_BLOCK`` table at position 0; they compute garbage
   in that slot and block, which no real row reads.
 * prefill: one multi-token row per replay in a length bucket of T tokens (``GDN_CHUNK``·2^k up
-  to the largest chunk). The T - n padding tokens sit at position 0, write their K/V into
-  ``PAD_BLOCK`` and are masked out of the GDN scan (zero k, v, beta and log-decay leave the
-  recurrent state exactly unchanged); the conv state is taken at the last *valid* token.
+  to the largest chunk: ``buckets.prefill_buckets``). The T - n padding tokens sit at position
+  0, write their K/V into ``PAD_BLOCK`` and are masked out of the GDN scan (zero k, v, beta and
+  log-decay leave the recurrent state exactly unchanged); the conv state is taken at the last
+  *valid* token.
 
 Every block table is cut to the blocks a row needs and padded with ``PAD_BLOCK`` to one fixed
-width W (the most blocks one sequence may hold). Values are plain int lists, ready to be packed
-into one host tensor and copied to the device in a single transfer.
+width W, the most blocks one sequence may hold (``buckets.fit_table``). Values are plain int
+lists, ready to be packed into one host tensor and copied to the device in a single transfer.
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tt_serve.config.serve_config import GDN_CHUNK
-from tt_serve.model.buckets import NoBucket, doubling
+from tt_serve.model.buckets import NoBucket, doubling, fit_table
 from tt_serve.model.interface import PAD_BLOCK, StepRow
 
 DECODE_BUCKET_CAP = 32
@@ -34,30 +34,6 @@ def decode_buckets(max_rows: int, cap: int = DECODE_BUCKET_CAP) -> tuple[int, ..
     if top < 1:
         raise ValueError(f"need at least one decode row (got {max_rows})")
     return doubling(1, top)
-
-
-def prefill_buckets(max_chunk: int) -> tuple[int, ...]:
-    """GDN_CHUNK·2^k below ``max_chunk``, then ``max_chunk`` (a multiple of GDN_CHUNK): the tail
-    buckets keep a warm tail or a short prompt from paying for a whole chunk."""
-    if max_chunk < GDN_CHUNK or max_chunk % GDN_CHUNK:
-        raise ValueError(
-            f"the largest prefill bucket ({max_chunk}) must be a positive multiple of the GDN "
-            f"chunk ({GDN_CHUNK}) so padded chunks keep the scan grid"
-        )
-    return doubling(GDN_CHUNK, max_chunk)
-
-
-def fit_table(row: StepRow, block_size: int, width: int) -> list[int]:
-    """The row's block table cut to the blocks its positions need, padded to ``width``."""
-    need = -(-row.end_pos // block_size)
-    if need > len(row.block_table):
-        raise ValueError(
-            f"seq {row.seq_id}: block table has {len(row.block_table)} blocks, "
-            f"positions up to {row.end_pos} need {need}"
-        )
-    if need > width:
-        raise NoBucket(f"seq {row.seq_id} needs {need} blocks; graphs hold {width}")
-    return list(row.block_table[:need]) + [PAD_BLOCK] * (width - need)
 
 
 @dataclass(frozen=True)
@@ -90,7 +66,7 @@ def decode_values(
     for row in rows:
         if row.num_tokens != 1:
             raise ValueError(f"decode row for seq {row.seq_id} has {row.num_tokens} tokens")
-        table = fit_table(row, block_size, width)
+        table = fit_table(row, width, block_size=block_size, held_by="graphs")
         pos = row.start_pos
         v.ids.append(0 if row.fed else row.token_ids[0])  # a fed row's id is on the device
         v.fed.append(int(row.fed))
@@ -146,7 +122,8 @@ def prefill_values(
     if row is None:
         table, slot, start, ids = [PAD_BLOCK] * width, scratch_slot, 0, []
     else:
-        table, slot, start = fit_table(row, block_size, width), row.state_slot, row.start_pos
+        table = fit_table(row, width, block_size=block_size, held_by="graphs")
+        slot, start = row.state_slot, row.start_pos
         ids = list(row.token_ids)
     positions = list(range(start, start + n))
     return PrefillValues(

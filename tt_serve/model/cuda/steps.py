@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import torch
 
-from tt_serve.model.buckets import NoBucket, choose_bucket
+from tt_serve.model.buckets import NoBucket, choose_bucket, fit_table
 from tt_serve.model.cuda.buffers import FlatInputs, decode_shapes, prefill_shapes
-from tt_serve.model.cuda.inputs import decode_values, fit_table, prefill_values
+from tt_serve.model.cuda.inputs import decode_values, prefill_values
 from tt_serve.model.cuda.model import decode_program, prefill_program
-from tt_serve.model.cuda.programs import Programs
+from tt_serve.model.cuda.programs import GraphPrograms
 from tt_serve.model.interface import StepOutput, StepRow
 from tt_serve.model.ref.model import HybridModel
 from tt_serve.model.ref.pending import PendingStep
@@ -35,7 +35,7 @@ class StaticSteps:
 
     def __init__(
         self,
-        programs: Programs,
+        programs: GraphPrograms,
         *,
         decode: dict[int, FlatInputs],
         prefill: dict[int, FlatInputs],
@@ -59,7 +59,7 @@ class StaticSteps:
     def build(
         model: HybridModel,
         pools: Pools,
-        programs: Programs,
+        programs: GraphPrograms,
         *,
         decode_buckets: tuple[int, ...],
         prefill_buckets: tuple[int, ...],
@@ -82,13 +82,15 @@ class StaticSteps:
                 scratch_slot=scratch,
             )
             pre[t].write(idle)
-            programs.add(("prefill", t), prefill_program(model, pools, pre[t], slot_ids))
+            program = prefill_program(model, pools, pre[t], slot_ids)
+            programs.add(("prefill", t), program, traced=programs.capture)
         for b in sorted(decode_buckets, reverse=True):
             dec[b] = FlatInputs(decode_shapes(b, width), device)
             dec[b].write(
                 decode_values([], bucket=b, block_size=bs, width=width, scratch_slot=scratch)
             )
-            programs.add(("decode", b), decode_program(model, pools, dec[b], slot_ids))
+            program = decode_program(model, pools, dec[b], slot_ids)
+            programs.add(("decode", b), program, traced=programs.capture)
         programs.capture_all()
         return StaticSteps(
             programs,
@@ -110,7 +112,7 @@ class StaticSteps:
             try:
                 b = choose_bucket(len(dec), tuple(self.decode_inputs))
                 for i in dec:
-                    fit_table(rows[i], self.block_size, self.width)
+                    fit_table(rows[i], self.width, block_size=self.block_size, held_by="graphs")
                 work.append((("decode", b), dec))
             except NoBucket:
                 rest.extend(dec)
@@ -121,7 +123,7 @@ class StaticSteps:
                 continue
             try:
                 t = choose_bucket(r.num_tokens, tuple(self.prefill_inputs))
-                fit_table(r, self.block_size, self.width)
+                fit_table(r, self.width, block_size=self.block_size, held_by="graphs")
                 work.append((("prefill", t), [i]))
             except NoBucket:
                 rest.append(i)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tt_serve.model.interface import StepBatch
+from tt_serve.model.interface import StepBatch, blocks_needed, check_rows
 
 
 def as_index(offsets: Sequence[int], device: torch.device) -> torch.Tensor | slice:
@@ -61,16 +61,10 @@ class StepPlan:
         dec_len: list[int] = []
         last: list[int] = []
         seqs: list[tuple[int, int, int]] = []
+        check_rows(batch.rows)
         for row in batch.rows:
             off, n = len(ids), row.num_tokens
-            if n == 0:
-                raise ValueError(f"row for seq {row.seq_id} has no tokens")
-            need = -(-row.end_pos // block_size)
-            if need > len(row.block_table):
-                raise ValueError(
-                    f"seq {row.seq_id}: block table has {len(row.block_table)} blocks, "
-                    f"positions up to {row.end_pos} need {need}"
-                )
+            need = blocks_needed(row, block_size)
             ids.extend(row.token_ids)
             p = range(row.start_pos, row.end_pos)
             pos.extend(p)

@@ -40,8 +40,8 @@ from typing import TypedDict, Unpack
 
 import numpy as np
 
-from tt_serve.model.buckets import choose_bucket
-from tt_serve.model.interface import StateCopy, StepBatch, StepOutput, StepRow
+from tt_serve.model.buckets import choose_bucket, prefill_buckets
+from tt_serve.model.interface import StateCopy, StepBatch, StepOutput, StepRow, check_rows
 from tt_serve.model.resident import ResidentSlots
 from tt_serve.model.tt.ops import Ops
 from tt_serve.model.tt.runtime.buffers import InputBuffers
@@ -49,13 +49,12 @@ from tt_serve.model.tt.runtime.inputs import (
     DecodeValues,
     PrefillValues,
     decode_values,
-    make_buckets,
     prefill_values,
 )
 from tt_serve.model.tt.runtime.model import TTModel
 from tt_serve.model.tt.runtime.pending import PendingStep, PickReads
 from tt_serve.model.tt.runtime.pools import DevicePools
-from tt_serve.model.tt.runtime.programs import Programs
+from tt_serve.model.tt.runtime.programs import TracePrograms
 from tt_serve.model.tt.runtime.sampling import CANDIDATES
 
 DEFAULT_PREFILL_CHUNK = 2048
@@ -96,7 +95,7 @@ class TTBackend:
         self.device_resident = options.get("device_resident", False)
         self.max_prefill_chunk = options.get("max_prefill_chunk", DEFAULT_PREFILL_CHUNK)
         self.max_model_len = options.get("max_model_len")
-        self.programs = Programs(ops, on_capture=options.get("on_capture"))
+        self.programs = TracePrograms(ops, on_capture=options.get("on_capture"))
         # Decode is always traced on a device (an eager step dispatches ~1.5-2k ops from the
         # host); prefill tracing is the ``--traced-prefill`` choice.
         self.traced_decode = options.get("traced_decode", True)
@@ -138,7 +137,7 @@ class TTBackend:
         limit = spec.max_position_embeddings
         per_seq = -(-min(self.max_model_len or limit, limit) // block_size)
         self.width = min(num_kv_blocks, per_seq)
-        self.buckets = make_buckets(block_size, self.max_prefill_chunk)
+        self.buckets = prefill_buckets(self.max_prefill_chunk, block_size, unit="block_size")
         self.model.upload_rope(self.width * block_size, self.precision.activations)
         act, vocab = self.precision.activations, self.tp.vocab  # out_logits: the chip's shard
         pools = self.pools
@@ -201,17 +200,11 @@ class TTBackend:
         """Run a step; only the decode replay's picks may still be in flight on return.
 
         Raises ValueError (before any device work) for an empty row, a fed row this backend
-        cannot feed, or a draw this backend does not make on the device."""
+        cannot feed, or a draw this backend does not make on the device (``check_rows``,
+        ``ResidentSlots``)."""
         pools = self._pools()
         rows = batch.rows
-        for row in rows:
-            if row.num_tokens == 0:
-                raise ValueError(f"row for seq {row.seq_id} has no tokens")
-            if row.sampling is not None and not 1 <= row.sampling.top_k <= CANDIDATES:
-                raise ValueError(
-                    f"row for seq {row.seq_id}: device draws need 1 <= top_k <= "
-                    f"{CANDIDATES} (got {row.sampling.top_k}); pick it on the host"
-                )
+        check_rows(rows, max_device_top_k=self.max_device_top_k)
         decode = [i for i, r in enumerate(rows) if r.num_tokens == 1]
         fed = self.resident.check(rows)
         out = StepOutput(token_ids=[None] * len(rows), logprobs=[None] * len(rows))

@@ -2,9 +2,9 @@
 
 A traced program has fixed shapes, so every per-step value reaches the device as a tensor of a
 fixed shape refreshed in place: token ids, positions (the program gathers its RoPE rows from
-tables resident on the device), the chunk start, page tables padded with the padding block,
-validity masks and one-hot selectors. Everything that decides *values* lives
-here, where it is unit-testable without a device (the tt-metal Qwen3.5 port does the same in its
+tables resident on the device), the chunk start, page tables padded with the padding block
+(``buckets.fit_table``), validity masks and one-hot selectors. Everything that decides *values*
+lives here, where it is unit-testable without a device (the tt-metal Qwen3.5 port does the same in its
 ``masked_bucket_trace.py``).
 
 Prefill runs one row per replay through a bucket of T tokens (T >= the row's n tokens); the
@@ -27,22 +27,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tt_serve.model.buckets import doubling
+from tt_serve.model.buckets import fit_table
 from tt_serve.model.interface import PAD_BLOCK, RowSampling, StepRow
 from tt_serve.model.tt.runtime.sampling import sampling_planes
-
-TILE_SIZE = 32
-
-
-def make_buckets(block_size: int, max_chunk: int) -> tuple[int, ...]:
-    """Prefill buckets: block_size · 2^k up to max_chunk (each a multiple of the tile and of the
-    block, so a bucket fills whole pages), plus max_chunk itself."""
-    if block_size % TILE_SIZE or max_chunk % block_size:
-        raise ValueError(
-            f"block_size ({block_size}) must be a multiple of {TILE_SIZE} and divide "
-            f"the largest prefill chunk ({max_chunk})"
-        )
-    return doubling(block_size, max_chunk)
 
 
 def rope_tables(
@@ -85,17 +72,6 @@ def gdn_const_tiles(chunk: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
     return tuple(a[None, None] for a in (eye, tril, ones, masks))  # type: ignore[return-value]
 
 
-def padded_table(block_table: tuple[int, ...], width: int) -> np.ndarray:
-    if len(block_table) > width:
-        used = [b for b in block_table[width:] if b != PAD_BLOCK]
-        if used:
-            raise ValueError(f"block table needs {len(block_table)} pages, traces hold {width}")
-        block_table = block_table[:width]
-    out = np.full(width, PAD_BLOCK, dtype=np.int32)
-    out[: len(block_table)] = block_table
-    return out
-
-
 @dataclass(frozen=True)
 class PrefillValues:
     """One prefill row in a bucket of ``bucket`` tokens; every array has a fixed shape."""
@@ -126,7 +102,7 @@ def prefill_values(
         raise ValueError(f"prefill chunk starts at {start}, not a multiple of {block_size}")
     ids = np.zeros((1, bucket), dtype=np.uint32)
     ids[0, :n] = row.token_ids
-    table = padded_table(row.block_table, width)
+    table = np.array(fit_table(row, width, held_by="traces"), dtype=np.int32)
     first, pages = start // block_size, bucket // block_size
     valid_pages = -(-n // block_size)
     fill = np.full((1, pages), PAD_BLOCK, dtype=np.int32)
@@ -199,7 +175,7 @@ def decode_values(
         ids[0, r] = 0 if row.fed else row.token_ids[0]
         cur[r] = write[r] = row.start_pos
         positions[0, r] = row.start_pos
-        table[r] = padded_table(row.block_table, width)
+        table[r] = fit_table(row, width, held_by="traces")
         mask[0, r] = 1.0
         conv[r] = 1.0
         fed[0, r] = float(row.fed)

@@ -1,12 +1,11 @@
-"""Programs: one captured trace per (phase, bucket), captured after a compile run (as
-``cuda/programs``).
+"""TracePrograms: the bucketed programs (``model/programs.py``: the registry and its rules)
+replayed as ttnn traces (as ``cuda/programs``).
 
-tt-metal's rules, kept here: run the exact program once before capturing (every kernel must be
-in the program cache), capture only device ops (the program never touches the host), replay
-with the persistent buffers refreshed in place, and capture everything up front, after the pools
-exist, so nothing is allocated behind a live trace. A program added with ``traced=False`` runs
-eagerly: the debugging path, the reference the traced path is compared with, and untraced
-prefill (tt-metal traces decode always, prefill only when asked).
+tt-metal's own rules on top: the uncaptured run before a capture is the compile run (every kernel
+must be in the program cache), a trace captures only device ops (the program never touches the
+host), and a replay reads the persistent buffers refreshed in place. A program returns nothing:
+its outputs are persistent buffers too. tt-metal traces decode always, prefill only when asked
+(``traced=False`` runs it eagerly).
 """
 
 from __future__ import annotations
@@ -14,58 +13,27 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import Any
 
+from tt_serve.model.programs import Programs
 from tt_serve.model.tt.ops import Ops
 
 
-class Programs:
+class TracePrograms(Programs[None, Any]):
     def __init__(self, ops: Ops, *, on_capture: Callable[[], None] | None = None) -> None:
-        """``on_capture``: called once before the first capture (a hook for observers such as
-        the planner's op log; it must not touch the device)."""
-        self.ops, self.on_capture = ops, on_capture
-        self._programs: dict[Hashable, Callable[[], None]] = {}
-        self._traced: set[Hashable] = set()
-        self._traces: dict[Hashable, Any] = {}
+        super().__init__(on_capture=on_capture)
+        self.ops = ops
 
-    def add(self, key: Hashable, program: Callable[[], None], *, traced: bool) -> None:
-        if key in self._programs:
-            raise ValueError(f"program {key!r} registered twice")
-        self._programs[key] = program
-        if traced:
-            self._traced.add(key)
-
-    def traced(self, key: Hashable) -> bool:
-        """Whether ``key`` replays a captured trace (else it runs eagerly)."""
-        return key in self._traced
-
-    def capture_all(self) -> None:
-        """Compile-run then capture every program registered as traced."""
-        if self.on_capture is not None:
-            self.on_capture()
-        for key, program in self._programs.items():
-            if key in self._traces or key not in self._traced:
-                continue
+    def _capture(self, todo: dict[Hashable, Callable[[], None]]) -> dict[Hashable, Any]:
+        traces = {}
+        for key, program in todo.items():
             program()  # fills the program cache; inputs are idle, so no state changes
             trace_id = self.ops.begin_trace()
             program()
             self.ops.end_trace(trace_id)
-            self._traces[key] = trace_id
+            traces[key] = trace_id
+        return traces
 
-    @property
-    def keys(self) -> tuple[Hashable, ...]:
-        """The registered programs' keys, in registration order."""
-        return tuple(self._programs)
+    def _replay(self, handle: Any) -> None:
+        self.ops.execute_trace(handle, blocking=False)
 
-    @property
-    def num_traces(self) -> int:
-        return len(self._traces)
-
-    def run(self, key: Hashable, *, blocking: bool = False) -> None:
-        if key in self._traced:
-            self.ops.execute_trace(self._traces[key], blocking=blocking)
-        else:
-            self._programs[key]()
-
-    def release(self) -> None:
-        for trace_id in self._traces.values():
-            self.ops.release_trace(trace_id)
-        self._traces.clear()
+    def _release(self, handle: Any) -> None:
+        self.ops.release_trace(handle)
