@@ -2,6 +2,7 @@
 #   make serve   start the server on the embedded default (CPU torch backend, demo model)
 #   make serve-replicas N=3   N demo-model replicas on loopback behind sglang-router (Ctrl-C stops)
 #   make test    install everything the tests need, then run them
+#   make test-fast   the tests not marked slow, from the venv (no lint, nothing else installed)
 PYTHON ?= python3.11
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -10,7 +11,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: setup serve serve-replicas test lint fmt nix-tools ttnn-venv clean
+.PHONY: setup serve serve-replicas test test-fast lint fmt nix-tools ttnn-venv clean
 
 setup: $(VENV)/.installed
 
@@ -42,6 +43,16 @@ ttnn-venv:
 
 test: setup nix-tools ttnn-venv
 	bash scripts/run-tests $(PYTEST_ARGS)
+
+# The developer loop: every test not marked `slow` (pyproject.toml), nothing installed but the venv.
+# tests/nix and tests/tt_host skip when nix-instantiate or .venv-ttnn is missing. pytest's exit
+# code 5 (no tests collected) fails, as in scripts/run-tests.
+test-fast: setup
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
+	  $(VENV)/bin/python -m pytest -q -m "not slow" -p no:cacheprovider $(PYTEST_ARGS); \
+	  rc=$$?; if [ $$rc -eq 5 ]; then \
+	    echo "pytest collected no tests: treating as failure" >&2; exit 1; fi; \
+	  exit $$rc
 
 lint: setup
 	$(VENV)/bin/ruff check tt_serve tests bench scripts

@@ -15,6 +15,8 @@ from bench.ledger import check_line, read_ledger
 from bench.report import markdown, ratios
 from tests.bench.conftest import TINY_VOCAB
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 V = f"vocab={TINY_VOCAB}"
 

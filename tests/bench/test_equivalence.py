@@ -48,6 +48,7 @@ def test_fails_when_the_cold_run_was_not_cold() -> None:
         assert any("was not cold" in f for f in report.failures)
 
 
+@pytest.mark.slow
 def test_passes_on_the_real_server(tiny_model: Path) -> None:
     with serve_tiny(tiny_model) as url, serve_tiny(tiny_model, prefix_caching=False) as ctl:
         cmd = [

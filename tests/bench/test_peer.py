@@ -249,6 +249,7 @@ def test_llama_probe_parses_the_native_completion_reply() -> None:
 # -- the whole harness, a second tt-serve as the peer ------------------------------------------
 
 
+@pytest.mark.slow
 def test_harness_end_to_end_with_a_tt_serve_peer(tiny_model: Path, tmp_path: Path) -> None:
     ledger = tmp_path / "peer.jsonl"
     argv = [

@@ -214,6 +214,7 @@ def test_report_ratios_and_schema_check() -> None:
     assert all(r["met"] for r in rows.values())
 
 
+@pytest.mark.slow
 def test_plot_writes_a_png(tmp_path: Path) -> None:
     out = plot([_line(1), _line(2)], tmp_path / "charts" / "t.png", title="t")
     data = out.read_bytes()
@@ -281,6 +282,7 @@ async def _requests_in_a_row(
     return recs
 
 
+@pytest.mark.slow
 def test_warm_path_splits_a_warm_ttft(tiny_model: Path, tmp_path: Path) -> None:
     from bench import warm_path
 

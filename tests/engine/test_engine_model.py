@@ -51,6 +51,7 @@ def assert_idle(m: LLM) -> None:
     assert not m.engine.scheduler.running and not m.engine.scheduler.waiting
 
 
+@pytest.mark.slow
 def test_concurrent_greedy_equals_hf(engine_model_dir: Path) -> None:
     hf = tm.load_hf(engine_model_dir)
     prompts = [toks(n, i) for i, n in enumerate([5, 37, 64, 65, 130, 200, 257, 311])]
@@ -94,6 +95,7 @@ def test_warm_equals_cold_and_logprobs(engine_model_dir: Path) -> None:
     assert_idle(warm)
 
 
+@pytest.mark.slow
 def test_evictions_change_hit_rate_not_output(engine_model_dir: Path) -> None:
     heads = [toks(300, 200 + i) for i in range(3)]
     prompts = [heads[i % 3] + toks(30, 300 + i) for i in range(9)]
@@ -106,6 +108,7 @@ def test_evictions_change_hit_rate_not_output(engine_model_dir: Path) -> None:
     assert small.engine.scheduler.cache.stats.hits < big.engine.scheduler.cache.stats.hits
 
 
+@pytest.mark.slow
 def test_sixteen_requests_share_one_prefix_computation(engine_model_dir: Path) -> None:
     head = toks(2048, 400)
     suffix = 24
@@ -142,6 +145,7 @@ class FlakyBackend:
         return out
 
 
+@pytest.mark.slow
 def test_failed_execute_fails_only_its_batch(engine_model_dir: Path) -> None:
     prompts = [toks(40 + 30 * i, 600 + i) for i in range(6)]
     ref = llm(engine_model_dir, prefix_caching=False).generate(prompts, GREEDY)

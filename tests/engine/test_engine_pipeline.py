@@ -259,6 +259,7 @@ def test_all_decode_steps_mode_and_prefill_between() -> None:
     assert_nothing_held(eng)
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None)
 @given(
     seed=st.integers(0, 10_000),

@@ -100,6 +100,7 @@ def _chi_square_bound(df: int, z: float = 3.72) -> float:
     return df * (1.0 - c + z * np.sqrt(c)) ** 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "params",
     [

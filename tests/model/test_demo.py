@@ -43,6 +43,7 @@ def test_tensor_names_and_shapes_match_hf() -> None:
     assert demo.demo_tensor_shapes() == hf
 
 
+@pytest.mark.slow
 def test_written_files(demo_dir: Path) -> None:
     config = json.loads((demo_dir / "config.json").read_text())
     assert config["model_type"] == "qwen3_5_text"
@@ -66,6 +67,7 @@ def test_written_files(demo_dir: Path) -> None:
     assert not list(demo_dir.parent.glob(".*tmp*"))
 
 
+@pytest.mark.slow
 def test_tokenizer_files_load(demo_dir: Path) -> None:
     tok = Tokenizer.from_dir(demo_dir)
     assert tok.eos_token_ids == {248046, 248044}  # tokenizer_config + generation_config
@@ -85,6 +87,7 @@ def test_pretokenizer_regex_is_transformers_qwen3_5(qwen_tokenizer_dir: Path) ->
     assert '"ignore_merges": true' in text[model_at : text.index('"vocab"', model_at)]
 
 
+@pytest.mark.slow
 def test_hf_loads_demo_model_and_tokenizer(demo_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     transformers = pytest.importorskip("transformers")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -100,6 +100,7 @@ def _chi_square_z(counts: np.ndarray, probs: np.ndarray) -> float:
     return ((stat / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("setting", SETTINGS[:6], ids=lambda s: ",".join(map(str, s.values())))
 def test_draw_frequencies_follow_the_host_distribution(
     dense_dir: Path, setting: dict[str, Any]

@@ -12,8 +12,20 @@ from tests import tiny_models as tm
 from tests.model import driver as d
 from tt_serve.model.interface import StepBatch
 
+# dense_dir stays in the fast loop (make test-fast): one HF parity check after any change.
+SLOW = pytest.mark.slow
 
-@pytest.mark.parametrize("name", ["dense_dir", "moe_dir", "next_dir", "tied_dir", "release_dir"])
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "dense_dir",
+        pytest.param("moe_dir", marks=SLOW),
+        pytest.param("next_dir", marks=SLOW),
+        pytest.param("tied_dir", marks=SLOW),
+        pytest.param("release_dir", marks=SLOW),
+    ],
+)
 def test_logits_match_hf_at_every_position(name: str, request: pytest.FixtureRequest) -> None:
     path: Path = request.getfixturevalue(name)
     hf = tm.load_hf(path)
@@ -39,6 +51,7 @@ def test_release_layout_equals_flat(moe_dir: Path, release_dir: Path) -> None:
     assert torch.equal(flat, rel)
 
 
+@SLOW
 @pytest.mark.parametrize("name", ["dense_dir", "next_dir"])
 def test_batched_greedy_matches_hf_generate(name: str, request: pytest.FixtureRequest) -> None:
     path: Path = request.getfixturevalue(name)

@@ -21,6 +21,9 @@ pytestmark = pytest.mark.skipif(not sc.available(), reason="no exact int8 GEMM o
 
 # vocab 49,152 has 512-way slices (the sliced candidate search); 5,003 is prime (the plain one)
 VOCABS = (49152, 5003)
+# The fast loop (make test-fast) runs a few of the parameter sets below; make test runs them all.
+SLOW = pytest.mark.slow
+FAST_SHAPES = {(49152, 7), (5003, 33)}
 
 
 def _head(vocab: int, hidden: int = 64, seed: int = 0) -> LmHead:
@@ -66,7 +69,7 @@ def gemv(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
     return str(request.param)
 
 
-@pytest.mark.parametrize("vocab", VOCABS)
+@pytest.mark.parametrize("vocab", [pytest.param(49152, marks=SLOW), 5003])
 def test_bound_holds_for_every_token(vocab: int, gemv: str) -> None:
     head = _head(vocab)
     s = head.screened
@@ -82,15 +85,21 @@ def test_bound_holds_for_every_token(vocab: int, gemv: str) -> None:
         assert bool((bound <= (act * s.w_norm + wgt * s.err_norm)[:, None] * (1 + 1e-6)).all())
 
 
-@pytest.mark.parametrize(("vocab", "n"), itertools.product(VOCABS, (1, 7, 33)))
+@pytest.mark.parametrize(
+    ("vocab", "n"),
+    [
+        shape if shape in FAST_SHAPES else pytest.param(*shape, marks=SLOW)
+        for shape in itertools.product(VOCABS, (1, 7, 33))
+    ],
+)
 @pytest.mark.parametrize(
     "sampling",
     [
         None,
         dict(temperature=0.7, top_k=20, top_p=0.9),
-        dict(temperature=1.0, top_k=1),
-        dict(temperature=1.0, top_k=50, min_p=0.05),
-        dict(temperature=1.5, top_k=5, top_p=0.5),
+        pytest.param(dict(temperature=1.0, top_k=1), marks=SLOW),
+        pytest.param(dict(temperature=1.0, top_k=50, min_p=0.05), marks=SLOW),
+        pytest.param(dict(temperature=1.5, top_k=5, top_p=0.5), marks=SLOW),
     ],
 )
 def test_picks_equal_the_full_head(
@@ -271,6 +280,7 @@ def test_a_bf16_head_picks_what_its_gemm_picks(sampling: dict[str, float] | None
         assert bool(((exact.double() - approx.double()).abs() <= s.token_bound(act, wgt)).all())
 
 
+@SLOW
 def test_backend_tokens_equal_with_and_without_the_screen(tied_dir, dense_dir) -> None:  # type: ignore[no-untyped-def]
     """Greedy and seeded top-k decode through the engine, fp32 and bf16: the same tokens
     either way."""

@@ -207,7 +207,9 @@ def test_start_timeout_covers_the_health_wait() -> None:
         assert retries * delay >= minutes * 60  # curl keeps polling until systemd gives up
 
 
-@pytest.mark.parametrize(("backend", "code"), [("torch", 0), ("ttnn", 1)])
+@pytest.mark.parametrize(
+    ("backend", "code"), [pytest.param("torch", 0, marks=pytest.mark.slow), ("ttnn", 1)]
+)
 def test_pre_start_doctor_runs_with_the_units_argv(backend: str, code: int) -> None:
     """ExecStartPre= is `tt-serve doctor` for the unit's backend and devices; run here through
     the real CLI it passes for torch on the CPU and fails for ttnn (no device on this host)."""

@@ -72,6 +72,7 @@ def over_seeds(check: Callable[[int], None]) -> None:
         list(pool.map(check, range(20)))
 
 
+@pytest.mark.slow
 def test_named_tool_choice_validates_over_seeds(server: Served) -> None:
     c = client(server)
 
@@ -97,6 +98,7 @@ def test_named_tool_choice_validates_over_seeds(server: Served) -> None:
     over_seeds(check)
 
 
+@pytest.mark.slow
 def test_response_format_json_schema_validates_over_seeds(server: Served) -> None:
     c = client(server)
     fmt: Any = {
@@ -119,6 +121,7 @@ def test_response_format_json_schema_validates_over_seeds(server: Served) -> Non
     over_seeds(check)
 
 
+@pytest.mark.slow
 def test_streamed_tool_calls_reassemble(server: Served) -> None:
     c = client(server)
     args: dict[str, Any] = dict(
@@ -159,6 +162,7 @@ def test_streamed_tool_calls_reassemble(server: Served) -> None:
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 def test_agent_loop_reports_cached_tokens(server: Served) -> None:
     c = client(server)
     messages: list[Any] = [
@@ -350,6 +354,7 @@ def test_invalid_constraints_are_400(server: Served, extra: dict[str, Any], need
     assert needle in err["message"] and err["type"] == "invalid_request_error"
 
 
+@pytest.mark.slow
 def test_named_tool_typed_literals_and_slash_patterns(server: Served) -> None:
     """Non-string const / enum values come back typed (``5``, not ``"5"``), and a pattern with
     "/" (bare or escaped) compiles instead of a 400 lexer error."""

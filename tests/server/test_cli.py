@@ -64,6 +64,7 @@ def stop(proc: subprocess.Popen[str]) -> str:
     return out
 
 
+@pytest.mark.slow
 def test_serve_without_model_creates_the_demo_model(tmp_path: Path) -> None:
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     proc, url = run_server(["--kv-blocks", "256"], env)
@@ -82,6 +83,7 @@ def test_serve_without_model_creates_the_demo_model(tmp_path: Path) -> None:
     assert (tmp_path / "cache" / "tt-serve").is_dir()
 
 
+@pytest.mark.slow
 def test_serve_binds_loopback_and_serves_a_model_dir(demo_dir: Path) -> None:
     proc, url = run_server(
         ["--model", str(demo_dir), "--served-model-name", MODEL_NAME, "--kv-blocks", "256"]
@@ -105,6 +107,7 @@ def test_serve_refuses_invalid_config() -> None:
     assert "deviceResident" in r.stderr and "deviceArgmax" in r.stderr
 
 
+@pytest.mark.slow
 def test_serve_refuses_bf16_on_a_cpu_without_bf16_matmuls(tmp_path: Path) -> None:
     from tt_serve.config import ServeConfig
     from tt_serve.model.ref.layers import cpu_bf16
@@ -126,6 +129,7 @@ def test_serve_refuses_bf16_on_a_cpu_without_bf16_matmuls(tmp_path: Path) -> Non
     assert r.returncode == 2 and "--dtype float32" in r.stderr
 
 
+@pytest.mark.slow
 def test_serve_rejects_a_folder_without_config(tmp_path: Path) -> None:
     r = subprocess.run(
         [*CLI, "serve", "--model", str(tmp_path)], capture_output=True, text=True, timeout=120
@@ -133,6 +137,7 @@ def test_serve_rejects_a_folder_without_config(tmp_path: Path) -> None:
     assert r.returncode == 2 and "config.json" in r.stderr
 
 
+@pytest.mark.slow
 def test_generate_json(demo_dir: Path) -> None:
     r = subprocess.run(
         [
@@ -158,7 +163,10 @@ def test_generate_json(demo_dir: Path) -> None:
     assert isinstance(out["text"], str) and out["cached_tokens"] == 0
 
 
-@pytest.mark.parametrize("args", [["--prompt-ids", ""], ["--prompt-ids", "1,x"]])
+@pytest.mark.parametrize(
+    "args",
+    [pytest.param(["--prompt-ids", ""], marks=pytest.mark.slow), ["--prompt-ids", "1,x"]],
+)
 def test_generate_bad_input_names_the_problem(demo_dir: Path, args: list[str]) -> None:
     r = subprocess.run(
         [*CLI, "generate", "--model", str(demo_dir), *args],

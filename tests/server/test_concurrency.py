@@ -9,8 +9,11 @@ import re
 import time
 
 import httpx
+import pytest
 
 from tests.server.conftest import MODEL_NAME, Served
+
+pytestmark = pytest.mark.slow
 
 MAX_TOKENS = 24
 

@@ -15,8 +15,11 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.server.test_router import ENGINE_FLAGS, free_base
+
+pytestmark = pytest.mark.slow
 
 CLI = "import sys; from tt_serve.cli import main; sys.exit(main(sys.argv[1:]))"
 STREAMS = 8

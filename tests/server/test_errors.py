@@ -89,6 +89,7 @@ def test_not_ready_is_503(demo_dir: Path) -> None:
         )
 
 
+@pytest.mark.slow
 def test_queue_full_is_503(demo_dir: Path) -> None:
     with serve(demo_dir, max_waiting=0, kv_blocks=128) as s, s.client() as c:
         assert_error(

@@ -168,6 +168,7 @@ def test_non_streamed_hang_up_aborts(server: Served) -> None:
 # -- authentication ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_auth_before_the_body_is_parsed(demo_dir: Path) -> None:
     with serve(demo_dir, api_key="s3cret", kv_blocks=128) as s, s.client() as c:
         for raw in ["{nope", '{"prompt": 5}', '{"model": "demo", "prompt": "x", "n": "2"}']:
@@ -234,12 +235,14 @@ def _flood(url: str, stream: bool, n: int = 30) -> list[int]:
     return asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_streams_over_the_queue_limit_get_503(small_queue: tuple[Served, list[int]]) -> None:
     served, _ = small_queue
     codes = _flood(served.url, stream=True)
     assert 503 in codes and 200 in codes, codes
 
 
+@pytest.mark.slow
 def test_waiting_never_exceeds_max_waiting(small_queue: tuple[Served, list[int]]) -> None:
     served, peak = small_queue
     seen: list[float] = []

@@ -91,6 +91,7 @@ def single(demo_dir: Path) -> Iterator[Served]:
         yield s
 
 
+@pytest.mark.slow
 def test_greedy_output_equals_a_single_servers(routed: dict[str, object], single: Served) -> None:
     prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
     via = client(str(routed["router"]))
@@ -111,6 +112,7 @@ def test_greedy_output_equals_a_single_servers(routed: dict[str, object], single
     assert a_chat.choices[0].message.content == b_chat.choices[0].message.content
 
 
+@pytest.mark.slow
 def test_agent_second_turn_hits_the_replica_holding_its_prefix(routed: dict[str, object]) -> None:
     via = client(str(routed["router"]))
     head = "You are a careful agent. Tools: search, read, write. " * 12  # > 2 chunks of 64
@@ -124,6 +126,7 @@ def test_agent_second_turn_hits_the_replica_holding_its_prefix(routed: dict[str,
     assert details.cached_tokens > 0, "turn 2 went to a replica without turn 1's prefix"
 
 
+@pytest.mark.slow
 def test_streaming_through_the_router(routed: dict[str, object], single: Served) -> None:
     via = client(str(routed["router"]))
     kw = dict(model="demo", prompt="Streaming works when", max_tokens=10, temperature=0)
@@ -138,12 +141,14 @@ def test_streaming_through_the_router(routed: dict[str, object], single: Served)
     assert finishes[-1] == "length" and len(finishes) >= 6
 
 
+@pytest.mark.slow
 def test_router_lists_the_served_model(routed: dict[str, object]) -> None:
     """The worker's /get_model_info gives the router the real model name (not "unknown")."""
     ids = [m.id for m in client(str(routed["router"])).models.list().data]
     assert ids == ["demo"]
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_router_and_replicas(routed: dict[str, object]) -> None:
     proc = routed["proc"]
     assert isinstance(proc, subprocess.Popen)
@@ -173,6 +178,7 @@ def test_a_port_in_use_is_named_and_nothing_starts(tmp_path: Path) -> None:
     assert not list(tmp_path.iterdir())  # no process was started
 
 
+@pytest.mark.slow
 def test_second_ctrl_c_cuts_the_workers_drain_short(demo_dir: Path, tmp_path: Path) -> None:
     """The first Ctrl-C drains (up to --drain-timeout, here 60 s); a second one is passed on to
     the workers, which end their requests with an error and exit."""

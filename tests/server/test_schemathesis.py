@@ -14,6 +14,8 @@ from schemathesis.generation import GenerationMode
 
 from tests.server.conftest import Served, serve
 
+pytestmark = pytest.mark.slow
+
 EXAMPLES = {"/v1/completions": 300, "/v1/chat/completions": 240}
 OTHER_EXAMPLES = 20
 

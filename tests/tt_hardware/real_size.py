@@ -2,7 +2,7 @@
 
 Every ``check_*`` takes an *unopened* ``Ops`` (the real ttnn on a Tenstorrent card in
 ``tests/tt_hardware/test_real_size.py``; the numeric contract fake, ``Ops(VirtualTTNN(chip=...))``,
-in ``tests/tt_contract/test_real_size_fake.py``) and a :class:`RealSize`: a 2-layer checkpoint at
+in ``tests/tt/runtime/test_real_size_fake.py``) and a :class:`RealSize`: a 2-layer checkpoint at
 Qwen3.5-9B layer dimensions (``tests/tiny_models.make_real_dims``: one GDN layer, 16 key / 32
 value heads of 128, then one gated attention layer, 16 q / 4 kv heads of 256; hidden 4096) and
 the sizes to run. The same bodies therefore run in ``make test`` at the real head counts and
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from tests import numerics as nm
-from tests.tt_contract import harness as h
+from tests.tt import harness as h
 from tt_serve.config import ServeConfig
 from tt_serve.logprobs import top_logprobs
 from tt_serve.model.buckets import choose_bucket, prefill_buckets

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.tt_contract import harness as h
+from tests.tt import harness as h
 from tt_serve.model.interface import StateCopy, StepBatch, StepRow
 from tt_serve.model.ref.plan import StepPlan
 from tt_serve.model.spec import ModelSpec

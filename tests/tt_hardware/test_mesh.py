@@ -1,7 +1,7 @@
 """Tensor parallel on a real MeshDevice (1 x 2, 1 x 4, 1 x 8 and the 2-D 2 x 4 of a T3K; each
 skips, with the reason printed, where ttnn sees fewer chips): greedy tokens against the torch backend's, a prefix hit
 restoring every chip's snapshot shard, and the collectives' bandwidth and numerics through
-``bench/tt_ccl.py``. ``tests/tt_contract/test_tp_backend.py`` runs the same programs on the
+``bench/tt_ccl.py``. ``tests/tt/runtime/test_tp_backend.py`` runs the same programs on the
 fake mesh in ``make test``.
 """
 
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from bench import tt_ccl
-from tests.tt_contract import harness as h
+from tests.tt import harness as h
 from tt_serve.model.interface import StateCopy, StepBatch, StepRow
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.torch_backend import TorchBackend
@@ -27,7 +27,7 @@ from tt_serve.model.weights import load_weights
 pytestmark = pytest.mark.tt_hardware
 DEGREES = [2, 4, 8]
 # The token and snapshot checks also run 2-D: heads over the 4 columns, every projection also
-# over the 2 rows (tests/tt_contract/test_tp_backend.py's 2-D programs, on a card).
+# over the 2 rows (tests/tt/runtime/test_tp_backend.py's 2-D programs, on a card).
 MESHES = [*DEGREES, pytest.param((2, 4), id="2x4")]
 NEW_TOKENS = 12
 # Relative error of the device's logits against the reference's: bf16 activations and weights

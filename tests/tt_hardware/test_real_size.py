@@ -4,7 +4,7 @@ One GDN and one gated attention layer at full Qwen3.5-9B dimensions (hidden 4096
 12288, vocabulary 248320: the LM head runs in column chunks), random context-sensitive weights,
 built as ``tt-serve --backend ttnn`` builds the backend (``launch.launch``: the
 configured trace region, precision, prefill chunk 2048 with every bucket traced). The checks
-are ``tests/tt_hardware/real_size.py``'s, which ``tests/tt_contract/test_real_size_fake.py``
+are ``tests/tt_hardware/real_size.py``'s, which ``tests/tt/runtime/test_real_size_fake.py``
 also runs on the numeric contract fake in ``make test``; ``reviews/ttnn-backend.md`` §5 lists
 what each one would have caught.
 """

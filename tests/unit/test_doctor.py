@@ -67,6 +67,7 @@ def test_ttnn_with_the_real_wheel_names_the_sfpi_it_needs() -> None:
     assert "SFPI 7.89.0" in sfpi["fix"]  # read from the wheel's ttnn/tt_metal/sfpi-version
 
 
+@pytest.mark.slow
 def test_torch_cpu_is_ready() -> None:
     proc = doctor("--backend", "torch")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -76,6 +77,7 @@ def test_torch_cpu_is_ready() -> None:
         json.dumps(as_json)))  # fmt: skip
 
 
+@pytest.mark.slow
 def test_torch_cpu_names_its_c_kernels_and_why_they_are_off() -> None:
     """The C kernels are a speed-up, never a requirement: compiled, OK; off, a warning naming
     why, and the server is still ready."""
@@ -95,6 +97,7 @@ def test_torch_cpu_names_its_c_kernels_and_why_they_are_off() -> None:
     )
 
 
+@pytest.mark.slow
 def test_torch_missing_cuda_device_fails_without_traceback() -> None:
     proc = doctor("--backend", "torch", "--device", "cuda:7")
     assert proc.returncode == 1 and "[FAIL] cuda:" in proc.stdout
@@ -205,6 +208,7 @@ def test_negative_or_empty_device_ids_are_usage_errors() -> None:
         assert "--device-ids" in proc.stderr
 
 
+@pytest.mark.slow
 def test_output_into_a_closed_pipe_is_not_a_traceback() -> None:
     code = "import sys; from tt_serve.cli import main; sys.exit(main(sys.argv[1:]))"
     proc = subprocess.Popen(

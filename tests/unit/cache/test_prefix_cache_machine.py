@@ -17,11 +17,14 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from tt_serve.cache import Admission, PrefixCache, SnapshotSave, block_hashes
+
+pytestmark = pytest.mark.slow
 
 BS, S, N, SLOTS = 2, 4, 16, 3
 SALT = b"machine"

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.tt_contract import harness as h
-from tests.tt_contract.test_moe import INTER, TOP_K, H, _checkpoint, _dense, _ops, _weights
+from tests.tt import harness as h
+from tests.tt.runtime.test_moe import INTER, TOP_K, H, _checkpoint, _dense, _ops, _weights
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.contract import rules
 from tt_serve.model.tt.contract.rules import DeviceLimitError, Matmul1DConfig, TensorInfo
@@ -202,6 +202,7 @@ def _decode_reads(fakes: list[VirtualTTNN], rows: int) -> list[int]:
     return [sum(col) for col in zip(*per_chip, strict=True)]  # type: ignore[misc]
 
 
+@pytest.mark.slow
 def test_single_chip_sparse_equals_torch_and_dense(
     moe_dir: Path,
     prompts: tuple[list[int], list[int]],
@@ -233,6 +234,7 @@ def test_single_chip_sparse_equals_torch_and_dense(
     assert piped.device_fed_decodes > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [2, 4])
 def test_mesh_expert_placement(
     moe_dir: Path,
@@ -263,6 +265,7 @@ def test_mesh_expert_placement(
     assert piped.device_fed_decodes > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("profile", ["mixed", "bfp4-mlp"])
 def test_block_float_experts(moe_dir: Path, profile: str) -> None:
     """The experts in bfloat8_b / bfloat4_b go through sparse_matmul (the fake keeps float32
@@ -325,6 +328,7 @@ def test_shape_only_real_size_layer_charges_the_expanded_outputs() -> None:
     assert peak > (128 + 256) << 20
 
 
+@pytest.mark.slow
 def test_weight_cache_keys_the_expert_layout(moe_dir: Path, tmp_path: Path) -> None:
     """The converted-weight cache holds one folder per dispatch: a sparse backend loads the
     sparse layout from it without reconverting, and a dense one does not take it."""

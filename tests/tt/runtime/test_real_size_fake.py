@@ -25,6 +25,8 @@ from tt_serve.model.tt.contract.virtual_ttnn import P150, WORMHOLE, VirtualTTNN
 from tt_serve.model.tt.ops import Ops
 from tt_serve.model.tt.runtime import weight_cache
 
+pytestmark = pytest.mark.slow
+
 CHIPS = {"p150": P150, "wormhole": WORMHOLE}
 # What the fake run keeps at the 9B's values: everything a device rule or a state row depends on.
 LAYER_DIMS = (

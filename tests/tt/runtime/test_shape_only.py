@@ -41,6 +41,7 @@ def test_shape_only_weights_own_no_memory(spec9b: ModelSpec) -> None:
     assert sum(np.asarray(a).base.nbytes for a in w.values() if a.base is not None) < 1 << 20
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("batch", "traced_prefill"), [(1, False), (16, True), (32, False)])
 def test_qwen35_9b_on_p150(spec9b: ModelSpec, batch: int, traced_prefill: bool) -> None:
     """Startup + 2 prefill chunks + 8 decode steps + save/restore/reset at max_batch ``batch``,

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.tt_contract import harness as h
+from tests.tt import harness as h
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.contract import dram, rules
 from tt_serve.model.tt.contract.boards import ChipSpec

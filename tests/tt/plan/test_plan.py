@@ -16,6 +16,8 @@ from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.plan import planner
 from tt_serve.model.tt.precision import Precision
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def q9(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -114,7 +116,7 @@ def test_a_ttnn_start_plans_once_and_builds_once(
     pool on that box (P100 and P150 told apart: they share a grid, not a DRAM size), and the
     backend is built once on the device itself; every other build is the planner's, on the
     shape-only virtual device. The pools equal what ``tt-serve plan`` computes for the box."""
-    from tests.tt_contract import harness as h
+    from tests.tt import harness as h
     from tt_serve.config import ServeConfig
     from tt_serve.model.tt.contract.boards import device_spec
     from tt_serve.model.tt.launch import launch

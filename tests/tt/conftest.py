@@ -1,4 +1,5 @@
-"""Fixtures for the contract tier: tiny checkpoints and tt backends on the contract fake."""
+"""Fixtures shared by tests/tt (runtime/, contract/, plan/): tiny checkpoints and tt backends on
+the virtual device."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from tests import tiny_models as tm
-from tests.tt_contract import harness as h
+from tests.tt import harness as h
 from tt_serve.model.spec import ModelSpec
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

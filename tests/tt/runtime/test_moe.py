@@ -180,6 +180,7 @@ def q35(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_published_config("qwen3.6-35b-a3b", tmp_path_factory.mktemp("q35"))
 
 
+@pytest.mark.slow
 def test_plan_qwen36_35b_a3b_bfp4_on_p150(q35: Path) -> None:
     """Startup, captures, prefill, decode and snapshot copies of the published config on the
     shape-only P150 at max_batch 16, in well under a minute (the per-expert loop took > 400 s)."""

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.tt_contract import harness as h
+from tests.tt import harness as h
 from tt_serve.logprobs import top_logprobs
 from tt_serve.model.draw import _kept, draw
 from tt_serve.model.interface import RowSampling, StateCopy, StepBatch, StepOutput, StepRow
@@ -282,6 +282,7 @@ def _run(be: TTBackend, uniforms: np.ndarray, *, mixed: bool) -> list[list[int]]
     return got
 
 
+@pytest.mark.slow
 def test_fed_and_host_rows_mix_in_one_decode_step(dense_dir: Path) -> None:
     """Fed rows next to host-token rows (and a fed row that wants logits) give the tokens of the
     unmixed run, which uploads every id from the host."""
@@ -304,6 +305,7 @@ def test_device_draw_rows_are_bounded_by_max_device_top_k(dense_dir: Path) -> No
 
 
 # ---- shape-only real size ----------------------------------------------------------------------
+@pytest.mark.slow
 def test_sampled_decode_at_9b_batch_32_shape_only(tmp_path: Path) -> None:
     """Qwen3.5-9B dims on the P150 shape-only model, max_batch 32: a decode step whose rows all
     draw with logprobs passes every rule (the two-stage topk over the 8 LM-head chunks, the

@@ -13,6 +13,8 @@ from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.contract.boards import device_spec
 from tt_serve.model.tt.plan import planner
 
+pytestmark = pytest.mark.slow
+
 
 def _spec(name: str, tmp: pytest.TempPathFactory) -> ModelSpec:
     return ModelSpec.from_hf_dir(write_published_config(name, tmp.mktemp(name)))

@@ -7,11 +7,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.drive import run_all
-from tests.tt_contract import harness as h
+from tests.tt import harness as h
 from tt_serve.engine.engine import Engine
 from tt_serve.model.spec import ModelSpec
 from tt_serve.sequence import RequestOutput, SamplingParams
+
+pytestmark = pytest.mark.slow
 
 N = 12
 REQUESTS = [

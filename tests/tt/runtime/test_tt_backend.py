@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests import numerics as nm
-from tests.tt_contract import harness as h
+from tests.tt import harness as h
 from tt_serve.model.interface import (
     Backend,
     PipelinedBackend,
@@ -85,6 +85,7 @@ def test_traced_equals_eager(dense_dir: Path) -> None:
             np.testing.assert_array_equal(lt[k], le[k])
 
 
+@pytest.mark.slow
 def test_device_argmax_equals_host_argmax_of_logits(dense_dir: Path) -> None:
     be = h.tt_backend(dense_dir)
     out = _run_rows(be)
@@ -139,6 +140,7 @@ def _decode(state: dict[int, tuple[int, int]], fed: bool = False, **kw: bool) ->
     )
 
 
+@pytest.mark.slow
 def test_pipelined_fed_decode_matches_torch(dense_dir: Path) -> None:
     """Step n+1 (fed rows) is submitted before step n is read, as the engine pipelines."""
     steps = 16
@@ -175,6 +177,7 @@ def test_pipelined_fed_decode_matches_torch(dense_dir: Path) -> None:
     assert be.device_fed_decodes == steps - 1
 
 
+@pytest.mark.slow
 def test_fed_row_misuse_is_refused(dense_dir: Path) -> None:
     be = h.tt_backend(dense_dir, device_resident=True)
     state = _two_prefilled(be)
@@ -273,6 +276,7 @@ def test_logits_match_torch_backend(dense_dir: Path) -> None:
         np.testing.assert_allclose(tt, ref, atol=tol, rtol=0)
 
 
+@pytest.mark.slow
 def test_max_batch_32_decode_runs_exactly_32_rows(dense_dir: Path) -> None:
     """num_state_slots 32 (max_batch 32): the decode trace and every state pool have 32 rows,
     slot s in row s; slots 0 and 31 decode as on the torch backend."""
@@ -314,6 +318,7 @@ def test_max_batch_32_decode_runs_exactly_32_rows(dense_dir: Path) -> None:
         be.copy_states([StateCopy.reset(32)])
 
 
+@pytest.mark.slow
 def test_from_config_maps_the_serve_config(
     dense_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -417,6 +422,7 @@ def test_idle_decode_rows_leave_state_and_cache_bit_identical(dense_dir: Path) -
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_precision_profiles_convert_and_configure_every_matmul(
     dense_dir: Path,
     prompts: tuple[list[int], list[int]],

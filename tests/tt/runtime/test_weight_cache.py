@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.tt_contract import harness as h
+from tests.tt import harness as h
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.layout.host import to_numpy
 from tt_serve.model.tt.layout.parallel import TensorParallel
@@ -144,7 +144,7 @@ def test_a_second_mesh_start_converts_nothing(
 _KILLED_WRITER = """
 import os, signal, sys
 from pathlib import Path
-from tests.tt_contract import harness as h
+from tests.tt import harness as h
 from tt_serve.model.tt.ops import Ops
 
 written = []

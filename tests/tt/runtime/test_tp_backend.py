@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests import numerics as nm
-from tests.tt_contract import harness as h
+from tests.tt import harness as h
 from tt_serve.model.interface import RowSampling, StateCopy, StepBatch, StepRow
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.contract.virtual_mesh import VirtualMeshTTNN
@@ -37,6 +37,7 @@ def mesh2d_backend(
     return h.build_backend(spec, h.load_weights(path, spec), ops=ops, **kw)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [2, 4])
 def test_tp_tokens_match_torch_with_warm_prefix_hit(
     dense_dir: Path,
@@ -66,6 +67,7 @@ def test_tp_tokens_match_torch_with_warm_prefix_hit(
     assert len({c.dram.used_per_bank for c in fake.chips}) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [2, 4])
 def test_tp_warm_equals_cold(dense_dir: Path, prompts: tuple[list[int], list[int]], n: int) -> None:
     spec = ModelSpec.from_hf_dir(dense_dir)
@@ -76,6 +78,7 @@ def test_tp_warm_equals_cold(dense_dir: Path, prompts: tuple[list[int], list[int
     assert warm[1][0] == cold[0][0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [2, 4])
 def test_tp_pipelined_equals_synchronous(
     dense_dir: Path,
@@ -92,6 +95,7 @@ def test_tp_pipelined_equals_synchronous(
     assert be.device_fed_decodes == 20 and eng.num_pipelined_steps == 20
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [2, 4])
 def test_tp_moe_tokens_match_torch(moe_dir: Path, n: int) -> None:
     """Whole experts placed per chip (8 / n each, the sparse path), the shared expert column /
@@ -138,6 +142,7 @@ def _sampled_run(be: h.TTBackend) -> list[tuple[list[int | None], list[dict[int,
     return got
 
 
+@pytest.mark.slow
 def test_tp_device_draws_equal_single_chip(dense_dir: Path) -> None:
     """RowSampling rows drawn on a 1 x 4 mesh (local top-32 per chip, gathered, the final pick
     on every chip) give the single-chip ttnn draws; their logprobs differ only by the order of
@@ -219,6 +224,7 @@ def _fault_on_restore(
     assert h.generate(eng, [b], 12) == [torch_tokens[1]]
 
 
+@pytest.mark.slow
 def test_restore_fault_on_one_chip_fails_the_hit_and_leaks_nothing(
     dense_dir: Path, prompts: tuple[list[int], list[int]], torch_tokens: list[tuple[list[int], int]]
 ) -> None:
@@ -238,6 +244,7 @@ def test_heads_not_divisible_by_the_mesh_raise_at_construction(dense_dir: Path) 
         h.mesh_backend(dense_dir, 3)
 
 
+@pytest.mark.slow
 def test_one_chip_mesh_is_the_single_device(
     dense_dir: Path, prompts: tuple[list[int], list[int]], torch_tokens: list[tuple[list[int], int]]
 ) -> None:
@@ -257,6 +264,7 @@ def test_one_chip_mesh_is_the_single_device(
     assert mesh.chips[0].dram.used_per_bank == single.dram.used_per_bank
 
 
+@pytest.mark.slow
 def test_from_config_opens_the_mesh(dense_dir: Path, tmp_path: Path) -> None:
     """``device_ids`` (0, 1) with mesh "1x2" (config.mesh_shape) open a 1 x 2 MeshDevice with
     the FABRIC_1D fabric and run the tensor-parallel programs; the collectives use the box's
@@ -290,6 +298,7 @@ def test_from_config_opens_the_mesh(dense_dir: Path, tmp_path: Path) -> None:
 MESHES_2D = [(2, 2), (2, 4)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("rows", "cols"), MESHES_2D)
 def test_2d_tokens_match_torch_with_warm_prefix_hit(
     dense_dir: Path,
@@ -331,6 +340,7 @@ def test_2d_tokens_match_torch_with_warm_prefix_hit(
     assert board.num_chips == n and board.chip == fake.chip
 
 
+@pytest.mark.slow
 def test_2d_warm_equals_cold(dense_dir: Path, prompts: tuple[list[int], list[int]]) -> None:
     spec = ModelSpec.from_hf_dir(dense_dir)
     cold_be = mesh2d_backend(dense_dir, 2, 4)
@@ -340,6 +350,7 @@ def test_2d_warm_equals_cold(dense_dir: Path, prompts: tuple[list[int], list[int
     assert warm[1][0] == cold[0][0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("rows", "cols"), MESHES_2D)
 def test_2d_pipelined_equals_synchronous(
     dense_dir: Path,
@@ -356,6 +367,7 @@ def test_2d_pipelined_equals_synchronous(
     assert be.device_fed_decodes == 20 and eng.num_pipelined_steps == 20
 
 
+@pytest.mark.slow
 def test_2d_device_draws_equal_single_chip(dense_dir: Path) -> None:
     """Candidates gathered over both axes give the single-chip draws (logprob bound as in
     test_tp_device_draws_equal_single_chip)."""
@@ -369,6 +381,7 @@ def test_2d_device_draws_equal_single_chip(dense_dir: Path) -> None:
                 np.testing.assert_allclose(list(a.values()), list(b.values()), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_2d_restore_fault_on_one_chip_fails_the_hit_and_leaks_nothing(
     dense_dir: Path, prompts: tuple[list[int], list[int]], torch_tokens: list[tuple[list[int], int]]
 ) -> None:
@@ -399,6 +412,7 @@ def test_2d_mesh_that_does_not_divide_raises(dense_dir: Path, moe_dir: Path) -> 
         TensorParallel.for_mesh(dataclasses.replace(moe, num_attention_heads=8), (2, 8))
 
 
+@pytest.mark.slow
 def test_2d_moe_tokens_match_torch_warm_and_pipelined(moe_dir: Path) -> None:
     """2 x 2: whole experts over all four chips (2 each, row-major), the shared expert split
     like the MLP, routed + shared partial sums reduced over both axes: the torch tokens with a
