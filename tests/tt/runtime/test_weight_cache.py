@@ -30,7 +30,7 @@ from tt_serve.model.tt.runtime.build import build_backend
 from tt_serve.model.tt.runtime.weight_cache import MANIFEST, TEMP_MARK, WeightCache
 from tt_serve.model.weights import load_weights
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 class Source:
