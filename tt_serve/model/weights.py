@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from safetensors import safe_open
-
-from tt_serve.model.dtypes import torch_dtype
 from tt_serve.model.spec import FULL_ATTENTION, ModelSpec
+
+if TYPE_CHECKING:  # torch only where tensors are loaded: the ttnn host venv reads shapes
+    import torch
 
 IGNORED_PREFIXES = ("mtp.", "model.visual.", "visual.")
 _PREFIXES = ("model.language_model.", "model.")
@@ -143,9 +143,14 @@ def _name_list(names: list[str], limit: int = 5) -> str:
 
 
 def load_weights(
-    path: str | Path, spec: ModelSpec, *, dtype: str | torch.dtype = torch.float32
+    path: str | Path, spec: ModelSpec, *, dtype: str | torch.dtype = "float32"
 ) -> dict[str, torch.Tensor]:
     """Load and validate a checkpoint folder into canonical tensors (on CPU, in ``dtype``)."""
+    import torch
+    from safetensors import safe_open
+
+    from tt_serve.model.dtypes import torch_dtype
+
     root, tdtype = Path(path), torch_dtype(dtype)
     files = _tensor_files(root)
     stripped: dict[str, str] = {}
@@ -181,6 +186,8 @@ def load_weights(
 
 
 def _canonicalise(raw: dict[str, torch.Tensor], spec: ModelSpec) -> dict[str, torch.Tensor]:
+    import torch
+
     out = dict(raw)
     if "lm_head.weight" not in out or spec.tie_word_embeddings:
         out["lm_head.weight"] = out["embed_tokens.weight"]
@@ -215,6 +222,8 @@ def _split_qwen3_next(
     r = Hv/Hk; ``in_proj_ba`` as Hk groups of [b(r) | a(r)]. Qwen3.5 wants all q rows, then all
     k rows, then all v rows (the conv channel order), and z, b, a by v-head.
     """
+    import torch
+
     hk, dk, dv = spec.linear_num_key_heads, spec.linear_key_head_dim, spec.linear_value_head_dim
     r = spec.linear_num_value_heads // hk
     h = qkvz.shape[-1]
