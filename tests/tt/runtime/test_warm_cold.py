@@ -103,7 +103,7 @@ def test_warm_logprobs_match_torch_cold(
     """The same warm hits against the torch backend with prefix caching off (another
     implementation, no restore path shared with the code under test): same tokens, logprobs
     within the derived fp32 bound for two evaluation orders (numerics.py; 2.0e-4 at the tiny
-    models' logit scale). A wrong restore moves them by ~0.4 or more."""
+    models' logit scale), measured 1.0e-5. A wrong restore moves them by ~0.4 or more."""
     got = warm(dense_dir, warm_prompts)
     assert [o.cached_tokens for o in torch_cold] == [0, 0]
     for g, w in zip(got, torch_cold, strict=True):
@@ -148,8 +148,9 @@ def resume_late(sched: Scheduler) -> list[str]:
 
 
 def restore_next_slot(sched: Scheduler) -> list[str]:
-    """M2: restore from ``(snapshot + 1) % n``. Here the hit at 256 then restores the snapshot
-    at 384 and the hit at 384 an unsaved slot."""
+    """M2: restore from ``(snapshot + 1) % n``. With the pool handing out slots 0, 1, 2 to the
+    snapshots at 128, 256, 384, the hit at 256 gets the state at 384 and the hit at 384 an
+    unsaved slot."""
     n = sched.cache.num_snapshot_slots
 
     def alter(req: Request, i: int, copy: StateCopy) -> None:
@@ -171,7 +172,9 @@ def test_restore_bugs_are_caught(
 ) -> None:
     """The comparisons above fail, on both hits and against both cold references, when the
     scheduler's admission resumes a hit one token early or late (M1) or restores another
-    snapshot slot (M2): they can tell a broken restore from a correct one."""
+    snapshot slot (M2): they can tell a broken restore from a correct one. Resuming early keeps
+    every greedy token (measured; only logprobs show it); resuming late starts a prefill chunk
+    off the 64-token grid, which the tt backend refuses, and the error is the mismatch."""
     eng = h.engine(h.tt_backend(dense_dir), ModelSpec.from_hf_dir(dense_dir))
     altered = mutate(eng.scheduler)
     got = h.outputs(eng, warm_prompts, PARAMS)[1:]
