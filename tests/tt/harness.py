@@ -18,7 +18,7 @@ from tt_serve.model.tt.ops import Ops
 from tt_serve.model.tt.runtime.backend import TTBackend
 from tt_serve.model.tt.runtime.build import build_backend
 from tt_serve.model.weights import load_weights
-from tt_serve.sequence import SamplingParams
+from tt_serve.sequence import RequestOutput, SamplingParams
 
 BLOCK = 64
 CHUNK = 128
@@ -59,20 +59,28 @@ def engine(backend: Backend, spec: ModelSpec, *, prefix_caching: bool = True) ->
     return Engine(backend, config)
 
 
-def generate(eng: Engine, prompts: list[list[int]], n: int) -> list[tuple[list[int], int]]:
-    """Greedy tokens and cached-token counts, one request after another (so later prompts can
-    hit the prefix cache the earlier ones filled)."""
+def outputs(eng: Engine, prompts: list[list[int]], params: SamplingParams) -> list[RequestOutput]:
+    """Each prompt's finished output, one request after another (so later prompts can hit the
+    prefix cache the earlier ones filled). A failed request's output carries its error."""
     out = []
     for i, p in enumerate(prompts):
-        eng.add_request(f"r{i}", p, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
+        eng.add_request(f"r{i}", p, params)
         done = None
         while eng.has_unfinished():
             for o in eng.step():
                 if o.finished:
                     done = o
-        assert done is not None and done.error is None, done
-        out.append((list(done.token_ids), done.cached_tokens))
+        assert done is not None
+        out.append(done)
     return out
+
+
+def generate(eng: Engine, prompts: list[list[int]], n: int) -> list[tuple[list[int], int]]:
+    """Greedy tokens and cached-token counts, one request after another."""
+    greedy = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+    done = outputs(eng, prompts, greedy)
+    assert all(o.error is None for o in done), done
+    return [(list(o.token_ids), o.cached_tokens) for o in done]
 
 
 def prompt(n: int, seed: int, vocab: int = 4096) -> list[int]:
