@@ -38,6 +38,8 @@ KMD_MINIMUM = (2, 0, 0)
 TTNN_VERSION = "0.81.1"
 SFPI_GXX = "compiler/bin/riscv-tt-elf-g++"
 SYSTEM_SFPI = "/opt/tenstorrent/sfpi"
+# The first lines of scripts/mock-sfpi's stand-in compiler carry this (doctor fails on it).
+STANDIN_MARK = "mock-box stand-in"
 HUGEPAGES_1G = "sys/kernel/mm/hugepages/hugepages-1048576kB"
 PROBE_TIMEOUT_S = 120
 _MARK = "TT_DOCTOR "
@@ -250,6 +252,24 @@ def _sfpi_pin(package_dir: Path) -> str | None:
     return m.group(1) if m else None
 
 
+def _not_a_compiler(gxx: Path) -> str | None:
+    """None for an ELF executable (SFPI's g++ is one); else what the file is instead. The
+    mock-box stand-in (scripts/mock-sfpi, test and plan venvs only) says so in its first lines:
+    tt-metal would run with it and every kernel it "built" would be empty on a card."""
+    try:
+        head = gxx.read_bytes()[:512]
+    except OSError as e:
+        return f"unreadable ({e.strerror})"
+    if head.startswith(b"\x7fELF"):
+        return None
+    if STANDIN_MARK.encode() in head:
+        return (
+            "the mock-box stand-in (scripts/mock-sfpi), which compiles nothing: kernels it "
+            "builds would not run on a card"
+        )
+    return "not an ELF executable (a script or a placeholder, not SFPI's compiler)"
+
+
 def check_sfpi(host: Host, facts: Mapping[str, Any]) -> Check:
     if "error" in facts:
         return Check("SFPI compiler", FAIL, "unknown: ttnn did not import", "fix ttnn first")
@@ -262,6 +282,9 @@ def check_sfpi(host: Host, facts: Mapping[str, Any]) -> Check:
     )
     for cand in candidates:
         if (cand / SFPI_GXX).exists():
+            not_sfpi = _not_a_compiler(cand / SFPI_GXX)
+            if not_sfpi:
+                return Check("SFPI compiler", FAIL, f"{cand / SFPI_GXX}: {not_sfpi}", fix)
             have = _read(cand / "sfpi.version") or "unknown"
             if want is not None and have != want:
                 return Check(

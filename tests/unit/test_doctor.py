@@ -15,6 +15,8 @@ import pytest
 from tt_serve.doctor import FAIL, OK, WARN, Host, ttnn_checks
 
 ROOT = Path(__file__).resolve().parents[2]
+# SFPI's g++ is an x86-64 ELF executable; doctor reads the first bytes only.
+ELF_HEADER = b"\x7fELF\x02\x01\x01" + bytes(57)
 TTNN_PYTHON = Path(os.environ.get("TTNN_VENV", ROOT / ".venv-ttnn")) / "bin" / "python"
 NEEDED = ("device nodes", "kernel driver", "huge pages", "SFPI compiler")
 no_device_here = pytest.mark.skipif(
@@ -63,8 +65,11 @@ def test_ttnn_with_the_real_wheel_names_the_sfpi_it_needs() -> None:
     sfpi = checks["SFPI compiler"]
     assert sfpi["status"] == FAIL
     assert "ttnn/runtime/sfpi/compiler/bin/riscv-tt-elf-g++" in sfpi["detail"]
-    assert "/opt/tenstorrent/sfpi/compiler/bin/riscv-tt-elf-g++" in sfpi["detail"]
     assert "SFPI 7.89.0" in sfpi["fix"]  # read from the wheel's ttnn/tt_metal/sfpi-version
+    if "mock-box stand-in" in sfpi["detail"]:  # the venv scripts/setup-ttnn-venv builds
+        assert "compiles nothing" in sfpi["detail"]
+    else:  # a bare ttnn venv: nothing at either place
+        assert "/opt/tenstorrent/sfpi/compiler/bin/riscv-tt-elf-g++" in sfpi["detail"]
 
 
 @pytest.mark.slow
@@ -126,7 +131,7 @@ def fake_host(tmp: Path, *, kmd: str = "2.10.0", sfpi: str = "7.89.0") -> tuple[
     (pkg / "tt_metal/sfpi-version").write_text(SFPI_VERSION_FILE)
     gxx = pkg / "runtime/sfpi/compiler/bin/riscv-tt-elf-g++"
     gxx.parent.mkdir(parents=True)
-    gxx.write_text("")
+    gxx.write_bytes(ELF_HEADER)
     (pkg / "runtime/sfpi/sfpi.version").write_text(sfpi + "\n")
     facts = {"python": "3.12.1", "version": "0.81.1", "package_dir": str(pkg), "root": str(pkg)}
     host = Host(root=tmp, env={"TT_METAL_CACHE": str(tmp / "cache"), "HOME": str(tmp)})
@@ -173,10 +178,34 @@ def test_fake_host_runtime_root_and_system_sfpi(tmp_path: Path) -> None:
     assert run_fake(host, facts)["SFPI compiler"][0] == FAIL
     opt = tmp_path / "opt/tenstorrent/sfpi"
     (opt / "compiler/bin").mkdir(parents=True)
-    (opt / "compiler/bin/riscv-tt-elf-g++").write_text("")
+    (opt / "compiler/bin/riscv-tt-elf-g++").write_bytes(ELF_HEADER)
     (opt / "sfpi.version").write_text("7.89.0\n")
     status, detail = run_fake(host, facts)["SFPI compiler"]
     assert status == OK and detail.startswith(str(opt))
+
+
+def test_doctor_fails_on_the_mock_box_stand_in_compiler(tmp_path: Path) -> None:
+    """The stand-in scripts/mock-sfpi installs (test and plan venvs) passes tt-metal's search
+    for SFPI; on a host it would give every kernel an empty body, so doctor refuses it, and any
+    other non-ELF file, even with the right sfpi.version beside it."""
+    host, facts = fake_host(tmp_path)
+    package = tmp_path / "ttnn"
+    (package / "runtime").mkdir(parents=True)
+    subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "mock-sfpi"), "install", str(package)],
+        check=True,
+        capture_output=True,
+    )
+    (package / "runtime/sfpi/sfpi.version").write_text("7.89.0\n")
+    facts = {**facts, "root": str(package)}
+    status, detail = run_fake(host, facts)["SFPI compiler"]
+    assert status == FAIL and "mock-box stand-in" in detail and "compiles nothing" in detail
+    gxx = package / "runtime/sfpi/compiler/bin/riscv-tt-elf-g++"
+    gxx.write_text("#!/bin/sh\nexit 0\n")
+    status, detail = run_fake(host, facts)["SFPI compiler"]
+    assert status == FAIL and "not an ELF executable" in detail
+    gxx.write_bytes(ELF_HEADER)
+    assert run_fake(host, facts)["SFPI compiler"][0] == OK
 
 
 def test_unwritable_cache_fails(tmp_path: Path) -> None:

@@ -39,6 +39,8 @@ class CheckpointError(ValueError):
 
 def _tensor_files(root: Path) -> dict[str, Path]:
     """Checkpoint tensor name -> file holding it."""
+    from safetensors import safe_open
+
     index = root / "model.safetensors.index.json"
     if index.exists():
         weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]

@@ -21,7 +21,7 @@ from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.contract.boards import DeviceSpec, board_for_cluster
 from tt_serve.model.tt.layout.host import to_numpy
 from tt_serve.model.tt.layout.parallel import TensorParallel
-from tt_serve.model.tt.ops import Ops
+from tt_serve.model.tt.ops import DEFAULT_L1_SMALL, Ops
 from tt_serve.model.tt.precision import Precision
 from tt_serve.model.tt.runtime.backend import TTBackend
 from tt_serve.model.tt.runtime.build import DEFAULT_CCL_LINKS, TTOptions, build_backend
@@ -30,7 +30,6 @@ from tt_serve.model.tt.runtime.weight_cache import default_cache_dir
 if TYPE_CHECKING:
     from tt_serve.config import ServeConfig
 
-DEFAULT_L1_SMALL = 32768
 
 
 def open_backend(

@@ -37,6 +37,21 @@ class PendingRead:
     event: Any
 
 
+# L1 kept back at device open for ops that want small L1 buffers (sharded inputs, CCL scratch):
+# what a ttnn start opens with (tt_transformers' demos open with the same 32 KiB).
+DEFAULT_L1_SMALL = 32768
+
+
+@dataclass(frozen=True)
+class MemoryView:
+    """The allocator's view of one buffer type on one chip (``ttnn.get_memory_view``)."""
+
+    banks: int
+    bank_bytes: int
+    allocated_per_bank: int
+    largest_free_block_per_bank: int
+
+
 class Ops:
     """ttnn, one method per op. ``device`` is set by :meth:`open_device`."""
 
@@ -131,6 +146,18 @@ class Ops:
     def synchronize(self) -> None:
         self.ttnn.synchronize_device(self.device)
 
+    def memory_view(self, kind: str) -> MemoryView:
+        """tt-metal's allocator, ``kind`` "DRAM" or "L1", of the device (chip 0 of a mesh:
+        every chip holds the same buffers)."""
+        t = self.ttnn
+        v = t.get_memory_view(self.device, getattr(t.BufferType, kind))
+        return MemoryView(
+            int(v.num_banks),
+            int(v.total_bytes_per_bank),
+            int(v.total_bytes_allocated_per_bank),
+            int(v.largest_contiguous_bytes_free_per_bank),
+        )
+
     # ---- dtypes and layouts --------------------------------------------------------------
     def dtype(self, name: str) -> Any:
         t = self.ttnn
@@ -213,6 +240,18 @@ class Ops:
             layout=self.layout(layout),
             device=self.device,
             memory_config=self.ttnn.DRAM_MEMORY_CONFIG,
+        )
+
+    def allocate(self, shape: Sequence[int], dtype: str, layout: str = TILE) -> Tensor:
+        """A device tensor with no host data and no fill (contents undefined): a weight known
+        by its shape only (planning; real sizes on mock boxes, where nothing computes)."""
+        t = self.ttnn
+        return t.allocate_tensor_on_device(
+            t.Shape(list(shape)),
+            self.dtype(dtype),
+            self.layout(layout),
+            self.device,
+            t.DRAM_MEMORY_CONFIG,
         )
 
     def write(self, host: Tensor, device_tensor: Tensor) -> None:

@@ -101,6 +101,19 @@ class Buffer:
         return self.shard is not None
 
 
+class Shape(tuple):
+    """``Tensor.shape`` as ttnn 0.81.1 returns it: ``ttnn.Shape`` indexes, iterates, compares
+    and has a length, but does not slice (``shape[1:]`` raises TypeError on the real module)."""
+
+    def __getitem__(self, key):  # type: ignore[no-untyped-def, override]
+        if isinstance(key, slice):
+            raise TypeError(
+                "__getitem__(): incompatible function arguments: ttnn.Shape takes an int "
+                "index, not a slice (use list(t.shape)[...])"
+            )
+        return tuple.__getitem__(self, key)
+
+
 class Tensor:
     """A handle; device buffers die with their last handle (as ttnn tensors do)."""
 
@@ -111,8 +124,8 @@ class Tensor:
         self._fake._release(self.buffer)
 
     @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.buffer.data.shape)
+    def shape(self) -> Shape:
+        return Shape(self.buffer.data.shape)
 
     @property
     def padded_shape(self) -> tuple[int, ...]:
@@ -125,7 +138,7 @@ class Tensor:
         """The operand as the device rules see it."""
         buf = self.buffer
         return rules.TensorInfo(
-            self.shape,
+            tuple(self.shape),
             self.dtype.value,
             self.layout.value,
             "l1" if buf.shard is not None else "dram",
@@ -540,6 +553,21 @@ class VirtualTTNN:
             device is not None,
         )
 
+    def Shape(self, dims: Sequence[int]) -> tuple[int, ...]:  # noqa: N802 (ttnn's name)
+        return tuple(int(d) for d in dims)
+
+    def allocate_tensor_on_device(
+        self,
+        shape: Sequence[int],
+        dtype: DataType,
+        layout: Layout,
+        device: FakeDevice,
+        memory_config: Any = None,
+    ) -> Tensor:
+        """A device tensor allocated without host data or a fill (ttnn leaves its contents
+        undefined; here they are zeros, or nothing in shape-only mode)."""
+        return self._new(torch.zeros(list(shape), device=self._tdev), dtype, layout, True)
+
     def deallocate(self, tensor: Tensor, force: bool = False) -> None:
         self._release(tensor.buffer)
 
@@ -696,7 +724,7 @@ class VirtualTTNN:
         return self._inplace("copy", [a], b, lambda: a.buffer.data)
 
     def fill_cache(self, cache: Tensor, x: Tensor, batch_idx: int) -> Tensor:
-        if cache.dtype != x.dtype or cache.shape[1:] != x.shape[1:] or x.shape[0] != 1:
+        if cache.dtype != x.dtype or list(cache.shape)[1:] != list(x.shape)[1:] or x.shape[0] != 1:
             raise ContractViolation(
                 "dtype", f"fill_cache {x.shape}/{x.dtype} into {cache.shape}/{cache.dtype}"
             )
@@ -854,7 +882,7 @@ class VirtualTTNN:
             kind = rules.topk(
                 x.info(), k, dim, indices=labels, stable=stable, l1_bytes=self.chip.l1_bytes
             )
-        shape = (*x.shape[:-1], k)
+        shape = (*list(x.shape)[:-1], k)
 
         def pick() -> tuple[torch.Tensor, torch.Tensor]:
             d = x.buffer.data
@@ -1323,7 +1351,7 @@ class VirtualTTNN:
         tensors = [t for t in (predicate, true_value, false_value) if isinstance(t, Tensor)]
         if any(t.layout is not Layout.TILE for t in tensors):
             raise ContractViolation("tile", "where operands must be TILE")
-        shapes = [t.shape for t in tensors]
+        shapes = [tuple(t.shape) for t in tensors]
         if len({len(sh) for sh in shapes}) != 1:
             raise ContractViolation("where.broadcast", f"where of ranks {shapes}")
         out = tuple(max(d) for d in zip(*shapes, strict=True))
@@ -1522,8 +1550,8 @@ class Ref:
         self.buffer, self.dtype, self.layout = t.buffer, t.dtype, t.layout
 
     @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.buffer.data.shape)
+    def shape(self) -> Shape:
+        return Shape(self.buffer.data.shape)
 
 
 def _detach_closure(fn: Callable[..., Any]) -> None:

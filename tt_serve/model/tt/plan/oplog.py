@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from types import SimpleNamespace
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-from tt_serve.model.tt.contract.virtual_ttnn import Tensor
+if TYPE_CHECKING:  # the virtual device holds torch tensors: imported only when a log is written
+    from tt_serve.model.tt.contract.virtual_ttnn import Tensor
 
 
 def _tensor_json(t: Tensor) -> dict[str, Any]:
@@ -23,6 +24,8 @@ def _tensor_json(t: Tensor) -> dict[str, Any]:
 
 
 def _value_json(v: Any) -> Any:
+    from tt_serve.model.tt.contract.virtual_ttnn import Tensor
+
     if v is None or isinstance(v, (bool, int, float, str)):
         return v
     if isinstance(v, (list, tuple)) and all(not isinstance(x, Tensor) for x in v):
@@ -46,6 +49,8 @@ class OpLog:
         self.count += 1
         if self.out is None:
             return
+        from tt_serve.model.tt.contract.virtual_ttnn import Tensor  # torch: only when writing
+
         tensors: dict[str, Any] = {}
         rest: dict[str, Any] = {}
         items = [(str(i), a) for i, a in enumerate(args)] + list(kwargs.items())

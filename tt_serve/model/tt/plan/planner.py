@@ -24,7 +24,7 @@ Figures are per chip.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from tt_serve.config import DEFAULT_BATCH, ServeConfig
 from tt_serve.model.interface import RowSampling, StateCopy, StepBatch, StepRow
@@ -32,17 +32,19 @@ from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.contract.boards import DeviceSpec, device_spec
 from tt_serve.model.tt.contract.dram import DramBudget
 from tt_serve.model.tt.contract.rules import TensorInfo
-from tt_serve.model.tt.contract.virtual_mesh import VirtualMeshTTNN
-from tt_serve.model.tt.contract.virtual_ttnn import ContractViolation, VirtualTTNN
 from tt_serve.model.tt.layout.checkpoint import layout_weights
 from tt_serve.model.tt.layout.host import shape_only_weights
 from tt_serve.model.tt.layout.parallel import TensorParallel
 from tt_serve.model.tt.layout.table import slot
-from tt_serve.model.tt.ops import Ops
+from tt_serve.model.tt.ops import DEFAULT_L1_SMALL, Ops
 from tt_serve.model.tt.plan.oplog import OpLog, Recorder
 from tt_serve.model.tt.precision import Precision
 from tt_serve.model.tt.runtime.backend import TTBackend
 from tt_serve.model.tt.runtime.build import build_backend
+
+if TYPE_CHECKING:  # the virtual devices hold torch tensors; a mock run (plan/mock.py) has no torch
+    from tt_serve.model.tt.contract.virtual_mesh import VirtualMeshTTNN
+    from tt_serve.model.tt.contract.virtual_ttnn import VirtualTTNN
 
 SAFETY_FRACTION = 0.02
 """DRAM kept free when the KV pool is sized from memory (allocator fragmentation, buffers the
@@ -201,9 +203,11 @@ def _weight_bytes(
 
 @dataclass
 class _Run:
-    fake: VirtualTTNN | VirtualMeshTTNN
+    fake: VirtualTTNN | VirtualMeshTTNN | None  # None: the real ttnn on a mock box
     backend: TTBackend | None = None
+    ops: Ops | None = None
     readback: dict[str, int] = field(default_factory=dict)
+    after: dict[str, int] = field(default_factory=dict)  # phase -> DRAM used per bank after it
 
 
 def _workload(
@@ -256,18 +260,27 @@ def _run(
     kv_blocks: int,
     log: OpLog,
     workload: bool = True,
+    ttnn: Any = None,
 ) -> _Run:
     """The backend's startup (and the workload) on a fresh shape-only chip, or on a mesh of
-    them (tensor parallel)."""
+    them (tensor parallel). ``ttnn``: the real module on a mock box instead (``plan/mock.py``):
+    every program runs eagerly (0.81.1 cannot capture a trace under mock) and tt-metal's own
+    refusals (RuntimeError) become the PlanError."""
     mesh = _mesh(req, chip_dev)
-    fake: VirtualTTNN | VirtualMeshTTNN
-    if mesh == (1, 1):
-        fake = VirtualTTNN(chip=chip_dev.chip, shape_only=True)
-    else:
+    if mesh != (1, 1):
         try:
             TensorParallel.for_mesh(spec, mesh)
         except ValueError as exc:
             raise PlanError("tp.split", str(exc)) from None
+    if ttnn is not None:
+        return _run_on(ttnn, spec, req, chip_dev, kv_blocks, log, workload, mesh)
+    from tt_serve.model.tt.contract.virtual_mesh import VirtualMeshTTNN
+    from tt_serve.model.tt.contract.virtual_ttnn import ContractViolation, VirtualTTNN
+
+    fake: VirtualTTNN | VirtualMeshTTNN
+    if mesh == (1, 1):
+        fake = VirtualTTNN(chip=chip_dev.chip, shape_only=True)
+    else:
         n = mesh[0] * mesh[1]
         fake = VirtualMeshTTNN(
             num_devices=n,
@@ -277,37 +290,77 @@ def _run(
             mirror=True,  # SPMD on equal shapes: one chip's model stands for every chip
         )
     run = _Run(fake)
-    ops = Ops(Recorder(fake, log))
-    if mesh == (1, 1):
-        ops.open_device(0, trace_region_size=req.trace_region_size, l1_small_size=0)
-    else:
-        ops.open_mesh(mesh, trace_region_size=req.trace_region_size, l1_small_size=0)
-    log.phase = "startup"
     try:
-        be = build_backend(
-            spec,
-            lambda: shape_only_weights(spec),
-            ops=ops,
-            precision=Precision.named(req.precision),
-            traced_decode=True,
-            traced_prefill=req.traced_prefill,
-            max_prefill_chunk=req.prefill_chunk,
-            max_model_len=req.max_model_len or None,
-            ccl_links=chip_dev.links_on(mesh),
-            on_capture=lambda: setattr(log, "phase", "capture"),
-        )
-        run.backend = be
-        be.allocate(
-            num_kv_blocks=kv_blocks,
-            block_size=req.block_size,
-            num_state_slots=req.max_batch_size,
-            num_snapshot_slots=req.snapshot_slots,
-        )
-        if workload:
-            _workload(be, log, req.prefill_chunk, req.max_batch_size, kv_blocks, run.readback)
+        _start(run, Ops(Recorder(fake, log)), spec, req, chip_dev, kv_blocks, log, workload, mesh)
     except ContractViolation as exc:
         raise PlanError(exc.rule, str(exc).split("] ", 1)[-1]) from None
     return run
+
+
+def _run_on(
+    ttnn: Any,
+    spec: ModelSpec,
+    req: PlanRequest,
+    chip_dev: DeviceSpec,
+    kv_blocks: int,
+    log: OpLog,
+    workload: bool,
+    mesh: tuple[int, int],
+) -> _Run:
+    run = _Run(None)
+    try:
+        _start(run, Ops(Recorder(ttnn, log)), spec, req, chip_dev, kv_blocks, log, workload, mesh)
+    except RuntimeError as exc:
+        raise PlanError("tt-metal", str(exc)) from None
+    return run
+
+
+def _start(
+    run: _Run,
+    ops: Ops,
+    spec: ModelSpec,
+    req: PlanRequest,
+    chip_dev: DeviceSpec,
+    kv_blocks: int,
+    log: OpLog,
+    workload: bool,
+    mesh: tuple[int, int],
+) -> None:
+    real = run.fake is None
+    l1_small = DEFAULT_L1_SMALL if real else 0
+    if mesh == (1, 1):
+        ops.open_device(0, trace_region_size=req.trace_region_size, l1_small_size=l1_small)
+    else:
+        ops.open_mesh(mesh, trace_region_size=req.trace_region_size, l1_small_size=l1_small)
+    run.ops = ops
+    log.phase = "startup"
+    be = build_backend(
+        spec,
+        lambda: shape_only_weights(spec),
+        ops=ops,
+        precision=Precision.named(req.precision),
+        traced_decode=not real,
+        traced_prefill=req.traced_prefill and not real,
+        max_prefill_chunk=req.prefill_chunk,
+        max_model_len=req.max_model_len or None,
+        ccl_links=chip_dev.links_on(mesh),
+        on_capture=lambda: setattr(log, "phase", "capture"),
+    )
+    run.backend = be
+    if real:
+        run.after["startup"] = ops.memory_view("DRAM").allocated_per_bank
+    be.allocate(
+        num_kv_blocks=kv_blocks,
+        block_size=req.block_size,
+        num_state_slots=req.max_batch_size,
+        num_snapshot_slots=req.snapshot_slots,
+    )
+    if real:
+        run.after["pools"] = ops.memory_view("DRAM").allocated_per_bank
+    if workload:
+        _workload(be, log, req.prefill_chunk, req.max_batch_size, kv_blocks, run.readback)
+        if real:
+            run.after["workload"] = ops.memory_view("DRAM").allocated_per_bank
 
 
 def _hint(rule: str) -> str:

@@ -154,9 +154,8 @@ def gdn_decode(
         b = min(s, a + rows_per_call)
 
         def rows(t: Tensor, a: int = a, b: int = b) -> Tensor:
-            return (
-                t if b - a == s else ops.slice(t, [a] + [0] * (len(t.shape) - 1), [b, *t.shape[1:]])
-            )
+            shape = list(t.shape)  # a ttnn.Shape indexes but does not slice
+            return t if b - a == s else ops.slice(t, [a] + [0] * (len(shape) - 1), [b, *shape[1:]])
 
         part, fin = ops.fused_recurrent_gated_delta_rule(
             rows(q), rows(k), rows(v), rows(g), rows(beta), state=rows(rec_pool), scale=dk**-0.5

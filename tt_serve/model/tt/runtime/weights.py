@@ -48,10 +48,11 @@ def load_device_weights(
     if tp.degree > 1:
         laid = tp.layout(laid)
     if entry is None or any(is_shape_only(hw.array) for hw in laid.values()):
-        # No cache, or shape-only weights (planning): device tensors of the same shape, dtype
-        # and layout, the shape-only ones with no host data; nothing is written.
+        # No cache, or shape-only weights (planning, mock boxes): device tensors of the same
+        # shape, dtype and layout, the shape-only ones allocated with no host data or fill;
+        # nothing is written.
         return {
-            n: ops.zeros(tp.chip_shape(hw), hw.dtype, hw.layout)
+            n: ops.allocate(tp.chip_shape(hw), hw.dtype, hw.layout)
             if is_shape_only(hw.array)
             else ops.upload(
                 hw.array, hw.dtype, hw.layout, shard_dim=hw.shard_dim, mesh_dims=hw.mesh_dims
