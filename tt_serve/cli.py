@@ -8,7 +8,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tt_serve.model.spec import ModelSpec
@@ -124,6 +124,15 @@ def _plan_spec(model: str) -> ModelSpec:
     return ModelSpec.from_hf_dir(model)
 
 
+def _plan_config(model: str) -> dict[str, Any]:
+    """The config.json ``_plan_spec`` read, for the mock run's child."""
+    from tt_serve.model.published import SIZES, published_config
+
+    if not Path(model).is_dir() and model.strip().lower() in SIZES:
+        return dict(published_config(model))
+    return dict(json.loads((Path(model) / "config.json").read_text()))
+
+
 def _plan_smallest(spec: ModelSpec, req: PlanRequest, candidates: list[str]) -> int:
     """The first device of ``candidates`` whose plan fits: one verdict line per device tried,
     then that device's whole plan (exit 3 when none fits)."""
@@ -210,6 +219,14 @@ def _plan(argv: Sequence[str]) -> int:
     )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--ops", default=None, help="write every ttnn call as JSON lines to FILE")
+    p.add_argument(
+        "--checker",
+        choices=("virtual", "mock", "both"),
+        default=None,
+        help="who says it fits: the virtual device (our model of tt-metal), tt-metal itself on "
+        "a mock box of the device (needs ttnn 0.81.1 importable, as in the venv "
+        "scripts/setup-ttnn-venv builds), or both (default where ttnn imports; else virtual)",
+    )
     a = p.parse_args(argv)
 
     from dataclasses import replace
@@ -238,6 +255,16 @@ def _plan(argv: Sequence[str]) -> int:
     except (FileNotFoundError, ValueError, KeyError) as exc:
         print(f"tt-serve plan: error: {exc}", file=sys.stderr)
         return 2
+    from tt_serve.model.tt.plan import mock
+
+    checker = a.checker or ("both" if mock.ttnn_importable() else "virtual")
+    if checker != "virtual" and not mock.ttnn_importable():
+        print(
+            f"tt-serve plan: error: --checker {checker} needs ttnn {mock.TTNN_VERSION} "
+            "importable (Python 3.12: the venv scripts/setup-ttnn-venv builds)",
+            file=sys.stderr,
+        )
+        return 2
     if a.smallest:
         return _plan_smallest(spec, req, candidates)
     return report.main(
@@ -247,6 +274,8 @@ def _plan(argv: Sequence[str]) -> int:
         ops_file=a.ops,
         search_batch=a.search_max_batch,
         echo=print,
+        checker=checker,
+        config=_plan_config(a.model) if checker != "virtual" else None,
     )
 
 

@@ -160,6 +160,10 @@ class Plan:
     limit_message: str | None = None
     hint: str | None = None
     notes: list[str] = field(default_factory=list)
+    # which checker's verdict ``ok`` is ("virtual device", or tt-metal's on a mock box), and
+    # tt-metal's verdict (plan/mock.py MockVerdict as JSON) when it ran
+    checker: str = "virtual device"
+    mock: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from dataclasses import asdict
+from typing import Any
 
 from tt_serve.model.spec import ModelSpec
-from tt_serve.model.tt.plan.planner import Plan, PlanRequest, max_batch_that_fits, plan
+from tt_serve.model.tt.plan.planner import (
+    Plan,
+    PlanRequest,
+    _probe_blocks,
+    max_batch_that_fits,
+    plan,
+)
 
 
 def _gb(n: int) -> str:
@@ -61,6 +69,34 @@ def format_plan(p: Plan, req: PlanRequest) -> Iterator[str]:
     yield "  fits"
 
 
+def format_mock(p: Plan) -> Iterator[str]:
+    """tt-metal's verdict (plan/mock.py), under the virtual device's plan."""
+    m = p.mock
+    if m is None:
+        yield f"  checker      {p.checker}"
+        return
+    yield f"  checker      {m['checker']} (and the virtual device: sizes, traces)"
+    yield (
+        f"               {m['ops']} ttnn calls validated and allocated by tt-metal in "
+        f"{m['seconds']:.1f} s; every program eager (0.81.1 cannot capture a trace under mock)"
+    )
+    if m["dram_banks"]:
+        after = ", ".join(f"{k} {_gb(v * m['dram_banks'])}" for k, v in m["dram_after"].items())
+        room = m["dram_bank_bytes"] * m["dram_banks"]
+        yield (
+            f"  tt-metal     DRAM {m['dram_banks']} banks x {_size(m['dram_bank_bytes'])} = "
+            f"{_gb(room)} after the trace region; allocated after {after}; "
+            f"largest free block {_size(m['dram_largest_free'])} per bank"
+        )
+    if m["ok"]:
+        yield "  tt-metal     fits"
+        return
+    where = f" ({m['where']})" if m["where"] else ""
+    yield f"  tt-metal     DOES NOT FIT{where} in {m['phase'] or 'startup'}: " + m[
+        "message"
+    ].replace("\n", "\n               ")
+
+
 def main(
     spec: ModelSpec,
     req: PlanRequest,
@@ -69,7 +105,12 @@ def main(
     ops_file: str | None,
     search_batch: bool,
     echo: Callable[[str], None],
+    checker: str = "virtual",
+    config: dict[str, Any] | None = None,
 ) -> int:
+    """Plan on the virtual device; ``checker`` "mock" (or "both") also runs the plan on a
+    mock box by tt-metal itself (``config``: the model's config.json, for the child): then
+    ``mock`` decides (or both must fit)."""
     out = open(ops_file, "w") if ops_file else None  # noqa: SIM115
     try:
         p = plan(spec, req, out)
@@ -78,9 +119,53 @@ def main(
             out.close()
     if p.ok and search_batch:
         p.max_batch = max_batch_that_fits(spec, req)
+    if checker in ("mock", "both"):
+        from tt_serve.model.tt.plan import mock
+
+        assert config is not None
+        verdict = mock.check(config, mock_request(req, p), p.kv_blocks or _probe_blocks(req))
+        p.mock = verdict.to_json()
+        p.checker = verdict.checker if checker == "mock" else f"{verdict.checker} + virtual device"
+        if not verdict.ok:
+            if checker == "mock" or p.ok:
+                p.limit_rule, p.limit_message = "tt-metal", verdict.message
+                p.hint = mock_hint(verdict.message)
+            p.ok = False
+        elif checker == "mock" and not p.ok:
+            p.notes.append(
+                f"the virtual device refused ([{p.limit_rule}] {p.limit_message}); tt-metal "
+                "accepted the same start"
+            )
+            p.ok, p.limit_rule, p.limit_message, p.hint = True, None, None, None
     if as_json:
         echo(json.dumps(p.to_json(), indent=2))
     else:
         for line in format_plan(p, req):
             echo(line)
+        for line in format_mock(p):
+            echo(line)
     return 0 if p.ok else 3
+
+
+def mock_request(req: PlanRequest, p: Plan) -> dict[str, Any]:
+    """The request tt-metal runs: the virtual plan's trace region (it cannot capture traces
+    under mock, so the region is sized here and only reserved there)."""
+    r = asdict(req)
+    r["trace_region_size"] = p.trace_configured or req.trace_region_size
+    return r
+
+
+def mock_hint(message: str) -> str:
+    """What to change, for tt-metal's refusals we know."""
+    if "Out of Memory" in message:
+        return (
+            "tt-metal's allocator ran out of DRAM (or L1): use --precision mixed or bfp4-mlp, "
+            "fewer --kv-blocks or --snapshot-slots, a smaller --max-batch-size, or more chips "
+            "(--device n300, t3k, p150x4)"
+        )
+    if "clash" in message:
+        return (
+            "a program's circular buffers overlap L1 tensors: a smaller --max-batch-size or "
+            "--prefill-chunk shrinks the sharded inputs"
+        )
+    return "tt-metal's own check above names the operand; change the shapes that trip it"
