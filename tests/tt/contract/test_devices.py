@@ -95,9 +95,13 @@ def test_memory_per_chip() -> None:
     assert wh.dram_banks == 12 and wh.dram_bank_bytes == GIB
     assert bh.dram_banks == 8 and bh.dram_bank_bytes == 4 * GIB - 16 * (1 << 20)
     assert device_spec("p100").chip.dram_banks == 7
-    # HAL barrier word only: one DRAM_ALIGNMENT per bank
-    assert wh.dram_reserved_bytes == 12 * 32
-    assert bh.dram_reserved_bytes == 8 * 64
+    # HAL regions per bank: barrier word + DPRINT dispatch ring (1 MiB + one DRAM_ALIGNMENT),
+    # the allocator DRAM base ttnn 0.81.1 reports under mock (tests/tt/mock/test_boards.py)
+    assert wh.dram_reserved_bytes == 12 * 1_048_640
+    assert bh.dram_reserved_bytes == 8 * 1_048_704
+    # allocator L1 bank: MEM_MAP_END and the 69 KiB kernel-config buffer below it
+    assert wh.l1_bank_bytes == 1_393_312
+    assert bh.l1_bank_bytes == 1_461_120
     # every chip of a box is the board's chip
     assert device_spec("t3k").chip == device_spec("n300").chip
     for name in ("p300", "p150x4", "p150x8"):

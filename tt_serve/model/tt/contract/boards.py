@@ -23,14 +23,19 @@ named instead):
   ROW elsewhere): the dispatch configuration a plain ``ttnn.open_mesh_device`` gets, hence the
   grid these specs record.
 * ``tt-metal/tt_metal/hw/inc/internal/tt-1xx/{wormhole,blackhole}/dev_mem_map.h``:
-  ``MEM_L1_SIZE``, ``MEM_DRAM_SIZE`` (per DRAM bank), ``MEM_MAX_KERNEL_SIZE`` comment (firmware
-  reserved L1); cross-checked against ``tt-metal/tt_metal/soc_descriptors/
-  {wormhole_b0_80_arch,blackhole_140_arch}.yaml`` (``worker_l1_size``, ``dram_view_size``,
-  ``dram_bank_size``, ``dram``/``dram_views`` lists).
-* ``tt-metal/tt_metal/llrt/hal/tt-1xx/wormhole/wh_hal.cpp`` (and ``blackhole/bh_hal.cpp``):
-  the only DRAM the HAL reserves is ``DRAM_BARRIER_SIZE`` (one ``DRAM_ALIGNMENT``, 32 B on
-  Wormhole, 64 B on Blackhole) at the bottom of every bank, plus a profiler region in Tracy
-  builds only.
+  ``MEM_L1_SIZE``, ``MEM_DRAM_SIZE`` (per DRAM bank), ``MEM_MAP_END`` (firmware-reserved L1,
+  evaluated from the header the 0.81.1 wheel ships); cross-checked against ``tt-metal/tt_metal/
+  soc_descriptors/{wormhole_b0_80_arch,blackhole_140_arch}.yaml`` (``worker_l1_size``,
+  ``dram_view_size``, ``dram_bank_size``, ``dram``/``dram_views`` lists).
+* ``tt-metal/tt_metal/llrt/hal/tt-1xx/{wormhole,blackhole}/{wh,bh}_hal.cpp``: the HAL's DRAM
+  regions at the bottom of every bank (``HalDramMemAddrType``): ``DRAM_BARRIER_SIZE`` (one
+  ``DRAM_ALIGNMENT``, 32 B on Wormhole, 64 B on Blackhole), a profiler region in Tracy builds
+  only, and in 0.81.1 the ``DEVICE_PRINT_DISPATCH`` region (see ``WH_DRAM_RESERVED_PER_BANK``).
+  ``{wh,bh}_hal_tensix.cpp`` ``create_tensix_mem_map``: the kernel-config buffer above
+  ``MEM_MAP_END`` (``default_l1_kernel_config_size``).
+* What ttnn 0.81.1 itself reports for each board, opened as a mock from
+  ``contract/cluster_desc.py`` (tests/tt/mock/test_boards.py holds this table to it): cluster
+  type, chips, grid, DRAM banks and bank size, L1 banks and bank size.
 * ``tt-metal/models/tt_transformers/tt/model_config.py``: ``determine_device_name()`` (N150,
   N300, N150x4, T3K, TG; P100 (DRAM grid 7x1), P150 (8x1), P300, P150x4, P150x8, BHGLX) and the
   ``MESH_DEVICE`` -> ``MeshShape`` tables in tt-metal's demos/tests (e.g.
@@ -39,13 +44,13 @@ named instead):
 
 What the numbers do not cover (the planner must keep a margin):
 
-* DRAM: beyond the HAL barrier word, ``trace_region_size`` (a device-open parameter) is carved
-  out of every DRAM bank, and the allocator needs headroom (alignment, fragmentation,
-  per-bank interleaving). tt-metal states no further fixed reservation, so ``dram_reserved_bytes``
-  below is only the HAL's; size the rest in the planner.
-* L1: ``l1_firmware_reserved_bytes`` is the firmware/mailbox region the dev_mem_map comment
-  states; the allocator's L1 base sits higher still (kernel-config buffer, whose size is the
-  ``worker_l1_size`` device parameter, and ``l1_small_size``).
+* DRAM: beyond the HAL's regions (``dram_reserved_bytes``), ``trace_region_size`` (a
+  device-open parameter) is carved out of the top of the banks (0.81.1, measured under mock:
+  ``ceil(trace_region_size / banks)`` rounded up to 8 KiB in EVERY bank), and the allocator needs
+  headroom (alignment, fragmentation, per-bank interleaving); size that in the planner.
+* L1: the allocator's L1 bank is ``l1_bytes - l1_firmware_reserved_bytes -
+  l1_kernel_config_bytes`` (``ChipSpec.l1_bank_bytes``, with the default ``worker_l1_size`` of
+  0), less ``l1_small_size`` when the device is opened with one.
 * Grid: a non-default dispatch configuration changes it (N300/T3K with tensix dispatch lose a
   row: 8x7; Galaxy with column dispatch: 7x10; Blackhole with fabric tensix MUX goes to row
   dispatch), and ``TT_METAL_CORE_GRID_OVERRIDE_TODEPRECATE`` can shrink it further.
@@ -69,6 +74,7 @@ class ChipSpec:
     dram_banks: int = 0  # interleaving banks (dram_grid_size().x on Blackhole; 12 on Wormhole)
     dram_reserved_bytes: int = 0  # DRAM the HAL reserves per chip (all banks together)
     l1_firmware_reserved_bytes: int = 0  # bottom of each worker's L1 held by firmware/mailboxes
+    l1_kernel_config_bytes: int = 0  # kernel-config buffer above it (default worker_l1_size)
     enabled_tensix: int = 0  # Tensix cores left after harvesting, dispatch cores included
 
     @property
@@ -78,6 +84,12 @@ class ChipSpec:
     @property
     def dram_bank_bytes(self) -> int:
         return self.dram_bytes // self.dram_banks if self.dram_banks else self.dram_bytes
+
+    @property
+    def l1_bank_bytes(self) -> int:
+        """The allocator's L1 bank per worker core with ``l1_small_size`` 0 (the bank shrinks by
+        ``l1_small_size`` when one is given)."""
+        return self.l1_bytes - self.l1_firmware_reserved_bytes - self.l1_kernel_config_bytes
 
     @property
     def usable_dram_bytes(self) -> int:
@@ -127,29 +139,57 @@ class DeviceSpec:
 #   tt_metal/hw/inc/internal/tt-1xx/wormhole/dev_mem_map.h: `#define MEM_L1_SIZE (1464 * 1024)`
 #   tt_metal/soc_descriptors/wormhole_b0_80_arch.yaml: `worker_l1_size: 1499136`
 WH_L1_BYTES = 1464 * 1024  # 1_499_136
-# Firmware-reserved bottom of Wormhole L1: 32 KiB.
-#   wormhole/dev_mem_map.h: "1432 KB = 1464 KB (L1 total) - 32 KB (MEM_MAP_END system reserved)"
-WH_L1_FIRMWARE_RESERVED = 32 * 1024
+# Firmware-reserved bottom of Wormhole L1: MEM_MAP_END = 35_168 B (34.3 KiB).
+#   wormhole/dev_mem_map.h (0.81.1 wheel): `#define MEM_MAP_END (MEM_PACKET_HEADER_POOL_BASE +
+#   MEM_PACKET_HEADER_POOL_SIZE)`, 35_168 when the header is evaluated. The header's own comment
+#   "1432 KB = 1464 KB (L1 total) - 32 KB (MEM_MAP_END system reserved)" (the 32 KiB this table
+#   used to hold) is stale: the fabric routing tables and packet-header pool grew the map. The
+#   allocator's L1 base under mock is 105_824 = 35_168 + L1_KERNEL_CONFIG_BYTES.
+WH_L1_FIRMWARE_RESERVED = 35_168
+# Kernel-config buffer (runtime args, CB configs, kernel text) between MEM_MAP_END and the
+# allocator's L1 base, both architectures: 69 KiB.
+#   tt_metal/llrt/hal/tt-1xx/{wormhole,blackhole}/{wh,bh}_hal_tensix.cpp create_tensix_mem_map:
+#   `default_l1_kernel_config_size = 69 * 1024`, KERNEL_CONFIG base MEM_MAP_END,
+#   DEFAULT_UNRESERVED base = align_up(MEM_MAP_END + 69 KiB, max(DRAM_ALIGNMENT, L1_ALIGNMENT));
+#   a device opened with worker_l1_size 0 (ttnn's DEFAULT_WORKER_L1_SIZE) gets DEFAULT_UNRESERVED.
+L1_KERNEL_CONFIG_BYTES = 69 * 1024
 # Wormhole DRAM bank (as ttnn interleaves over it): 1 GiB, 12 banks = 12 GiB per chip.
 #   wormhole/dev_mem_map.h: `#define MEM_DRAM_SIZE (1048576 * 1024)`
 #   wormhole_b0_80_arch.yaml: 6 `dram` channels, `dram_bank_size: 2147483648` per channel, split
 #   into 12 `dram_views` (address_offset 0 / 1073741824) of `dram_view_size: 1073741824`.
 WH_DRAM_BANK_BYTES = 1048576 * 1024  # 1_073_741_824
 WH_DRAM_BANKS = 12
-# Wormhole HAL DRAM reservation: DRAM_BARRIER_SIZE = one DRAM_ALIGNMENT (32 B) at the bottom of
-# each bank (tt_metal/llrt/hal/tt-1xx/wormhole/wh_hal.cpp: DRAM_BARRIER_BASE = 0,
-# DRAM_BARRIER_SIZE rounded to DRAM_ALIGNMENT; DRAM_ALIGNMENT = max(NOC_DRAM_READ/WRITE_
-# ALIGNMENT_BYTES) = 32 on Wormhole). The profiler region is 0 unless built with Tracy.
+# Wormhole HAL DRAM reservation at the bottom of every bank: 1 MiB + 2 x DRAM_ALIGNMENT
+# = 1_048_640 B (the allocator's DRAM base, ttnn.get_allocator_base_address(dev, DRAM), of
+# 0.81.1 under mock; its DRAM bank is 1_073_741_824 - 1_048_640 = 1_072_693_184). Made of:
+#   * DRAM_BARRIER_SIZE = one DRAM_ALIGNMENT (32 B) at address 0 (tt_metal/llrt/hal/tt-1xx/
+#     wormhole/wh_hal.cpp: DRAM_BARRIER_BASE = 0, size rounded up to DRAM_ALIGNMENT;
+#     DRAM_ALIGNMENT = max(NOC_DRAM_READ/WRITE_ALIGNMENT_BYTES) = 32 on Wormhole);
+#   * the profiler region: 0 in the wheel (Tracy is off: TT_METAL_PROFILER_PROGRAM_SUPPORT_COUNT
+#     does not move the base, and TT_METAL_NOC_DEBUG_DUMP=1 logs "requires a Tracy-enabled
+#     build");
+#   * HalDramMemAddrType::DEVICE_PRINT_DISPATCH, the DPRINT aggregation ring dispatch_s drains
+#     core print buffers into: one DRAM_ALIGNMENT slot of read/write pointers, then the ring
+#     (tt_metal/impl/debug/dprint_server.cpp attach_device: rw_pointers_address = region base,
+#     buffer_address = base + DRAM_ALIGNMENT, buffer_size = region size - DRAM_ALIGNMENT;
+#     tt_metal/impl/dispatch/kernel_config/dispatch_s.cpp the same for the kernel). The HAL
+#     line sizing it was not in the sources read; 1 MiB + one DRAM_ALIGNMENT is what is left of
+#     the measured base on both architectures (Blackhole: 1 MiB + 2 x 64).
 WH_DRAM_ALIGNMENT = 32
+DPRINT_DISPATCH_RING_BYTES = 1 << 20
+WH_DRAM_RESERVED_PER_BANK = 2 * WH_DRAM_ALIGNMENT + DPRINT_DISPATCH_RING_BYTES  # 1_048_640
 
 # Blackhole L1 per Tensix core: 1536 KiB (1.5 MiB).
 #   tt_metal/hw/inc/internal/tt-1xx/blackhole/dev_mem_map.h: `#define MEM_L1_SIZE (1536 * 1024)`
 #   tt_metal/soc_descriptors/blackhole_140_arch.yaml: `worker_l1_size: 1572864` (older snapshots
 #   of this yaml said 1499136; dev_mem_map.h is what the firmware and allocator use).
 BH_L1_BYTES = 1536 * 1024  # 1_572_864
-# Firmware-reserved bottom of Blackhole L1: 33 KiB.
-#   blackhole/dev_mem_map.h: "1503 KB = 1536 KB (L1 total) - 33 KB (MEM_MAP_END system reserved)"
-BH_L1_FIRMWARE_RESERVED = 33 * 1024
+# Firmware-reserved bottom of Blackhole L1: MEM_MAP_END = 41_088 B (40.1 KiB).
+#   blackhole/dev_mem_map.h (0.81.1 wheel): MEM_MAP_END evaluates to 41_088 (the header now says
+#   "Max kernel size = 1536 KB (L1 total) - MEM_MAP_END", MEM_MAX_KERNEL_SIZE 1497 KiB; older
+#   snapshots said "1503 KB = 1536 KB - 33 KB", the 33 KiB this table used to hold). The
+#   allocator's L1 base under mock is 111_744 = 41_088 + L1_KERNEL_CONFIG_BYTES.
+BH_L1_FIRMWARE_RESERVED = 41_088
 # Blackhole DRAM bank: 4 GiB - 16 MiB exposed per GDDR6 channel; 8 channels on P150/P300.
 #   blackhole/dev_mem_map.h: `#define MEM_DRAM_SIZE (4177920 * 1024U)` = 4_278_190_080
 #   blackhole_140_arch.yaml: 8 `dram` channels, `dram_bank_size: 4278190080`
@@ -163,10 +203,13 @@ BH_DRAM_BANKS = 8
 #   models/tt_transformers/tt/model_config.py determine_device_name(): "P100 DRAM grid is 7x1,
 #   P150 is 8x1".
 BH_P100_DRAM_BANKS = 7
-# Blackhole HAL DRAM reservation: DRAM_BARRIER_SIZE = one DRAM_ALIGNMENT = 64 B per bank
-# (tt_metal/llrt/hal/tt-1xx/blackhole/bh_hal.cpp, same scheme as wh_hal.cpp; DRAM_ALIGNMENT is
-# 64 on Blackhole).
+# Blackhole HAL DRAM reservation per bank: 1 MiB + 2 x DRAM_ALIGNMENT = 1_048_704 B, the same
+# regions as WH_DRAM_RESERVED_PER_BANK (tt_metal/llrt/hal/tt-1xx/blackhole/bh_hal.cpp;
+# DRAM_ALIGNMENT is 64 on Blackhole). Measured: ttnn 0.81.1 under mock puts the allocator's DRAM
+# base at 1_048_704 on P100/P150/P300/P150x4/P150x8, bank 4_278_190_080 - 1_048_704 =
+# 4_277_141_376.
 BH_DRAM_ALIGNMENT = 64
+BH_DRAM_RESERVED_PER_BANK = 2 * BH_DRAM_ALIGNMENT + DPRINT_DISPATCH_RING_BYTES  # 1_048_704
 
 
 # --------------------------------------------------------------------------------------------
@@ -188,8 +231,9 @@ WH_N150_CHIP = ChipSpec(
     dram_bytes=WH_DRAM_BANKS * WH_DRAM_BANK_BYTES,  # 12 GiB
     l1_bytes=WH_L1_BYTES,
     dram_banks=WH_DRAM_BANKS,
-    dram_reserved_bytes=WH_DRAM_BANKS * WH_DRAM_ALIGNMENT,
+    dram_reserved_bytes=WH_DRAM_BANKS * WH_DRAM_RESERVED_PER_BANK,
     l1_firmware_reserved_bytes=WH_L1_FIRMWARE_RESERVED,
+    l1_kernel_config_bytes=L1_KERNEL_CONFIG_BYTES,
     enabled_tensix=72,
 )
 
@@ -207,8 +251,9 @@ WH_N300_CHIP = ChipSpec(
     dram_bytes=WH_DRAM_BANKS * WH_DRAM_BANK_BYTES,
     l1_bytes=WH_L1_BYTES,
     dram_banks=WH_DRAM_BANKS,
-    dram_reserved_bytes=WH_DRAM_BANKS * WH_DRAM_ALIGNMENT,
+    dram_reserved_bytes=WH_DRAM_BANKS * WH_DRAM_RESERVED_PER_BANK,
     l1_firmware_reserved_bytes=WH_L1_FIRMWARE_RESERVED,
+    l1_kernel_config_bytes=L1_KERNEL_CONFIG_BYTES,
     enabled_tensix=64,
 )
 
@@ -227,8 +272,9 @@ WH_GALAXY_CHIP = ChipSpec(
     dram_bytes=WH_DRAM_BANKS * WH_DRAM_BANK_BYTES,
     l1_bytes=WH_L1_BYTES,
     dram_banks=WH_DRAM_BANKS,
-    dram_reserved_bytes=WH_DRAM_BANKS * WH_DRAM_ALIGNMENT,
+    dram_reserved_bytes=WH_DRAM_BANKS * WH_DRAM_RESERVED_PER_BANK,
     l1_firmware_reserved_bytes=WH_L1_FIRMWARE_RESERVED,
+    l1_kernel_config_bytes=L1_KERNEL_CONFIG_BYTES,
     enabled_tensix=80,
 )
 
@@ -251,8 +297,9 @@ BH_P150_CHIP = ChipSpec(
     dram_bytes=BH_DRAM_BANKS * BH_DRAM_BANK_BYTES,  # 34_225_520_640
     l1_bytes=BH_L1_BYTES,
     dram_banks=BH_DRAM_BANKS,
-    dram_reserved_bytes=BH_DRAM_BANKS * BH_DRAM_ALIGNMENT,
+    dram_reserved_bytes=BH_DRAM_BANKS * BH_DRAM_RESERVED_PER_BANK,
     l1_firmware_reserved_bytes=BH_L1_FIRMWARE_RESERVED,
+    l1_kernel_config_bytes=L1_KERNEL_CONFIG_BYTES,
     enabled_tensix=120,
 )
 
@@ -266,8 +313,9 @@ BH_P100_CHIP = ChipSpec(
     dram_bytes=BH_P100_DRAM_BANKS * BH_DRAM_BANK_BYTES,  # 29_947_330_560
     l1_bytes=BH_L1_BYTES,
     dram_banks=BH_P100_DRAM_BANKS,
-    dram_reserved_bytes=BH_P100_DRAM_BANKS * BH_DRAM_ALIGNMENT,
+    dram_reserved_bytes=BH_P100_DRAM_BANKS * BH_DRAM_RESERVED_PER_BANK,
     l1_firmware_reserved_bytes=BH_L1_FIRMWARE_RESERVED,
+    l1_kernel_config_bytes=L1_KERNEL_CONFIG_BYTES,
     enabled_tensix=120,
 )
 
@@ -281,8 +329,9 @@ BH_GALAXY_CHIP = ChipSpec(
     dram_bytes=BH_DRAM_BANKS * BH_DRAM_BANK_BYTES,  # tt-umd {UBB_BLACKHOLE, 0} DRAM harvested
     l1_bytes=BH_L1_BYTES,
     dram_banks=BH_DRAM_BANKS,
-    dram_reserved_bytes=BH_DRAM_BANKS * BH_DRAM_ALIGNMENT,
+    dram_reserved_bytes=BH_DRAM_BANKS * BH_DRAM_RESERVED_PER_BANK,
     l1_firmware_reserved_bytes=BH_L1_FIRMWARE_RESERVED,
+    l1_kernel_config_bytes=L1_KERNEL_CONFIG_BYTES,
     enabled_tensix=130,
 )
 
