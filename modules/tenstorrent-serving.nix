@@ -227,7 +227,7 @@ in
     maxNumBatchedTokens = opt types.int d.maxNumBatchedTokens "Token budget per engine step.";
     maxModelLen = opt types.int d.maxModelLen "Context limit in tokens; 0 = the model's own.";
     traceRegionSize = opt types.int d.traceRegionSize ''
-      ttnn trace region in bytes (reserved in every DRAM bank); 0 sizes it from the traces
+      ttnn trace region in bytes (split over the DRAM banks); 0 sizes it from the traces
       the backend captures (1.5x the estimate, whole 16 MiB). See `tt-serve plan`.
     '';
     apiKeyFile = opt (types.nullOr types.str) d.apiKeyFile ''

@@ -224,8 +224,9 @@ def _plan(argv: Sequence[str]) -> int:
         choices=("virtual", "mock", "both"),
         default=None,
         help="who says it fits: the virtual device (our model of tt-metal), tt-metal itself on "
-        "a mock box of the device (needs ttnn 0.81.1 importable, as in the venv "
-        "scripts/setup-ttnn-venv builds), or both (default where ttnn imports; else virtual)",
+        "a mock box of the device (a Python that imports ttnn 0.81.1 runs it: this one, "
+        "TT_SERVE_TTNN_PYTHON, or the .venv-ttnn scripts/setup-ttnn-venv builds), or both "
+        "(the default where such a Python exists; else virtual)",
     )
     a = p.parse_args(argv)
 
@@ -257,11 +258,12 @@ def _plan(argv: Sequence[str]) -> int:
         return 2
     from tt_serve.model.tt.plan import mock
 
-    checker = a.checker or ("both" if mock.ttnn_importable() else "virtual")
-    if checker != "virtual" and not mock.ttnn_importable():
+    checker = a.checker or ("both" if mock.ttnn_python() else "virtual")
+    if checker != "virtual" and not mock.ttnn_python():
         print(
-            f"tt-serve plan: error: --checker {checker} needs ttnn {mock.TTNN_VERSION} "
-            "importable (Python 3.12: the venv scripts/setup-ttnn-venv builds)",
+            f"tt-serve plan: error: --checker {checker} needs a Python that imports ttnn "
+            f"{mock.TTNN_VERSION}: this one, TT_SERVE_TTNN_PYTHON, or .venv-ttnn beside the "
+            "source (scripts/setup-ttnn-venv builds it)",
             file=sys.stderr,
         )
         return 2

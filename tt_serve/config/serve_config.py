@@ -100,7 +100,7 @@ class ServeConfig:
     max_model_len: int = _opt(0, "context limit in tokens; 0 = the model's own")
     trace_region_size: int = _opt(
         0,
-        "ttnn trace region in bytes (reserved in every DRAM bank); 0 sizes it from the traces "
+        "ttnn trace region in bytes (split over the DRAM banks); 0 sizes it from the traces "
         "the backend captures (1.5x the estimate, whole 16 MiB)",
     )
     api_key_file: str | None = _opt(None, "require Authorization: Bearer <key> on /v1/*")

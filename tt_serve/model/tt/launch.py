@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from tt_serve.config import ServeConfig
 
 
-
 def open_backend(
     path: str | Path,
     *,

@@ -33,15 +33,18 @@ TRACE_CORE_BYTES = 256
 TRACE_PAGE_BYTES = 4096
 
 
+TRACE_BANK_ROUND = 8192  # a bank's share of the trace region is a whole number of 8 KiB
+
+
 @dataclass
 class DramBudget:
     """Interleaved DRAM of one chip. tt-metal allocates lock-step across banks (tech_reports/
     memory/allocator.md): a buffer takes ceil(pages / banks) aligned pages in EVERY bank. Each
-    bank holds dram_view_size minus the trace region: tt_metal/impl/allocator/allocator.cpp
-    init_one_bank_per_channel, "UNRESERVED | DRAM BANK | TRACE REGION", reserves
-    ``trace_region_size`` in each bank (read at several commits, not in 0.81.1's sources), so the
-    region costs banks x its size. Allocation past a bank fails like "Out of Memory: Not enough
-    space to allocate {} B {} buffer across {} banks" (libtt_metal.so 0.81.1)."""
+    bank holds dram_view_size minus its share of the trace region: ``trace_region_size`` is split
+    over the banks, each giving up ``trace_region_size / banks`` (measured on tt-metal 0.81.1's
+    own allocator on mock boxes: 64, 100 and 112 MiB regions took 8, 12.5 and 14 MiB from each
+    of a P150's 8 banks; tests/tt/mock/test_boards.py). Allocation past a bank fails like "Out of Memory: Not enough
+    space to allocate {} B {} buffer across {} banks" (bank_manager.cpp, 0.81.1)."""
 
     chip: ChipSpec
     trace_region_size: int = 0
@@ -59,7 +62,13 @@ class DramBudget:
         view = DRAM_BANKS.get(self.chip.arch, (0, self.chip.dram_bytes, 0))[1]
         bank = min(self.chip.dram_bytes // self.banks, view)
         hal = self.chip.dram_reserved_bytes // self.banks
-        return bank - hal - self.trace_region_size - self.reserve_per_bank
+        return bank - hal - self.trace_per_bank - self.reserve_per_bank
+
+    @property
+    def trace_per_bank(self) -> int:
+        """Each bank's share of the trace region: ceil(size / banks) rounded up to 8 KiB (what
+        0.81.1's allocator takes on every mock board, tests/tt/mock/test_boards.py)."""
+        return round_up(-(-self.trace_region_size // self.banks), TRACE_BANK_ROUND)
 
     @property
     def used_per_bank(self) -> int:
@@ -97,7 +106,7 @@ class DramBudget:
             f"{what} needs {need} B in each of {self.banks} banks; "
             f"{self.used_per_bank} of {cap} B per bank are taken ({_gb(self.used_per_bank * self.banks)} "
             f"of {_gb(cap * self.banks)} on the {self.chip.arch} chip after a "
-            f"{_gb(self.trace_region_size * self.banks)} trace region). Largest holders: {holders}. "
+            f"{_gb(self.trace_region_size)} trace region). Largest holders: {holders}. "
             "Use bfloat8_b/bfloat4_b weights, fewer KV blocks or snapshots, a smaller trace region, "
             "or a chip with more DRAM"
         )

@@ -639,6 +639,15 @@ def chunked_sdpa(
         "Page table must be int32 row major",
     )
     _fail(rule + ".page_table", page_table.shape[0] == q.shape[0], "page table batch != Q batch")
+    # sdpa_program_factory.cpp:165 (0.81.1): TT_FATAL(p.page_table_stick_size % 32 == 0, "page
+    # table stick size must be a multiple of 32"): a row of int32 block ids, 8 entries at a time
+    # (found by tt-metal on a mock P150 with a 12-block pool; the virtual device lacked it)
+    _fail(
+        rule + ".page_table",
+        page_table.shape[-1] * 4 % 32 == 0,
+        f"page table stick size must be a multiple of 32: a row of {page_table.shape[-1]} int32 "
+        "block ids is not (pad the table to a multiple of 8 entries)",
+    )
     _fail(
         rule + ".shape",
         k.shape[1:] == v.shape[1:] and q.shape[3] == k.shape[3],

@@ -105,7 +105,7 @@ class Shape(tuple):
     """``Tensor.shape`` as ttnn 0.81.1 returns it: ``ttnn.Shape`` indexes, iterates, compares
     and has a length, but does not slice (``shape[1:]`` raises TypeError on the real module)."""
 
-    def __getitem__(self, key):  # type: ignore[no-untyped-def, override]
+    def __getitem__(self, key):  # type: ignore[no-untyped-def]
         if isinstance(key, slice):
             raise TypeError(
                 "__getitem__(): incompatible function arguments: ttnn.Shape takes an int "
@@ -553,7 +553,7 @@ class VirtualTTNN:
             device is not None,
         )
 
-    def Shape(self, dims: Sequence[int]) -> tuple[int, ...]:  # noqa: N802 (ttnn's name)
+    def Shape(self, dims: Sequence[int]) -> tuple[int, ...]:
         return tuple(int(d) for d in dims)
 
     def allocate_tensor_on_device(

@@ -39,6 +39,7 @@ from tt_serve.model.tt.contract.boards import device_spec
 MOCK_ENV = "TT_METAL_MOCK_CLUSTER_DESC_PATH"
 RESULT = "MOCK_RESULT "
 TTNN_VERSION = "0.81.1"
+_SOURCE_ROOT = Path(__file__).resolve().parents[4]  # the child imports tt_serve from here
 # Where tt-metal throws: "... @ /project/ttnn/cpp/.../bank_manager.cpp:514: ..." or
 # "TT_FATAL @ .../matmul_device_operation.cpp:79: ..."
 _WHERE = re.compile(r"([A-Za-z0-9_]+\.(?:cpp|hpp|h|cc)):(\d+)")
@@ -75,10 +76,19 @@ def checker_name(board: str) -> str:
     return f"tt-metal {TTNN_VERSION} on a mock {board}"
 
 
-def ttnn_importable() -> bool:
+def ttnn_python() -> str | None:
+    """An interpreter that imports ttnn, for the child: ``TT_SERVE_TTNN_PYTHON``, this one, or
+    the ttnn venv beside the source tree (``scripts/setup-ttnn-venv``: Python 3.12 with no
+    torch, where the virtual device cannot run; so the planner runs here, the mock there)."""
     import importlib.util
 
-    return importlib.util.find_spec("ttnn") is not None
+    chosen = os.environ.get("TT_SERVE_TTNN_PYTHON")
+    if chosen:
+        return chosen
+    if importlib.util.find_spec("ttnn") is not None:
+        return sys.executable
+    venv = Path(os.environ.get("TTNN_VENV", _SOURCE_ROOT / ".venv-ttnn")) / "bin" / "python"
+    return str(venv) if venv.exists() else None
 
 
 def kernel_cache_dir() -> Path:
@@ -99,7 +109,7 @@ def check(
 ) -> MockVerdict:
     """Run the plan ``request`` (``PlanRequest`` fields) with ``kv_blocks`` KV blocks for the
     model ``config`` (its config.json) on a mock box of ``request["device"]``, in a child
-    ``python`` (default: this interpreter, which must import ttnn)."""
+    ``python`` (default: :func:`ttnn_python`)."""
     from tt_serve.model.tt.contract.cluster_desc import write_cluster_descriptor
 
     board = device_spec(str(request["device"]))
@@ -112,8 +122,7 @@ def check(
                 "TT_METAL_CACHE": str(kernel_cache_dir()),
                 "TT_LOGGER_LEVEL": env.get("TT_LOGGER_LEVEL", "error"),
                 "PYTHONPATH": os.pathsep.join(
-                    p for p in (str(Path(__file__).resolve().parents[4]), env.get("PYTHONPATH"))
-                    if p
+                    p for p in (str(_SOURCE_ROOT), env.get("PYTHONPATH")) if p
                 ),
             }
         )
@@ -121,7 +130,7 @@ def check(
         job = {"config": config, "request": request, "kv_blocks": kv_blocks}
         try:
             proc = subprocess.run(
-                [python or sys.executable, "-m", "tt_serve.model.tt.plan.mock"],
+                [python or ttnn_python() or sys.executable, "-m", "tt_serve.model.tt.plan.mock"],
                 input=json.dumps(job),
                 capture_output=True,
                 text=True,

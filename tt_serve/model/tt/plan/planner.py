@@ -150,7 +150,7 @@ class Plan:
     dram_used: int = 0  # held after the workload
     dram_peak: int = 0  # high-water mark (activations included)
     dram_left: int = 0  # total - trace region - peak
-    trace_reserved: int = 0  # the trace region is reserved in every DRAM bank
+    trace_reserved: int = 0  # the trace region, split over the DRAM banks
     max_context: int = 0
     max_batch: int | None = None
     # device -> host bytes of one decode step at max_batch: greedy, device-sampled (5 logprobs),
@@ -212,6 +212,11 @@ class _Run:
     ops: Ops | None = None
     readback: dict[str, int] = field(default_factory=dict)
     after: dict[str, int] = field(default_factory=dict)  # phase -> DRAM used per bank after it
+
+    @property
+    def virtual(self) -> VirtualTTNN | VirtualMeshTTNN:
+        assert self.fake is not None, "a run on a mock box has no virtual device"
+        return self.fake
 
 
 def _workload(
@@ -410,7 +415,7 @@ def _size_kv(spec: ModelSpec, req: PlanRequest, dev: DeviceSpec) -> int:
     rest: list[tuple[int, int]] = []  # (width, peak per bank less the probe's KV pool)
     dram = None
     for blocks in (_probe_blocks(req), 2 * _probe_blocks(req)):
-        fake = _run(spec, req, dev, blocks, OpLog(None)).fake
+        fake = _run(spec, req, dev, blocks, OpLog(None)).virtual
         dram = fake.dram
         rest.append(
             (
@@ -485,7 +490,7 @@ def trace_region_for(spec: ModelSpec, req: PlanRequest) -> int:
         OpLog(None),
         workload=False,
     )
-    return sized_trace_region(sum(probe.fake.trace_region.live.values()))
+    return sized_trace_region(sum(probe.virtual.trace_region.live.values()))
 
 
 def plan(spec: ModelSpec, req: PlanRequest, ops_out: IO[str] | None = None) -> Plan:
@@ -557,8 +562,8 @@ def plan(spec: ModelSpec, req: PlanRequest, ops_out: IO[str] | None = None) -> P
         if exc.rule == "dram.capacity" and weights > room:
             smaller = "use --precision mixed or bfp4-mlp (block-float weights), "
             after = (
-                f"after a {req.trace_region_size >> 20} MiB trace region (reserved in every "
-                "DRAM bank)"
+                f"after a {req.trace_region_size >> 20} MiB trace region (split over the "
+                "DRAM banks)"
                 if req.trace_region_size
                 else "before any trace region"
             )
@@ -570,7 +575,7 @@ def plan(spec: ModelSpec, req: PlanRequest, ops_out: IO[str] | None = None) -> P
                 "parallel: --device n300, t3k, p150x4)"
             )
         return result
-    fake, be = run.fake, run.backend
+    fake, be = run.virtual, run.backend
     assert be is not None and be.pools is not None
     pools, banks = be.pools, fake.dram.banks
     result.ok = True
@@ -592,12 +597,12 @@ def plan(spec: ModelSpec, req: PlanRequest, ops_out: IO[str] | None = None) -> P
     result.dram_used = fake.dram.used_per_bank * banks
     result.dram_peak = fake.dram_peak_per_bank * banks
     result.dram_left = fake.dram.bank_bytes * banks - result.dram_peak
-    result.trace_reserved = req.trace_region_size * banks
+    result.trace_reserved = req.trace_region_size
     result.max_context = min(result.kv_tokens, per_seq * req.block_size)
     result.readback = dict(run.readback)
     enough = sized_trace_region(result.trace_needed)
     if enough < req.trace_region_size and not result.trace_auto:
-        freed = (req.trace_region_size - enough) * banks
+        freed = req.trace_region_size - enough
         result.notes.append(
             f"the traces need {result.trace_needed >> 20} MiB (an estimate, memory.trace_bytes): "
             f"--trace-region-size {enough} (or 0: sized from the traces) would free "

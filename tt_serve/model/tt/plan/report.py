@@ -57,7 +57,7 @@ def format_plan(p: Plan, req: PlanRequest) -> Iterator[str]:
     )
     yield (
         f"  DRAM         {_gb(p.dram_total)} per chip: trace region {_gb(p.trace_reserved)} "
-        f"(every bank), peak use {_gb(p.dram_peak)}, left {_gb(p.dram_left)}"
+        f"(split over the banks), peak use {_gb(p.dram_peak)}, left {_gb(p.dram_left)}"
     )
     yield f"  context      up to {p.max_context} tokens for one sequence"
     if p.readback:

@@ -66,6 +66,9 @@ class StateCopyError(RuntimeError):
     which frees their slots, blocks and snapshots, and a slot is reset or restored before reuse."""
 
 
+TABLE_ALIGN = 8  # page-table entries per 32-byte int32 stick
+
+
 class RuntimeOptions(TypedDict, total=False):
     """How the backend runs its programs, all optional (defaults in brackets); what the model
     is built from (precision, links, weight cache, MoE dispatch) is ``launch.ModelOptions``."""
@@ -136,7 +139,17 @@ class TTBackend:
         )
         limit = spec.max_position_embeddings
         per_seq = -(-min(self.max_model_len or limit, limit) // block_size)
-        self.width = min(num_kv_blocks, per_seq)
+        # The page table is a row of int32 block ids whose byte size chunked SDPA wants a
+        # multiple of 32 (sdpa_program_factory.cpp:165, 0.81.1): 8 entries at a time (the extra
+        # ones the padding block), and no wider than the pool (paged_update_cache's
+        # "max_num_blocks_per_seq must be less than max_num_blocks").
+        if num_kv_blocks < TABLE_ALIGN:
+            raise ValueError(
+                f"the ttnn backend needs at least {TABLE_ALIGN} KV blocks (got {num_kv_blocks}): "
+                "a page-table row is a whole 32-byte stick of int32 block ids"
+            )
+        per_seq_row = -(-per_seq // TABLE_ALIGN) * TABLE_ALIGN
+        self.width = min(per_seq_row, num_kv_blocks // TABLE_ALIGN * TABLE_ALIGN)
         self.buckets = prefill_buckets(self.max_prefill_chunk, block_size, unit="block_size")
         self.model.upload_rope(self.width * block_size, self.precision.activations)
         act, vocab = self.precision.activations, self.tp.vocab  # out_logits: the chip's shard
