@@ -380,11 +380,19 @@ def test_chunked_sdpa_rules(chip: ChipSpec) -> None:
     table, start = T((1, 32), "int32", "row_major"), T((1,), "int32", "row_major")
     cfg = rules.SdpaConfig((chip.grid_x, chip.grid_y), 64, 64)
     rules.chunked_sdpa(q, kv, kv, table, start, cfg)
-    short = T((1, 31), "int32", "row_major")  # 31 * 64 = 1984 < 2048 tokens
+    short = T((1, 24), "int32", "row_major")  # 24 * 64 = 1536 < 2048 tokens
     _trips(
         "chunked_scaled_dot_product_attention.kv_length",
         lambda: rules.chunked_sdpa(q, kv, kv, short, start, cfg),
     )
+    # sdpa_program_factory.cpp:165: a page-table row is whole 32-byte sticks (found by tt-metal
+    # on a mock box, tests/tt/mock/test_engine.py: a 12-block pool gave 12-entry rows)
+    odd_row = T((1, 36), "int32", "row_major")  # 36 * 4 = 144 B
+    msg = _trips(
+        "chunked_scaled_dot_product_attention.page_table",
+        lambda: rules.chunked_sdpa(q, kv, kv, odd_row, start, cfg),
+    )
+    assert "page table stick size must be a multiple of 32" in msg
     u32 = T((1,), "uint32", "row_major")
     _trips(
         "chunked_scaled_dot_product_attention.chunk_start",

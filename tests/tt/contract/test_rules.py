@@ -140,8 +140,8 @@ def test_one_trace_per_bucket(ops: Ops) -> None:
 
 def test_runtime_values_are_device_tensors_under_trace(ops: Ops) -> None:
     fake = ops.ttnn
-    cache = ops.zeros([4, 1, 32, 32], "bfloat16")
-    table = ops.upload(np.zeros((1, 4), np.int32), "int32", ROW_MAJOR)
+    cache = ops.zeros([8, 1, 32, 32], "bfloat16")
+    table = ops.upload(np.zeros((1, 8), np.int32), "int32", ROW_MAJOR)  # whole 32-byte sticks
     q = ops.zeros([1, 1, 32, 32], "bfloat16")
     cfg = ops.sdpa_program_config(32, 32)
     flat = ops.zeros([1, 32, 64], "bfloat16")
