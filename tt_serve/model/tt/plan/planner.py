@@ -39,7 +39,7 @@ from tt_serve.model.tt.layout.table import slot
 from tt_serve.model.tt.ops import DEFAULT_L1_SMALL, Ops
 from tt_serve.model.tt.plan.oplog import OpLog, Recorder
 from tt_serve.model.tt.precision import Precision
-from tt_serve.model.tt.runtime.backend import TTBackend
+from tt_serve.model.tt.runtime.backend import TABLE_ALIGN, TTBackend
 from tt_serve.model.tt.runtime.build import build_backend
 
 if TYPE_CHECKING:  # the virtual devices hold torch tensors; a mock run (plan/mock.py) has no torch
@@ -468,8 +468,9 @@ def _table_blocks(spec: ModelSpec, req: PlanRequest) -> int:
 
 
 def _probe_blocks(req: PlanRequest) -> int:
-    """A minimal KV pool for probe runs: the padding block plus two chunks' worth."""
-    return 2 + -(-2 * req.prefill_chunk // req.block_size)
+    """A minimal KV pool for probe runs: the padding block plus two chunks' worth, at least
+    one page-table stick (``TABLE_ALIGN`` blocks)."""
+    return max(TABLE_ALIGN, 2 + -(-2 * req.prefill_chunk // req.block_size))
 
 
 def sized_trace_region(needed: int) -> int:
@@ -542,7 +543,7 @@ def plan(spec: ModelSpec, req: PlanRequest, ops_out: IO[str] | None = None) -> P
         kv_blocks = req.kv_blocks
         if kv_blocks == 0:
             kv_blocks = _size_kv(spec, req, dev)
-            if kv_blocks < 2:
+            if kv_blocks < TABLE_ALIGN:
                 raise PlanError(
                     "dram.capacity",
                     "no DRAM is left for a KV pool after weights, states, snapshots, "
