@@ -11,6 +11,7 @@ how long planning took.
     python -m bench.plan_table --models qwen3.5-9b --devices p150 --batches 16
     python -m bench.plan_table --agents 8 --context 131072 --devices p150 p300 p150x4 p150x8
     python -m bench.plan_table --models qwen3.6-27b --devices t3k t3k:2x4 galaxy --batches 1 32
+    python -m bench.plan_table --checker both       # and tt-metal's verdict on a mock box
 
 With ``--agents N --context T`` it answers the production question instead: N concurrent agents
 each holding T tokens of history, prefix caching on (a KV pool of N x T tokens, two snapshot
@@ -49,10 +50,15 @@ PROFILES = tuple(p for p in PRECISIONS if p != "auto")
 LEDGER = REPO_ROOT / "bench" / "runs" / "plan-table.jsonl"
 
 
-def plan_one(model: str, device: str, batch: int, precision: str, **shape: int) -> dict[str, Any]:
+def plan_one(
+    model: str, device: str, batch: int, precision: str, checker: str = "virtual", **shape: int
+) -> dict[str, Any]:
     """One plan; ``shape``: further PlanRequest fields (max_model_len, kv_blocks, ...).
-    ``device`` may name a mesh shape the device opens as: ``t3k:2x4``."""
-    spec = ModelSpec.from_config(published_config(model), model_id=model)
+    ``device`` may name a mesh shape the device opens as: ``t3k:2x4``. ``checker`` "both":
+    tt-metal's verdict on a mock box too (``plan/mock.py``), in ``mock_*`` fields, with
+    ``agree`` saying whether the two verdicts are the same."""
+    config = dict(published_config(model))
+    spec = ModelSpec.from_config(config, model_id=model)
     name, _, shape_text = device.partition(":")
     mesh = parse_mesh(shape_text) if shape_text else None
     if shape_text and mesh is None:
@@ -62,6 +68,26 @@ def plan_one(model: str, device: str, batch: int, precision: str, **shape: int) 
     )
     start = time.perf_counter()
     p = planner.plan(spec, req)
+    mock_fields: dict[str, Any] = {}
+    if checker == "both":
+        from tt_serve.model.tt.plan import mock
+        from tt_serve.model.tt.plan.report import mock_request
+
+        blocks = p.kv_blocks or planner._probe_blocks(req)
+        v = mock.check(config, mock_request(req, p), blocks)
+        mock_fields = {
+            "mock_checker": v.checker,
+            "mock_ok": v.ok,
+            "mock_where": v.where,
+            "mock_phase": v.phase,
+            "mock_message": v.message.splitlines()[-1][:400] if v.message else "",
+            "mock_ops": v.ops,
+            "mock_kv_blocks": blocks,
+            "mock_dram_after": v.dram_after,
+            "mock_dram_bank_bytes": v.dram_bank_bytes,
+            "mock_seconds": v.seconds,
+            "agree": v.ok == p.ok,
+        }
     return {
         "model": model,
         "request": asdict(req),
@@ -77,13 +103,16 @@ def plan_one(model: str, device: str, batch: int, precision: str, **shape: int) 
         "dram_left": p.dram_left,
         "max_context": p.max_context,
         "plan_seconds": round(time.perf_counter() - start, 2),
+        **mock_fields,
     }
 
 
 def cell(row: dict[str, Any]) -> str:
-    if row["ok"]:
-        return f"fits (KV {row['kv_bytes'] / 1e9:.1f} GB)"
-    return f"`{row['limit_rule']}`"
+    text = f"fits (KV {row['kv_bytes'] / 1e9:.1f} GB)" if row["ok"] else f"`{row['limit_rule']}`"
+    if "mock_ok" not in row:
+        return text
+    said = "fits" if row["mock_ok"] else f"`{row['mock_where'] or 'refused'}`"
+    return f"{text} / tt-metal: {said}" + ("" if row["agree"] else " **DISAGREE**")
 
 
 def table(rows: Sequence[dict[str, Any]], batches: Sequence[int]) -> list[str]:
@@ -143,6 +172,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--agents", type=int, default=0, help="concurrent agents (production mode)")
     ap.add_argument("--context", type=int, default=131072, help="tokens of history per agent")
     ap.add_argument("--ledger", type=Path, default=LEDGER)
+    ap.add_argument(
+        "--checker",
+        choices=("virtual", "both"),
+        default="virtual",
+        help="both: each plan also run by tt-metal 0.81.1 on a mock box (needs the ttnn venv)",
+    )
     a = ap.parse_args(argv)
     provenance = {"git": git_info(), "machine": machine_info(), "timestamp": time.time()}
     rows = []
@@ -172,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for device in a.devices:
                 for precision in a.precisions:
                     for batch in a.batches:
-                        row = plan_one(model, device, batch, precision)
+                        row = plan_one(model, device, batch, precision, a.checker)
                         rows.append(row)
                         line = {"bench": "plan_table", **provenance, **row}
                         ledger.write(json.dumps(line) + "\n")

@@ -99,20 +99,29 @@ class Ops:
         trace_region_size: int,
         l1_small_size: int,
         device_ids: Sequence[int] = (),
+        dispatch_core_type: str | None = None,
     ) -> Any:
         """A MeshDevice of ``shape`` (rows, cols) over ``device_ids`` (empty: the first chips).
         The fabric is brought up first, as tt-metal's mesh fixture does (CCLs need it):
         ``FABRIC_1D``, the config qwen36 and tt_transformers use for 1 x N meshes; the
         collectives then run ``Topology.Linear`` (notes/ttnn-mesh.md 1.4, 7). On a 2-D mesh
         every collective names its ``cluster_axis``, so the 1-D fabric serves both axes (a
-        collective over the whole 2-D mesh would need ``FABRIC_2D``)."""
+        collective over the whole 2-D mesh would need ``FABRIC_2D``). ``dispatch_core_type``
+        ("WORKER" | "ETH"): tt-metal's default for the box unless given (the mock checker
+        opens Wormhole meshes with WORKER: plan/mock.py)."""
         t = self.ttnn
         t.set_fabric_config(t.FabricConfig.FABRIC_1D)
+        kw: dict[str, Any] = {}
+        if dispatch_core_type is not None:
+            kw["dispatch_core_config"] = t.DispatchCoreConfig(
+                getattr(t.DispatchCoreType, dispatch_core_type)
+            )
         self.device = t.open_mesh_device(
             mesh_shape=t.MeshShape(*shape),
             l1_small_size=l1_small_size,
             trace_region_size=trace_region_size,
             physical_device_ids=list(device_ids),
+            **kw,
         )
         self.mesh = (int(shape[0]), int(shape[1]))
         self.trace_region_size = trace_region_size

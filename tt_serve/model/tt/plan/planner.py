@@ -340,7 +340,12 @@ def _start(
     if mesh == (1, 1):
         ops.open_device(0, trace_region_size=req.trace_region_size, l1_small_size=l1_small)
     else:
-        ops.open_mesh(mesh, trace_region_size=req.trace_region_size, l1_small_size=l1_small)
+        ops.open_mesh(
+            mesh,
+            trace_region_size=req.trace_region_size,
+            l1_small_size=l1_small,
+            dispatch_core_type=_mock_dispatch(chip_dev) if real else None,
+        )
     run.ops = ops
     log.phase = "startup"
     be = build_backend(
@@ -370,6 +375,15 @@ def _start(
         _workload(be, log, req.prefill_chunk, req.max_batch_size, kv_blocks, run.readback)
         if real:
             run.after["workload"] = ops.memory_view("DRAM").allocated_per_bank
+
+
+def _mock_dispatch(board: DeviceSpec) -> str | None:
+    """The dispatch a mock box opens with. Wormhole meshes (N300, T3K) default to ethernet
+    dispatch, under which 0.81.1's mock reports an 8x8 worker grid but validates every work
+    unit against 8x7 (``work_unit.cpp:47 ... targets node (0,7) ... grid on this device is
+    8x7``, even for one ``ttnn.slice``): they open with tensix (WORKER) dispatch, whose 8x7
+    grid both agree on; a program that fits 8x7 fits the card's 8x8."""
+    return "WORKER" if board.chip.arch == "wormhole_b0" and board.num_chips > 1 else None
 
 
 def _hint(rule: str) -> str:
