@@ -708,10 +708,9 @@ def topk(
         k <= x.shape[-1],
         f"K cannot be larger than the dimension size! K={k}, dimension size={x.shape[-1]}",
     )
-    p = (1,) * (4 - len(x.padded_shape)) + x.padded_shape
-    height = math.prod(p[:-1])
-    _fail(rule + ".height", height % 32 == 0, f"N*C*H = {height} (padded) must be a multiple of 32")
-    wide = p[-1] > TOPK_UINT16_MAX or x.dtype == "float32"
+    # "N*C*H must be a multiple of 32" (padded) is not checked: a TILE tensor's padded height
+    # is whole tiles (rank 1 pads to [32, W]: TensorLayout::compute_padded_shape), so it holds.
+    wide = x.padded_shape[-1] > TOPK_UINT16_MAX or x.dtype == "float32"
     out = "uint32" if wide else "uint16"
     if indices is not None:
         _fail(
@@ -873,15 +872,14 @@ def reduce_scatter_minimal_async(
     topology: str,
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """experimental/ccl/reduce_scatter_minimal_async/device/reduce_scatter_minimal_async_op_
-    device_operation.cpp: "Topology must be either Ring or Linear", "reduce_scatter currently
-    supports rank 2 tensors at minimum", the scatter dim (normalised to 4-D) divisible by
+    device_operation.cpp: "reduce_scatter currently supports rank 2 tensors at minimum", the scatter dim (normalised to 4-D) divisible by
     ring_size, in tiles when it is one of the last two ("Number of tiles at dimension {} must
     be divisible by ring_size"), "Expected 3 semaphores"; dtypes BF16/BFP8/F32 (the 0.81.1
     ``ttnn.reduce_scatter`` docstring). Returns (intermediate, output) shapes: the intermediate
     buffer is the padded input with dim 0 doubled on Linear (compute_output_specs), the output
-    has ``dim`` divided by ``ring``."""
+    has ``dim`` divided by ``ring``. Its "Topology must be either Ring or Linear" is not
+    modelled: the virtual mesh's ``Topology`` has only those two ("ring", "linear")."""
     rule = "reduce_scatter_minimal_async"
-    _fail(rule + ".topology", topology in ("ring", "linear"), f"topology {topology!r}")
     _fail(
         rule + ".semaphores",
         num_semaphores == REDUCE_SCATTER_SEMAPHORES,
