@@ -1,13 +1,19 @@
 """Every rule the virtual device keeps is tripped by a test.
 
-These tests trip the rules no other test tripped (test-audit, 2026-12: 11 of 31 rule names
+The first tests trip the rules no other test tripped (test-audit, 2026-12: 11 of 31 rule names
 never raised), each through the op call on the virtual device where the device reaches it, at
 Qwen3.5-9B shapes; each names the tt-metal source the rule models (op paths relative to
 ``ttnn/cpp/ttnn/operations/``), or says that the rule is the virtual device's own.
+
+The last test pins the coverage: it reads every rule name the virtual device can raise out of
+the source of ``tt_serve/model/tt/contract/`` and every rule name a test in ``tests/tt/contract``
+or ``tests/tt/runtime`` asserts, and fails when a rule has no test.
 """
 
 from __future__ import annotations
 
+import ast
+import re
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +43,8 @@ from tt_serve.model.tt.contract.virtual_ttnn import P150, WORMHOLE
 from tt_serve.model.tt.ops import ROW_MAJOR, TILE, Ops
 from tt_serve.model.tt.runtime import moe
 from tt_serve.model.tt.runtime.inputs import gdn_const_tiles
+
+REPO = Path(__file__).resolve().parents[3]
 
 
 # ---- Gated DeltaNet ----------------------------------------------------------------------------
@@ -332,3 +340,163 @@ def test_distributed_tensors_need_an_open_mesh(tmp_path: Path) -> None:
     _trips("mesh.open", lambda: fresh.Tensor(np.zeros((32, 64), np.float32), mesh_mapper=mapper))
     assert tuple(fresh.open_mesh_device(MeshShape(1, 2)).shape) == (1, 2)
     assert fresh.load_tensor(str(path), device=None).shape == (32, 32)
+
+
+# ---- coverage ----------------------------------------------------------------------------------
+CONTRACT = REPO / "tt_serve" / "model" / "tt" / "contract"
+TEST_DIRS = (REPO / "tests" / "tt" / "contract", REPO / "tests" / "tt" / "runtime")
+RAISERS = {"_fail", "ContractViolation", "DeviceLimitError"}
+# VirtualTTNN._rules re-raises a rules.DeviceLimitError as a ContractViolation under its own name
+PASS_THROUGH = {"exc.rule"}
+
+
+def _name(call: ast.Call) -> str | None:
+    f = call.func
+    return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+
+
+def _source_rules(path: Path) -> tuple[set[str], list[str]]:
+    """The rule names ``path`` passes to ``_fail`` / ``ContractViolation`` / ``DeviceLimitError``
+    (literals, ``rule + ".x"`` with ``rule`` assigned in the function, or a parameter resolved
+    through the module's calls of that function), and the arguments it could not resolve."""
+    tree = ast.parse(path.read_text())
+    parent = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+
+    def function_of(node: ast.AST) -> ast.FunctionDef | None:
+        while node in parent:
+            node = parent[node]
+            if isinstance(node, ast.FunctionDef):
+                return node
+        return None
+
+    def resolve(expr: ast.expr, fn: ast.FunctionDef | None, depth: int = 0) -> set[str] | None:
+        if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
+            return {expr.value}
+        if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Add):
+            left, right = resolve(expr.left, fn, depth), resolve(expr.right, fn, depth)
+            if left is None or right is None:
+                return None
+            return {a + b for a in left for b in right}
+        if not isinstance(expr, ast.Name) or fn is None:
+            return None
+        assigned = [
+            n.value
+            for n in ast.walk(fn)
+            if isinstance(n, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == expr.id for t in n.targets)
+        ]
+        params = [a.arg for a in fn.args.args]
+        if not assigned and expr.id in params and depth < 3:
+            i = params.index(expr.id)
+            assigned = [
+                c.args[i]
+                for c in ast.walk(tree)
+                if isinstance(c, ast.Call) and _name(c) == fn.name and len(c.args) > i
+            ]
+            values = [resolve(a, function_of(a), depth + 1) for a in assigned]
+        else:
+            values = [resolve(a, fn, depth) for a in assigned]
+        if not values or any(v is None for v in values):
+            return None
+        return set().union(*(v for v in values if v is not None))
+
+    names: set[str] = set()
+    unresolved: list[str] = []
+    for call in ast.walk(tree):
+        if not (isinstance(call, ast.Call) and _name(call) in RAISERS and call.args):
+            continue
+        arg = call.args[0]
+        found = resolve(arg, function_of(call))
+        if found is not None:
+            names |= found
+        elif ast.unparse(arg) not in PASS_THROUGH:
+            unresolved.append(f"{path.name}:{call.lineno}: {ast.unparse(arg)}")
+    return names, unresolved
+
+
+def _test_rules(path: Path) -> set[str]:
+    """The rule names a test file asserts: ``_trips("r", ...)``, ``x.rule == "r"``,
+    ``pytest.raises(..., match=r"\\[r\\]...")``, and the ``rule`` column of a parametrize table
+    or of a ``for ..., rule in (...)`` table."""
+    tree = ast.parse(path.read_text())
+    names: set[str] = set()
+
+    def column(rows: ast.expr, i: int, width: int) -> None:
+        if not isinstance(rows, (ast.Tuple, ast.List)):
+            return
+        for row in rows.elts:
+            cell = row.elts[i] if width > 1 and isinstance(row, (ast.Tuple, ast.List)) else row
+            if isinstance(cell, ast.Constant) and isinstance(cell.value, str):
+                names.add(cell.value)
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            name = _name(node)
+            first = node.args[0] if node.args else None
+            if name == "_trips" and isinstance(first, ast.Constant):
+                names.add(str(first.value))
+            if name == "raises":
+                for kw in node.keywords:
+                    if kw.arg == "match" and isinstance(kw.value, ast.Constant):
+                        names.update(re.findall(r"\\\[([\w.]+)\\\]", str(kw.value.value)))
+            if name == "parametrize" and len(node.args) >= 2:
+                argnames = node.args[0]
+                if isinstance(argnames, ast.Constant):
+                    cols = [c.strip() for c in str(argnames.value).split(",")]
+                elif isinstance(argnames, (ast.Tuple, ast.List)):
+                    cols = [str(c.value) for c in argnames.elts if isinstance(c, ast.Constant)]
+                else:
+                    cols = []
+                if "rule" in cols:
+                    column(node.args[1], cols.index("rule"), len(cols))
+        elif isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(isinstance(s, ast.Attribute) and s.attr == "rule" for s in sides):
+                names.update(
+                    s.value
+                    for s in sides
+                    if isinstance(s, ast.Constant) and isinstance(s.value, str)
+                )
+        elif isinstance(node, ast.For) and isinstance(node.target, ast.Tuple):
+            targets = [t.id if isinstance(t, ast.Name) else "" for t in node.target.elts]
+            if "rule" in targets:
+                column(node.iter, targets.index("rule"), len(targets))
+    return names
+
+
+def defined_rules() -> set[str]:
+    names: set[str] = set()
+    unresolved: list[str] = []
+    for path in sorted(CONTRACT.glob("*.py")):
+        found, missed = _source_rules(path)
+        names |= found
+        unresolved += missed
+    assert not unresolved, f"rule names the scan cannot resolve (name them literally): {unresolved}"
+    return names
+
+
+def tripped_rules() -> set[str]:
+    return set().union(*(_test_rules(p) for d in TEST_DIRS for p in sorted(d.glob("test_*.py"))))
+
+
+def test_every_rule_of_the_virtual_device_is_tripped_by_a_test() -> None:
+    """A rule added to the virtual device (``rules.py``, ``virtual_ttnn.py``, ``virtual_mesh.py``,
+    ``dram.py``) without a test that asserts its name fails here, as does a test asserting a
+    rule name the device no longer has."""
+    defined, tripped = defined_rules(), tripped_rules()
+    # the scan sees each way a rule is named: a literal, ``rule + ".x"``, a parameter (the CCLs'
+    # _ccl_common), the DRAM books and the mesh
+    assert {
+        "dtype",
+        "where.broadcast",
+        "sparse_matmul.memory",
+        "reduce_scatter_minimal_async.num_links",
+        "dram.capacity",
+        "trace.region",
+        "mesh.fabric",
+        "layout.block_float",
+    } <= defined
+    missing = sorted(defined - tripped)
+    assert not missing, f"rules of the virtual device that no test trips: {missing}"
+    stale = sorted(tripped - defined)
+    assert not stale, f"rule names the tests assert that the virtual device does not have: {stale}"
