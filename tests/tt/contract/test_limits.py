@@ -109,44 +109,34 @@ def test_chunk_gdn_prefill_rules(chip: ChipSpec) -> None:
 
 
 # ---- fill_cache (state rows) ---------------------------------------------------------------------
-def _fill_row(chip: ChipSpec, heads: int, *, legacy: bool) -> None:
-    ops = _ops(chip, legacy_fill_cache_work_blocks=legacy)
+def _fill_row(chip: ChipSpec, heads: int) -> None:
+    ops = _ops(chip)
     pool = ops.zeros([3, heads, GDN_DIM, GDN_DIM], "float32")
     ops.fill_row(pool, ops.zeros([1, heads, GDN_DIM, GDN_DIM], "float32"), 2)
 
 
 @CHIPS
-def test_fill_cache_of_a_state_row_is_legal_on_0_81_1(chip: ChipSpec) -> None:
+@pytest.mark.parametrize("heads", [V_HEADS, 2 * V_HEADS])
+def test_fill_cache_of_a_state_row_has_no_work_block_limit(chip: ChipSpec, heads: int) -> None:
     """Finding 2 does not hold for the pinned wheel: its update_cache device op has no work-block
-    check (the message is absent from 0.81.1's _ttnncpp.so) and its fill writer walks several
-    blocks per core, skipping to the next head."""
-    _fill_row(chip, V_HEADS, legacy=False)
-
-
-@CHIPS
-def test_fill_cache_work_blocks_of_older_tt_metal(chip: ChipSpec) -> None:
-    """The older UpdateCache::validate check, kept as an opt-in: a [1, 32, 128, 128] fp32 row is
-    32*128/32 = 128 work blocks > 64 / 110 cores; the [1, 1, 4096, 128] view passes."""
-    msg = _trips("fill_cache.work_blocks", lambda: _fill_row(chip, V_HEADS, legacy=True))
-    assert "= 128 >" in msg and f"{chip.num_cores} cores" in msg
-    inside = chip.num_cores * 32 // GDN_DIM  # 16 heads on Wormhole, 27 on P150
-    _fill_row(chip, inside, legacy=True)
-    _trips("fill_cache.work_blocks", lambda: _fill_row(chip, inside + 1, legacy=True))
-    row = T((1, 1, V_HEADS * GDN_DIM, GDN_DIM), "float32")
-    pool = T((3, 1, V_HEADS * GDN_DIM, GDN_DIM), "float32")
-    rules.fill_cache(chip, pool, row, 2, legacy_work_blocks=True)
+    check (the message is absent from 0.81.1's _ttnncpp.so; its fill writer walks several blocks
+    per core), and 0.81.1 on a mock P150 ran fill_cache with 128 and 256 work blocks: a
+    [1, 32, 128, 128] fp32 row is 32*128/32 = 128 blocks, [1, 64, 128, 128] 256, both more than
+    the 64 / 110 cores."""
+    assert heads * GDN_DIM // 32 > chip.num_cores
+    _fill_row(chip, heads)
 
 
 def test_fill_cache_device_op_rules() -> None:
     pool, row = T((3, V_HEADS, 128, 128), "float32"), T((1, V_HEADS, 128, 128), "float32")
-    rules.fill_cache(P150, pool, row, 2)
-    _trips("fill_cache.dtype", lambda: rules.fill_cache(P150, pool, T(row.shape), 2))
-    _trips("fill_cache.row", lambda: rules.fill_cache(P150, pool, row, 3))
-    _trips("fill_cache.row", lambda: rules.fill_cache(P150, pool, row, 0, update_idx=16))
+    rules.fill_cache(pool, row, 2)
+    _trips("fill_cache.dtype", lambda: rules.fill_cache(pool, T(row.shape), 2))
+    _trips("fill_cache.row", lambda: rules.fill_cache(pool, row, 3))
+    _trips("fill_cache.row", lambda: rules.fill_cache(pool, row, 0, update_idx=16))
     two = T((2, V_HEADS, 128, 128), "float32")
-    _trips("fill_cache.shape", lambda: rules.fill_cache(P150, pool, two, 0))
+    _trips("fill_cache.shape", lambda: rules.fill_cache(pool, two, 0))
     rm = TensorInfo(row.shape, "float32", "row_major")
-    _trips("fill_cache.layout", lambda: rules.fill_cache(P150, pool, rm, 0))
+    _trips("fill_cache.layout", lambda: rules.fill_cache(pool, rm, 0))
 
 
 # ---- paged KV ------------------------------------------------------------------------------------

@@ -35,14 +35,14 @@ def gather(ops: Ops, x: Any, dim: int = -1, k: int = 2, **kw: Any) -> Any:
     return ops.all_gather(x, dim, semaphores=sems(ops, k), barrier=ops.global_semaphore(), **kw)
 
 
-def scatter(ops: Ops, x: Any, dim: int = -1, k: int = 3, axis: int = 1) -> Any:
+def scatter(ops: Ops, x: Any, dim: int = -1, k: int = 3, axis: int = 1, links: int = 1) -> Any:
     return ops.reduce_scatter(
         x,
         dim,
         cluster_axis=axis,
         semaphores=sems(ops, k),
         barrier=ops.global_semaphore(),
-        num_links=1,
+        num_links=links,
     )
 
 
@@ -138,6 +138,15 @@ def test_ccl_replays_inside_a_mesh_trace() -> None:
         ("reduce_scatter_minimal_async.semaphores", lambda ops, x: scatter(ops, x, k=2)),
         ("all_gather_async.rank", lambda ops, x: gather(ops, ops.upload(np.zeros(64), "float32"))),
         (
+            "reduce_scatter_minimal_async.rank",
+            lambda ops, x: scatter(ops, ops.upload(np.zeros(64), "float32")),
+        ),
+        ("all_gather_async.dim", lambda ops, x: gather(ops, x, dim=3)),  # rank 3
+        ("reduce_scatter_minimal_async.dim", lambda ops, x: scatter(ops, x, dim=-4)),
+        # axis 0 of a 1 x 4 mesh: lines of one chip
+        ("all_gather_async.devices", lambda ops, x: gather(ops, x, cluster_axis=0)),
+        ("reduce_scatter_minimal_async.devices", lambda ops, x: scatter(ops, x, axis=0)),
+        (
             "reduce_scatter_minimal_async.divisible",  # 96 columns = 3 tiles over 4 chips
             lambda ops, x: scatter(ops, ops.upload(np.zeros((1, 32, 96)), "bfloat16")),
         ),
@@ -146,9 +155,14 @@ def test_ccl_replays_inside_a_mesh_trace() -> None:
             lambda ops, x: scatter(ops, ops.upload(np.zeros((1, 32, 128)), "uint32")),
         ),
         ("all_gather_async.num_links", lambda ops, x: gather(ops, x, num_links=3)),
+        ("reduce_scatter_minimal_async.num_links", lambda ops, x: scatter(ops, x, links=3)),
         (
             "all_gather_async.page_alignment",  # a 10 x 4 B row-major page is not 64-B aligned
             lambda ops, x: gather(ops, ops.upload(np.zeros((4, 10)), "float32", "row_major")),
+        ),
+        (
+            "reduce_scatter_minimal_async.page_alignment",
+            lambda ops, x: scatter(ops, ops.upload(np.zeros((4, 10)), "float32", "row_major")),
         ),
         (
             "ccl.topology",
@@ -163,6 +177,11 @@ def test_ccl_replays_inside_a_mesh_trace() -> None:
     ],
 )
 def test_each_ccl_rule_fires(rule: str, call: Any) -> None:
+    """The device-operation checks of experimental/ccl/all_gather_async/device/
+    all_gather_async_device_operation.cpp and experimental/ccl/reduce_scatter_minimal_async/
+    device/reduce_scatter_minimal_async_op_device_operation.cpp (``rules.all_gather_async``,
+    ``rules.reduce_scatter_minimal_async``), and the mesh's fabric, topology and input checks
+    (``ccl.*``), on a 1 x 4 P150 mesh with 2 links between neighbours."""
     ops = mesh_ops(4, max_links=2)
     x = ops.upload(np.zeros((1, 32, 128), np.float32), "bfloat16", shard_dim=-1)
     with pytest.raises(ContractViolation, match=rf"\[{rule}\]"):
@@ -244,7 +263,7 @@ def test_2d_mapper_shards_in_mesh_coordinate_order() -> None:
     flat = t.get_device_tensors(ops.host(a, "float32", shard_dim=-1))
     for i, shard in enumerate(flat):
         np.testing.assert_array_equal(shard.to_numpy(), a[:, 16 * i : 16 * i + 16])
-    with pytest.raises(ContractViolation, match="dims must be unique"):
+    with pytest.raises(ContractViolation, match=r"\[mesh.mapper\] dims must be unique"):
         ops.host(a, "float32", mesh_dims=(1, -1))
     with pytest.raises(ContractViolation, match="ND sharding requires"):
         ops.host(np.zeros((6, 128), np.float32), "float32", mesh_dims=(None, 0))

@@ -332,26 +332,16 @@ def chunk_gated_delta_rule(
 
 
 # ---- caches ----------------------------------------------------------------------------------
-def fill_cache(
-    chip: ChipSpec,
-    cache: TensorInfo,
-    x: TensorInfo,
-    batch_idx: int,
-    update_idx: int = 0,
-    *,
-    legacy_work_blocks: bool = False,
-) -> None:
+def fill_cache(cache: TensorInfo, x: TensorInfo, batch_idx: int, update_idx: int = 0) -> None:
     """kv_cache/device/update_cache_device_operation.cpp, FILL branch (all present in 0.81.1):
     TILE operands, dtypes fp32/bf16/bfp8 and equal, equal padded width and dim 1, input dim 0 = 1,
     interleaved cache, batch_idx < cache rows, update_idx % 32 == 0 and input height <= cache
     height - update_idx.
 
-    ``legacy_work_blocks``: older tt-metal (kv_cache/device/update_cache_op.cpp, UpdateCache::
-    validate) also required, for an interleaved input with padded_shape[1] > 1,
-    ``padded[1] * padded[-2] / 32 <= grid`` ("Number of work blocks ({}) must be <= total grid
-    size ({})"). That message is NOT in the 0.81.1 wheel, whose fill writer
-    (writer_fill_cache_interleaved_start_id.cpp) walks several blocks per core and skips to the
-    next head, so a [1, 32, 128, 128] state row (128 blocks) is legal on 0.81.1. Off by default."""
+    No limit on work blocks: older tt-metal (UpdateCache::validate) required
+    ``padded[1] * padded[-2] / 32 <= grid``, but that message is not in the 0.81.1 wheel, whose
+    fill writer (writer_fill_cache_interleaved_start_id.cpp) walks several blocks per core, and
+    0.81.1 on a mock P150 ran fill_cache / update_cache with 128 and 256 work blocks."""
     rule = "fill_cache"
     _fail(rule + ".layout", x.tile and cache.tile, "Inputs to update_cache must be tilized")
     fill = ("float32", "bfloat16", "bfloat8_b")
@@ -373,15 +363,6 @@ def fill_cache(
         f"update_idx {update_idx} (multiple of 32) + input height {xp[-2]} must fit the "
         f"cache height {cp[-2]}",
     )
-    if legacy_work_blocks and x.shard is None and xp[1] > 1:
-        blocks = xp[1] * xp[-2] // TILE
-        _fail(
-            rule + ".work_blocks",
-            blocks <= chip.num_cores,
-            f"work blocks padded[1]*padded[-2]/32 = {xp[1]}*{xp[-2]}/32 = {blocks} > "
-            f"{chip.num_cores} cores ({chip.grid_x}x{chip.grid_y}): view the row as "
-            f"[1, 1, {xp[1] * xp[-2]}, {xp[-1]}] so padded[1] == 1",
-        )
 
 
 def paged_update_cache(
@@ -727,10 +708,9 @@ def topk(
         k <= x.shape[-1],
         f"K cannot be larger than the dimension size! K={k}, dimension size={x.shape[-1]}",
     )
-    p = (1,) * (4 - len(x.padded_shape)) + x.padded_shape
-    height = math.prod(p[:-1])
-    _fail(rule + ".height", height % 32 == 0, f"N*C*H = {height} (padded) must be a multiple of 32")
-    wide = p[-1] > TOPK_UINT16_MAX or x.dtype == "float32"
+    # "N*C*H must be a multiple of 32" (padded) is not checked: a TILE tensor's padded height
+    # is whole tiles (rank 1 pads to [32, W]: TensorLayout::compute_padded_shape), so it holds.
+    wide = x.padded_shape[-1] > TOPK_UINT16_MAX or x.dtype == "float32"
     out = "uint32" if wide else "uint16"
     if indices is not None:
         _fail(
@@ -892,15 +872,14 @@ def reduce_scatter_minimal_async(
     topology: str,
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """experimental/ccl/reduce_scatter_minimal_async/device/reduce_scatter_minimal_async_op_
-    device_operation.cpp: "Topology must be either Ring or Linear", "reduce_scatter currently
-    supports rank 2 tensors at minimum", the scatter dim (normalised to 4-D) divisible by
+    device_operation.cpp: "reduce_scatter currently supports rank 2 tensors at minimum", the scatter dim (normalised to 4-D) divisible by
     ring_size, in tiles when it is one of the last two ("Number of tiles at dimension {} must
     be divisible by ring_size"), "Expected 3 semaphores"; dtypes BF16/BFP8/F32 (the 0.81.1
     ``ttnn.reduce_scatter`` docstring). Returns (intermediate, output) shapes: the intermediate
     buffer is the padded input with dim 0 doubled on Linear (compute_output_specs), the output
-    has ``dim`` divided by ``ring``."""
+    has ``dim`` divided by ``ring``. Its "Topology must be either Ring or Linear" is not
+    modelled: the virtual mesh's ``Topology`` has only those two ("ring", "linear")."""
     rule = "reduce_scatter_minimal_async"
-    _fail(rule + ".topology", topology in ("ring", "linear"), f"topology {topology!r}")
     _fail(
         rule + ".semaphores",
         num_semaphores == REDUCE_SCATTER_SEMAPHORES,

@@ -212,7 +212,6 @@ class VirtualTTNN:
         num_devices: int = 1,
         chip: ChipSpec = P150,
         require_sdpa_program_config: bool = False,
-        legacy_fill_cache_work_blocks: bool = False,
         shape_only: bool = False,
         cluster_type: str | None = None,
     ) -> None:
@@ -226,7 +225,6 @@ class VirtualTTNN:
         # ``ttnn.cluster.get_cluster_type()``: given, or the box of ``num_devices`` such chips
         self.cluster = _cluster(cluster_type or cluster_type_of(chip, num_devices))
         self.require_sdpa_program_config = require_sdpa_program_config
-        self.legacy_fill_cache_work_blocks = legacy_fill_cache_work_blocks
         self.dram = dram.DramBudget(chip)
         self.dram_peak_per_bank = 0  # high-water mark of ``dram.used_per_bank``
         self.trace_region = dram.TraceRegion(chip, 0)
@@ -729,13 +727,7 @@ class VirtualTTNN:
                 "dtype", f"fill_cache {x.shape}/{x.dtype} into {cache.shape}/{cache.dtype}"
             )
         with self._rules():
-            rules.fill_cache(
-                self.chip,
-                cache.info(),
-                x.info(),
-                batch_idx,
-                legacy_work_blocks=self.legacy_fill_cache_work_blocks,
-            )
+            rules.fill_cache(cache.info(), x.info(), batch_idx)
 
         def fn() -> torch.Tensor:
             new = cache.buffer.data.clone()
