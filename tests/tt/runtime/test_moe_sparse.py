@@ -17,7 +17,7 @@ from tests.tt.runtime.test_moe import INTER, TOP_K, H, _checkpoint, _dense, _ops
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.contract import rules
 from tt_serve.model.tt.contract.rules import DeviceLimitError, Matmul1DConfig, TensorInfo
-from tt_serve.model.tt.contract.virtual_ttnn import P150, ContractViolation, VirtualTTNN
+from tt_serve.model.tt.contract.virtual_ttnn import P150, WORMHOLE, ContractViolation, VirtualTTNN
 from tt_serve.model.tt.layout.checkpoint import layout_weights
 from tt_serve.model.tt.layout.host import shape_only_weights
 from tt_serve.model.tt.layout.transforms import sparse_experts
@@ -149,6 +149,26 @@ def test_sparse_matmul_rules(change: dict, rule: str) -> None:
     with pytest.raises(DeviceLimitError) as info:
         _call(a, b, s, **change)
     assert info.value.rule == rule
+
+
+def test_every_core_of_the_multicast_grid_gets_work() -> None:
+    """tt-metal multicasts in0 to the config's whole grid and refuses a grid with idle cores
+    (sparse_matmul_multicore_reuse_mcast_1d_optimized.cpp:312, found on a mock P300: 32 blocks
+    of the 35B-A3B's TP experts on an 11x3 grid); the backend's config picks a rectangle of
+    exactly the cores with work, on Blackhole's 11x10 grid and Wormhole's 8x8."""
+    idle = dataclasses.replace(CFG, grid=(11, 3), per_core_N=1)
+    with pytest.raises(DeviceLimitError) as info:
+        _call(_t(1, 3, 32, 64), _t(1, 8, 64, 1024), _t(1, 3, 1, 8, layout=ROW_MAJOR), config=idle)
+    msg = str(info.value)
+    assert info.value.rule == "sparse_matmul.cores" and "make it rectangular" in msg
+    for chip in (P150, WORMHOLE):
+        ops = Ops(VirtualTTNN(chip=chip))
+        ops.open_device(0, trace_region_size=1 << 20, l1_small_size=0)
+        for n_tiles in (7, 16, 32, 33, 64, 96, 121, 256):
+            c = moe.sparse_program_config(ops, 32, 64, 32 * n_tiles)
+            x, y = c.grid
+            assert x <= chip.grid_x and y <= chip.grid_y
+            assert -(-n_tiles // c.per_core_N) == x * y, (chip.arch, n_tiles, x, y, c.per_core_N)
 
 
 def test_skipped_entries_are_zero_and_nnz_must_be_exact() -> None:

@@ -1076,6 +1076,16 @@ def sparse_matmul(
         f"{blocks} output blocks (Mt {mt} / per_core_M {c.per_core_M} x Nt {nt} / per_core_N "
         f"{c.per_core_N}) need one core each; the config grid has {gx * gy}",
     )
+    # sparse_matmul_multicore_reuse_mcast_1d_optimized.cpp:312 (0.81.1): in0 is multicast to
+    # every core of the config's grid, so every one must get work: "num_cores_with_work (32)
+    # must be equal to in0_mcast_receiver_num_cores (33), please adjust the core grid to make it
+    # rectangular" (found by tt-metal on a mock P300: 32 blocks on an 11x3 grid)
+    _fail(
+        rule + ".cores",
+        blocks == gx * gy,
+        f"num_cores_with_work ({blocks}) must be equal to in0_mcast_receiver_num_cores "
+        f"({gx * gy}), please adjust the core grid to make it rectangular",
+    )
     a_bytes = mt * kt * TILE_BYTES[a.dtype]
     b_bytes = kt * nt * TILE_BYTES[b.dtype]
     return SparseMatmulPlan(out, batches, a_bytes, b_bytes)

@@ -115,17 +115,22 @@ class MoeWeights:
 
 def sparse_program_config(ops: Ops, m: int, k: int, n: int) -> Any:
     """The 1D multicast config (in0 multicast) of a sparse matmul of [m, k] x [k, n] blocks: all
-    M tiles on each core, the N tiles spread over the grid's cores, in0 blocks of the largest
-    divisor of Kt up to IN0_BLOCK_TILES."""
+    M tiles on each core, the N tiles spread over a rectangle of the grid's cores, in0 blocks of
+    the largest divisor of Kt up to IN0_BLOCK_TILES. in0 is multicast to the whole rectangle and
+    tt-metal wants every core of it to have work (``sparse_matmul_multicore_reuse_mcast_1d_
+    optimized.cpp:312``), so the rectangle holds exactly ceil(Nt / per_core_N) cores: the
+    fewest tiles per core for which that count factors into the grid."""
     gx, gy = ops.worker_grid()
     mt, kt, nt = -(-m // 32), -(-k // 32), -(-n // 32)
-    per_core_n = -(-nt // min(nt, gx * gy))
-    cores = -(-nt // per_core_n)
-    x = min(gx, cores)
     in0 = max(d for d in range(1, min(kt, IN0_BLOCK_TILES) + 1) if kt % d == 0)
-    return ops.matmul_1d_config(
-        cores=(x, -(-cores // x)), in0_block_w=in0, per_core_m=mt, per_core_n=per_core_n
-    )
+    for per_core_n in range(-(-nt // (gx * gy)), nt + 1):
+        cores = -(-nt // per_core_n)
+        x = next((x for x in range(min(gx, cores), 0, -1) if cores % x == 0), 1)
+        if cores // x <= gy:
+            return ops.matmul_1d_config(
+                cores=(x, cores // x), in0_block_w=in0, per_core_m=mt, per_core_n=per_core_n
+            )
+    raise AssertionError("unreachable: per_core_N = Nt uses one core")
 
 
 def _routing(ops: Ops, x: Tensor, w: MoeWeights, rows: Tensor | None) -> Tensor:
