@@ -73,7 +73,7 @@ def plan_one(
         from tt_serve.model.tt.plan import mock
         from tt_serve.model.tt.plan.report import mock_request
 
-        blocks = p.kv_blocks or planner._probe_blocks(req)
+        blocks = p.kv_blocks or planner.probe_blocks(req)
         v = mock.check(config, mock_request(req, p), blocks)
         mock_fields = {
             "mock_checker": v.checker,

@@ -147,7 +147,7 @@ def check(
             return MockVerdict(**json.loads(line[len(RESULT) :]))
     # The child died (tt-metal aborts on some failures): its last TT_FATAL / TT_THROW line.
     text = proc.stderr + proc.stdout
-    throws = _THROW.findall(text) and [m.group(0) for m in _THROW.finditer(text)]
+    throws = [m.group(0) for m in _THROW.finditer(text)]
     message = throws[-1] if throws else (text.strip().splitlines() or ["no output"])[-1]
     where = _WHERE.search(message)
     return MockVerdict(
@@ -164,7 +164,7 @@ def _child(job: dict[str, Any]) -> MockVerdict:
 
     from tt_serve.model.spec import ModelSpec
     from tt_serve.model.tt.plan.oplog import OpLog
-    from tt_serve.model.tt.plan.planner import PlanError, PlanRequest, _run
+    from tt_serve.model.tt.plan.planner import PlanError, PlanRequest, run_on_ttnn
 
     req = PlanRequest(**{**job["request"], "mesh": _mesh(job["request"].get("mesh"))})
     board = device_spec(req.device)
@@ -176,7 +176,7 @@ def _child(job: dict[str, Any]) -> MockVerdict:
     start = time.perf_counter()
     run = None
     try:
-        run = _run(spec, req, board, int(job["kv_blocks"]), log, ttnn=ttnn)
+        run = run_on_ttnn(ttnn, spec, req, int(job["kv_blocks"]), log)
     except PlanError as exc:
         where = _WHERE.search(exc.message)
         verdict.ok, verdict.message, verdict.phase = False, _first_lines(exc.message), log.phase

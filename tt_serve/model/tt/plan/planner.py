@@ -306,6 +306,12 @@ def _run(
     return run
 
 
+def run_on_ttnn(ttnn: Any, spec: ModelSpec, req: PlanRequest, kv_blocks: int, log: OpLog) -> _Run:
+    """The plan's startup, pools and workload on the real ``ttnn`` module (a mock box:
+    ``plan/mock.py``), every program eager; tt-metal's refusal is the PlanError."""
+    return _run(spec, req, device_spec(req.device), kv_blocks, log, ttnn=ttnn)
+
+
 def _run_on(
     ttnn: Any,
     spec: ModelSpec,
@@ -428,7 +434,7 @@ def _size_kv(spec: ModelSpec, req: PlanRequest, dev: DeviceSpec) -> int:
     per_seq = _table_blocks(spec, req)
     rest: list[tuple[int, int]] = []  # (width, peak per bank less the probe's KV pool)
     dram = None
-    for blocks in (_probe_blocks(req), 2 * _probe_blocks(req)):
+    for blocks in (probe_blocks(req), 2 * probe_blocks(req)):
         fake = _run(spec, req, dev, blocks, OpLog(None)).virtual
         dram = fake.dram
         rest.append(
@@ -481,7 +487,7 @@ def _table_blocks(spec: ModelSpec, req: PlanRequest) -> int:
     return -(-min(req.max_model_len or limit, limit) // req.block_size)
 
 
-def _probe_blocks(req: PlanRequest) -> int:
+def probe_blocks(req: PlanRequest) -> int:
     """A minimal KV pool for probe runs: the padding block plus two chunks' worth, at least
     one page-table stick (``TABLE_ALIGN`` blocks)."""
     return max(TABLE_ALIGN, 2 + -(-2 * req.prefill_chunk // req.block_size))
@@ -501,7 +507,7 @@ def trace_region_for(spec: ModelSpec, req: PlanRequest) -> int:
         spec,
         replace(req, trace_region_size=0),
         device_spec(req.device),
-        _probe_blocks(req),
+        probe_blocks(req),
         OpLog(None),
         workload=False,
     )

@@ -11,9 +11,9 @@ from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.plan.planner import (
     Plan,
     PlanRequest,
-    _probe_blocks,
     max_batch_that_fits,
     plan,
+    probe_blocks,
 )
 
 
@@ -123,7 +123,7 @@ def main(
         from tt_serve.model.tt.plan import mock
 
         assert config is not None
-        verdict = mock.check(config, mock_request(req, p), p.kv_blocks or _probe_blocks(req))
+        verdict = mock.check(config, mock_request(req, p), p.kv_blocks or probe_blocks(req))
         p.mock = verdict.to_json()
         p.checker = verdict.checker if checker == "mock" else f"{verdict.checker} + virtual device"
         if not verdict.ok:
