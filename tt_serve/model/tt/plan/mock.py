@@ -66,6 +66,7 @@ class MockVerdict:
     l1_banks: int = 0
     l1_bank_bytes: int = 0
     l1_after: int = 0  # L1 allocated per bank after the workload
+    l1_peak: int = 0  # peak L1 of the workload's programs (ttnn.graph capture), per core
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
@@ -190,6 +191,7 @@ def _child(job: dict[str, Any]) -> MockVerdict:
         verdict.dram_largest_free = dram.largest_free_block_per_bank
         verdict.l1_banks, verdict.l1_bank_bytes = l1.banks, l1.bank_bytes
         verdict.l1_after = l1.allocated_per_bank
+        verdict.l1_peak = run.peak_l1
         run.ops.close_device()
     return verdict
 

@@ -212,6 +212,7 @@ class _Run:
     ops: Ops | None = None
     readback: dict[str, int] = field(default_factory=dict)
     after: dict[str, int] = field(default_factory=dict)  # phase -> DRAM used per bank after it
+    peak_l1: int = 0  # tt-metal's graph capture of the workload: peak L1 bytes (mock runs)
 
     @property
     def virtual(self) -> VirtualTTNN | VirtualMeshTTNN:
@@ -377,10 +378,19 @@ def _start(
     )
     if real:
         run.after["pools"] = ops.memory_view("DRAM").allocated_per_bank
-    if workload:
+    if workload and real:
+        # tt-metal's graph capture (NORMAL: the ops run as well) of the workload: the peak L1
+        # its programs use, circular buffers and L1 tensors together (ttnn.graph, torch-free)
+        graph = ops.ttnn.graph
+        graph._cpp_begin_graph_capture(graph.RunMode.NORMAL)
+        try:
+            _workload(be, log, req.prefill_chunk, req.max_batch_size, kv_blocks, run.readback)
+        finally:
+            captured = graph._cpp_end_graph_capture()
+        run.peak_l1 = int(graph.extract_peak_L1_memory_usage(captured))
+        run.after["workload"] = ops.memory_view("DRAM").allocated_per_bank
+    elif workload:
         _workload(be, log, req.prefill_chunk, req.max_batch_size, kv_blocks, run.readback)
-        if real:
-            run.after["workload"] = ops.memory_view("DRAM").allocated_per_bank
 
 
 def _mock_dispatch(board: DeviceSpec) -> str | None:

@@ -88,6 +88,10 @@ def format_mock(p: Plan) -> Iterator[str]:
             f"{_gb(room)} after the trace region; allocated after {after}; "
             f"largest free block {_size(m['dram_largest_free'])} per bank"
         )
+        yield (
+            f"  tt-metal     L1 {m['l1_banks']} banks x {_size(m['l1_bank_bytes'])}; the "
+            f"workload's programs peak at {_size(m['l1_peak'])} (graph capture)"
+        )
     if m["ok"]:
         yield "  tt-metal     fits"
         return
