@@ -66,7 +66,7 @@ class MockVerdict:
     l1_banks: int = 0
     l1_bank_bytes: int = 0
     l1_after: int = 0  # L1 allocated per bank after the workload
-    l1_peak: int = 0  # peak L1 of the workload's programs (ttnn.graph capture), per core
+    l1_peak: int = 0  # peak L1 of a prefill chunk's and a decode step's programs (ttnn.graph)
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:

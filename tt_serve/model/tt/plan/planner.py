@@ -23,6 +23,8 @@ Figures are per chip.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from typing import IO, TYPE_CHECKING, Any
 
@@ -221,11 +223,18 @@ class _Run:
 
 
 def _workload(
-    be: TTBackend, log: OpLog, chunk: int, rows: int, kv_blocks: int, readback: dict[str, int]
+    be: TTBackend,
+    log: OpLog,
+    chunk: int,
+    rows: int,
+    kv_blocks: int,
+    readback: dict[str, int],
+    watch: Callable[[], AbstractContextManager[object]] = nullcontext,
 ) -> None:
     """Two prefill chunks of one sequence, DECODE_STEPS greedy decode steps of every slot, one
     device-sampled and one host-sampled step, and one snapshot save / restore / reset;
-    ``readback``: the device -> host bytes of a decode step of each kind."""
+    ``readback``: the device -> host bytes of a decode step of each kind. ``watch`` wraps the
+    first prefill chunk and the first decode step (a mock run's graph capture)."""
     assert be.pools is not None
     bs = be.pools.block_size
     blocks = max(1, be.width)
@@ -237,14 +246,16 @@ def _workload(
     for c in range(n_chunks):
         last = c == n_chunks - 1
         row = StepRow(1, tuple(range(3, 3 + chunk)), c * chunk, table, 0, last)
-        be.execute(StepBatch((row,)))
+        with watch() if c == 0 else nullcontext():
+            be.execute(StepBatch((row,)))
     log.phase = "decode"
     pos = n_chunks * chunk
     for step in range(DECODE_STEPS):
         p = min(pos + step, blocks * bs - 1)
         batch = tuple(StepRow(s + 1, (5,), p, table, s, True) for s in range(rows))
         before = be.ops.bytes_read
-        be.execute(StepBatch(batch))
+        with watch() if step == 0 else nullcontext():
+            be.execute(StepBatch(batch))
         readback["greedy"] = be.ops.bytes_read - before
     p = min(pos + DECODE_STEPS, blocks * bs - 1)
     drawn = tuple(
@@ -379,15 +390,21 @@ def _start(
     if real:
         run.after["pools"] = ops.memory_view("DRAM").allocated_per_bank
     if workload and real:
-        # tt-metal's graph capture (NORMAL: the ops run as well) of the workload: the peak L1
-        # its programs use, circular buffers and L1 tensors together (ttnn.graph, torch-free)
+        # tt-metal's graph capture (NORMAL: the ops run as well) of one prefill chunk and one
+        # decode step: the peak L1 their programs use, circular buffers and L1 tensors together
+        # (ttnn.graph, torch-free). One step each: a whole workload's graph takes gigabytes.
         graph = ops.ttnn.graph
-        graph._cpp_begin_graph_capture(graph.RunMode.NORMAL)
-        try:
-            _workload(be, log, req.prefill_chunk, req.max_batch_size, kv_blocks, run.readback)
-        finally:
-            captured = graph._cpp_end_graph_capture()
-        run.peak_l1 = int(graph.extract_peak_L1_memory_usage(captured))
+
+        @contextmanager
+        def watch() -> Iterator[None]:
+            graph._cpp_begin_graph_capture(graph.RunMode.NORMAL)
+            try:
+                yield
+            finally:
+                captured = graph._cpp_end_graph_capture()
+            run.peak_l1 = max(run.peak_l1, int(graph.extract_peak_L1_memory_usage(captured)))
+
+        _workload(be, log, req.prefill_chunk, req.max_batch_size, kv_blocks, run.readback, watch)
         run.after["workload"] = ops.memory_view("DRAM").allocated_per_bank
     elif workload:
         _workload(be, log, req.prefill_chunk, req.max_batch_size, kv_blocks, run.readback)

@@ -90,7 +90,7 @@ def format_mock(p: Plan) -> Iterator[str]:
         )
         yield (
             f"  tt-metal     L1 {m['l1_banks']} banks x {_size(m['l1_bank_bytes'])}; the "
-            f"workload's programs peak at {_size(m['l1_peak'])} (graph capture)"
+            f"prefill chunk and decode step peak at {_size(m['l1_peak'])} (graph capture)"
         )
     if m["ok"]:
         yield "  tt-metal     fits"
