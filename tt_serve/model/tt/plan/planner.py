@@ -294,7 +294,14 @@ def _run(
         except ValueError as exc:
             raise PlanError("tp.split", str(exc)) from None
     if ttnn is not None:
-        return _run_on(ttnn, spec, req, chip_dev, kv_blocks, log, workload, mesh)
+        real = _Run(None)
+        try:
+            _start(
+                real, Ops(Recorder(ttnn, log)), spec, req, chip_dev, kv_blocks, log, workload, mesh
+            )
+        except RuntimeError as exc:
+            raise PlanError("tt-metal", str(exc)) from None
+        return real
     from tt_serve.model.tt.contract.virtual_mesh import VirtualMeshTTNN
     from tt_serve.model.tt.contract.virtual_ttnn import ContractViolation, VirtualTTNN
 
@@ -322,24 +329,6 @@ def run_on_ttnn(ttnn: Any, spec: ModelSpec, req: PlanRequest, kv_blocks: int, lo
     """The plan's startup, pools and workload on the real ``ttnn`` module (a mock box:
     ``plan/mock.py``), every program eager; tt-metal's refusal is the PlanError."""
     return _run(spec, req, device_spec(req.device), kv_blocks, log, ttnn=ttnn)
-
-
-def _run_on(
-    ttnn: Any,
-    spec: ModelSpec,
-    req: PlanRequest,
-    chip_dev: DeviceSpec,
-    kv_blocks: int,
-    log: OpLog,
-    workload: bool,
-    mesh: tuple[int, int],
-) -> _Run:
-    run = _Run(None)
-    try:
-        _start(run, Ops(Recorder(ttnn, log)), spec, req, chip_dev, kv_blocks, log, workload, mesh)
-    except RuntimeError as exc:
-        raise PlanError("tt-metal", str(exc)) from None
-    return run
 
 
 def _start(
