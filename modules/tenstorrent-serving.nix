@@ -221,6 +221,13 @@ in
       snapshotSlots = opt types.int d.prefixCaching.snapshotSlots
         "Number of GDN state snapshot slots.";
     };
+    resumePoints = opt (types.enum [ "messages" "chunks" ]) d.resumePoints ''
+      Where prompts are cut and prefix-cache hits resume: messages (the start of every chat
+      message, the prompt end and every prefillChunk multiple, so an agent's next turn resumes
+      at its previous answer) or chunks (prefillChunk multiples only: the A/B control).
+    '';
+    snapshotsPerConversation = opt types.int d.snapshotsPerConversation
+      "Most GDN snapshots on one conversation's path; past it the least valuable is evicted (0: no cap).";
     maxBatchSize = opt types.int d.maxBatchSize
       "Running requests at once; 0 = the backend's default (32 on torch, 16 on ttnn).";
     maxWaiting = opt types.int d.maxWaiting "Maximum queued requests before 503.";

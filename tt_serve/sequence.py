@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     import numpy as np
 
+    from tt_serve.cache.resume import ResumePoints
+
 
 class RequestError(ValueError):
     """A request that can never be served as asked. The message names the violated limit."""
@@ -198,6 +200,7 @@ class Request:
     grammar_open: bool = False  # the grammar constrains the next token (see SamplingParams)
     picked_on_device: int = 0  # tokens the backend picked (argmax or a device draw)
     picked_on_host: int = 0  # tokens the engine picked from the logits
+    resume: ResumePoints | None = None  # where the prompt is cut (set when scheduled)
 
     @property
     def prompt_len(self) -> int:

@@ -44,6 +44,8 @@ rec {
       "--kv-blocks" (toString cfg.kvBlocks)
       (flag "prefix-caching" cfg.prefixCaching.enable)
       "--snapshot-slots" (toString cfg.prefixCaching.snapshotSlots)
+      "--resume-points" cfg.resumePoints
+      "--snapshots-per-conversation" (toString cfg.snapshotsPerConversation)
       "--max-batch-size" (toString cfg.maxBatchSize)
       "--max-waiting" (toString cfg.maxWaiting)
       "--max-num-batched-tokens" (toString cfg.maxNumBatchedTokens)

@@ -23,6 +23,8 @@
     enable = true;
     snapshotSlots = 32;
   };
+  resumePoints = "messages"; # chunks: cut only at prefill-chunk multiples (the A/B control)
+  snapshotsPerConversation = 8; # 0: no cap
   maxBatchSize = 0; # 0: the backend's default (32 on torch, 16 on ttnn)
   maxWaiting = 256;
   maxNumBatchedTokens = 2048;

@@ -11,6 +11,7 @@ let
   backends = [ "torch" "ttnn" ];
   dtypes = [ "auto" "float32" "bfloat16" ];
   precisions = [ "auto" "bfloat16" "mixed" "bfp4-mlp" ];
+  resumePoints = [ "messages" "chunks" ];
   logLevels = [ "critical" "error" "warning" "info" "debug" "trace" ];
   routerPolicies = [ "cache_aware" "round_robin" "power_of_two" "random" ];
 
@@ -88,6 +89,10 @@ in
     "${p}.prefixCaching.enable = true requires ${p}.prefillChunk (${s cfg.prefillChunk}) to be a multiple of ${p}.blockSize (${s cfg.blockSize}) and of the GDN chunk (${s gdnChunk}): snapshots are taken only at chunk boundaries.")
   (rule (!pc.enable || pc.snapshotSlots >= 1)
     "${p}.prefixCaching.enable = true requires ${p}.prefixCaching.snapshotSlots >= 1 (got ${s pc.snapshotSlots}).")
+  (rule (elem cfg.resumePoints resumePoints)
+    "${p}.resumePoints must be one of ${builtins.concatStringsSep ", " resumePoints} (got ${cfg.resumePoints}).")
+  (rule (cfg.snapshotsPerConversation >= 0)
+    "${p}.snapshotsPerConversation must not be negative (got ${s cfg.snapshotsPerConversation}).")
   (rule (pc.snapshotSlots >= 0)
     "${p}.prefixCaching.snapshotSlots must not be negative (got ${s pc.snapshotSlots}).")
   (rule (multiple cfg.prefillChunk cfg.blockSize)

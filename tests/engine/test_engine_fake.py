@@ -26,6 +26,7 @@ def make_engine(
     mixed: bool = True,
     fail_on: set[int] | None = None,
     device_argmax: bool = True,
+    resume: str = "messages",
 ) -> Engine:
     cfg = EngineConfig(
         scheduler=SchedulerConfig(
@@ -35,6 +36,7 @@ def make_engine(
             block_size=BS,
             mixed_steps=mixed,
             device_argmax=device_argmax,
+            resume_points=resume,
         ),
         num_kv_blocks=blocks,
         num_snapshot_slots=snaps,
@@ -100,12 +102,25 @@ def test_warm_equals_cold_with_expected_cached_tokens() -> None:
 
 def test_prompt_of_exact_multiple_restores_one_stride_less() -> None:
     p = toks(4 * C, 6)
-    e = make_engine()
+    e = make_engine(resume="chunks")
     run(e, [p])
     (w,) = run(e, [p])
     assert w.cached_tokens == 3 * C
-    (c,) = run(make_engine(caching=False), [p])
+    (c,) = run(make_engine(caching=False, resume="chunks"), [p])
     assert w.token_ids == c.token_ids
+
+
+def test_same_prompt_twice_resumes_at_its_last_grid_point() -> None:
+    # The chunk-only rule above restores a whole chunk less; message-rule cuts keep the state
+    # one grid point (block) before the prompt's last token.
+    for n in (4 * C, 4 * C + 5, 3 * C + 1):
+        p = toks(n, 6)
+        e = make_engine()
+        run(e, [p])
+        (w,) = run(e, [p])
+        assert w.cached_tokens == (n - 1) // BS * BS
+        (c,) = run(make_engine(caching=False), [p])
+        assert w.token_ids == c.token_ids
 
 
 def test_evictions_change_hit_rate_not_output() -> None:
@@ -218,7 +233,9 @@ def test_all_prefill_or_all_decode_steps_bound_decode_stalls() -> None:
     e = make_engine(mixed=False, budget=C)
     run(e, [toks(30, 15)])
     e.add_request("d", toks(30, 16), SamplingParams(max_tokens=40, temperature=0))
-    e.step()  # prefill of d
+    e.step()  # prefill of d: two chunks, it is cut at its last grid point too
+    while not all(r.prefill_done for r in e.scheduler.running):
+        e.step()
     e.add_request("p", toks(2000, 17), SamplingParams(max_tokens=1, temperature=0))
     phases = []
     before = len(e.backend.batches)

@@ -187,9 +187,12 @@ def test_refused_follow_up_spares_a_request_that_just_stopped() -> None:
     sync = drive(make(FakeBackend(), eos=eos), arrivals)
     toks, reason, _, _ = sync["a"]
     assert reason == "stop" and len(toks) >= 3
-    # Submissions: the prefill, the first decode, then one follow-up per token; the follow-up
-    # carrying the row after the stop token is number len(toks) + 1.
-    eng = make(PipelinedFakeBackend(fail_on={len(toks) + 1}), eos=eos)
+    # Submissions: the prefill chunks (the prompt is cut at its last grid point too), the
+    # first decode, then one follow-up per token; the follow-up carrying the row after the
+    # stop token comes len(toks) submissions after the last prefill chunk.
+    rule = make(FakeBackend()).scheduler.config.resume_rule
+    prefills = len(rule.points(arrivals[0][2]).cuts) + 1
+    eng = make(PipelinedFakeBackend(fail_on={len(toks) + prefills}), eos=eos)
     assert drive(eng, arrivals) == sync
     assert_nothing_held(eng)
 

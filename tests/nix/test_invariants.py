@@ -57,6 +57,9 @@ TRUTH_TABLE: list[tuple[str, dict[str, Any], bool]] = [
     ),
     ("prefix-stride-not-block-multiple", {"prefillChunk": 192, "blockSize": 128}, False),
     ("prefix-zero-slots", {"prefixCaching": {"snapshotSlots": 0}}, False),
+    ("resume-chunks", {"resumePoints": "chunks", "snapshotsPerConversation": 0}, True),
+    ("resume-unknown", {"resumePoints": "turns"}, False),
+    ("snapshot-cap-negative", {"snapshotsPerConversation": -1}, False),
     ("no-prefix-zero-slots", {"prefixCaching": {"enable": False, "snapshotSlots": 0}}, True),
     (
         "traced-chunk-not-block-multiple",

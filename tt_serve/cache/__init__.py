@@ -15,6 +15,7 @@ from tt_serve.cache.hashing import (
 )
 from tt_serve.cache.prefix_cache import PrefixCache
 from tt_serve.cache.results import Admission, AdmitResult, CacheStats, SnapshotSave
+from tt_serve.cache.resume import ResumeKind, ResumePoints, ResumeRule
 from tt_serve.cache.snapshot_pool import SnapshotKey, SnapshotPool
 
 __all__ = [
@@ -25,6 +26,9 @@ __all__ = [
     "BlockPool",
     "CacheStats",
     "PrefixCache",
+    "ResumeKind",
+    "ResumePoints",
+    "ResumeRule",
     "SnapshotKey",
     "SnapshotPool",
     "SnapshotSave",

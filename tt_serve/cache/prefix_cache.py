@@ -5,22 +5,28 @@ a hit of length b needs both the KV blocks of [0, b) and a snapshot taken at exa
 same content hash. The scheduler talks only to :class:`PrefixCache`; it gets plain ints back
 (cached token counts, block tables, snapshot slots) and hands the engine the state copies.
 
-Rules enforced here:
+Rules enforced here (where a prompt is cut and may resume: ``cache/resume.py``):
 
-* Lookup: b is a multiple of the stride S, b <= prompt_len - 1 (one prompt token is always
-  computed), every block of [0, b) is registered and a snapshot is published at (h(b), b).
-  KV alone or a snapshot alone is a miss and reports 0 cached tokens.
+* Lookup: b is one of the request's own cuts (``ResumePoints``; all are <= prompt_len - 1, so
+  one prompt token is always computed), every block of [0, b) is registered and a snapshot is
+  published at (h(b), b). KV alone or a snapshot alone is a miss and reports 0 cached tokens.
+  Without ``ResumePoints`` a request is cut at multiples of the stride S only.
 * Admission reserves a request's lifetime up front: ``prompt`` tokens if max_tokens <= 1 else
   ``prompt + max_tokens``, in pages, minus the hit pages already active (shared for free).
   The answer is NOW (everything reserved), LATER (nothing changed) or NEVER (too big for the
   pool). A running request therefore never waits for memory.
-* Registration only after compute: ``on_computed`` registers the full blocks below the number
-  of tokens whose KV is written; the block holding a sampled, not yet computed token is not.
-* Snapshots are offered at every ``on_computed`` with ``snapshot_ok`` whose count is a multiple
-  of S, including the prompt end (a later, longer prompt - the next chat turn - can resume
-  there); the engine passes ``snapshot_ok`` only for prefill chunks, whose state is exactly the
-  state after ``num_computed`` tokens. Every returned :class:`SnapshotSave` must be published
-  or aborted; it survives the release of its request (which may finish in the same step).
+* Registration only after compute, and only of prefill: ``on_computed`` registers the full
+  blocks below both the tokens whose KV is written and the request's ``register_limit`` (never
+  past the prompt: decode writes KV with other kernels, and a hit must give the cold run's
+  bits).
+* Snapshots are offered at every ``on_computed`` with ``snapshot_ok`` that lands on one of the
+  request's ``saves``; the engine passes ``snapshot_ok`` only for prefill chunks, whose state
+  is exactly the state after ``num_computed`` tokens. Every returned :class:`SnapshotSave` must
+  be published or aborted; it survives the release of its request (which may finish in the
+  same step).
+* Memory: at most ``snapshots_per_conversation`` snapshots lie on one request's path (its own
+  save points, shared ones included); a new save past the cap first evicts the path's entry
+  of least value (``SnapshotPool``), and the pool as a whole evicts by value.
 * A failed step: the engine calls ``release``; nothing of that step was registered or
   published. If admission had to reclaim inactive blocks, their registrations stay dropped
   (the failed forward may have written into them).
@@ -35,11 +41,13 @@ from dataclasses import dataclass, field
 from tt_serve.cache.block_pool import BlockPool
 from tt_serve.cache.hashing import BlockHash, extend_block_hashes, root_hash
 from tt_serve.cache.results import Admission, AdmitResult, CacheStats, SnapshotSave
+from tt_serve.cache.resume import ResumeKind, ResumePoints, ResumeRule
 from tt_serve.cache.snapshot_pool import SnapshotKey, SnapshotPool
 
 
 @dataclass
 class _Request:
+    points: ResumePoints
     prompt_len: int
     table: tuple[int, ...]
     cached_tokens: int
@@ -62,19 +70,29 @@ class PrefixCache:
         stride: int,
         enabled: bool = True,
         salt: bytes = b"",
+        snapshot_policy: str = "value",
+        snapshots_per_conversation: int = 0,
     ) -> None:
+        """``stride``: the prefill chunk, the cut rule of requests that come without
+        ``ResumePoints``. ``snapshots_per_conversation``: the cap (0: none)."""
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         if stride < 1 or stride % block_size:
             raise ValueError(
                 f"stride ({stride}) must be a positive multiple of block_size ({block_size})"
             )
+        if snapshots_per_conversation < 0:
+            raise ValueError(
+                f"snapshots_per_conversation must be >= 0, got {snapshots_per_conversation}"
+            )
         self._bs = block_size
         self._stride = stride
+        self._chunks_only = ResumeRule(chunk=stride, grid=block_size, messages=False)
+        self._cap = snapshots_per_conversation
         self._enabled = enabled
         self._root = root_hash(salt)
         self._blocks = BlockPool(num_blocks, enabled=enabled)
-        self._snapshots = SnapshotPool(num_snapshot_slots)
+        self._snapshots = SnapshotPool(num_snapshot_slots, policy=snapshot_policy)
         self._requests: dict[str, _Request] = {}
         # (hash at b, b) -> number of admitted requests that will still compute boundary b,
         # plus reserved saves at b not yet published or aborted.
@@ -85,6 +103,9 @@ class PrefixCache:
         self._queries = 0
         self._hits = 0
         self._restores = 0
+        self._resumes: Counter[ResumeKind] = Counter()
+        self._cap_evictions = 0
+        self._peak_path = 0  # most snapshots seen on one request's path
 
     # -- introspection -----------------------------------------------------------------------
 
@@ -145,6 +166,11 @@ class PrefixCache:
             snapshot_restores=self._restores,
             snapshot_skips=s.skips,
             snapshot_duplicates=s.duplicates,
+            resumes_message=self._resumes[ResumeKind.MESSAGE],
+            resumes_prompt_end=self._resumes[ResumeKind.PROMPT_END],
+            resumes_chunk=self._resumes[ResumeKind.CHUNK],
+            snapshot_cap_evictions=self._cap_evictions,
+            snapshots_per_conversation_peak=self._peak_path,
         )
 
     def block_table(self, request_id: str) -> tuple[int, ...]:
@@ -168,46 +194,65 @@ class PrefixCache:
             raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
         return prompt_len if max_tokens <= 1 else prompt_len + max_tokens
 
-    def _lookup(self, tokens: Sequence[int], hashes: list[BlockHash]) -> int:
+    def _points(self, tokens: Sequence[int], points: ResumePoints | None) -> ResumePoints:
+        if points is None:
+            return self._chunks_only.points(tokens)
+        if points.prompt_len != len(tokens):
+            raise ValueError(
+                f"resume points are for {points.prompt_len} tokens, the prompt has {len(tokens)}"
+            )
+        return points
+
+    def _lookup(self, tokens: Sequence[int], hashes: list[BlockHash], points: ResumePoints) -> int:
         """Longest joint hit b for ``tokens``, filling ``hashes`` as far as it looked."""
         if not self._enabled or self._snapshots.num_slots == 0:
             return 0
-        spb = self._stride // self._bs
         registered = self._blocks.is_registered
         best = 0
+        checked = 0  # blocks known to be registered
         # Walking forward and stopping at the first unregistered block is equivalent to
-        # scanning boundaries from the longest down, and hashes only what can matter.
-        for k in range(1, (len(tokens) - 1) // self._stride + 1):
-            extend_block_hashes(hashes, tokens, self._bs, self._root, k * spb)
-            if not all(registered(h) for h in hashes[(k - 1) * spb : k * spb]):
+        # scanning cuts from the longest down, and hashes only what can matter.
+        for b in points.cuts:
+            n = b // self._bs
+            extend_block_hashes(hashes, tokens, self._bs, self._root, n)
+            if not all(registered(h) for h in hashes[checked:n]):
                 break
-            if self._snapshots.contains((hashes[k * spb - 1], k * self._stride)):
-                best = k * self._stride
+            checked = n
+            if self._snapshots.contains((hashes[n - 1], b)):
+                best = b
         return best
 
-    def match(self, tokens: Sequence[int]) -> int:
+    def match(self, tokens: Sequence[int], points: ResumePoints | None = None) -> int:
         """Cached prompt tokens a request with these tokens would get now (0 on a miss).
         Pure lookup: no side effects."""
-        return self._lookup(tokens, [])
+        return self._lookup(tokens, [], self._points(tokens, points))
 
-    def inflight_boundary(self, tokens: Sequence[int]) -> int:
-        """Longest stride boundary b <= len(tokens) - 1 that an admitted request with the same
-        prefix has still to compute (and snapshot) itself; 0 if none. A boundary stays
-        in flight until that request computed past it, or until its pending snapshot there is
-        published or aborted."""
+    def inflight_boundary(self, tokens: Sequence[int], points: ResumePoints | None = None) -> int:
+        """Longest cut b of ``tokens`` that an admitted request with the same prefix has still
+        to compute (and snapshot) itself; 0 if none. A boundary stays in flight until that
+        request computed past it, or until its pending snapshot there is published or
+        aborted."""
         if not self._inflight:
             return 0
-        max_b = (len(tokens) - 1) // self._stride * self._stride
+        cuts = self._points(tokens, points).cuts
+        if not cuts:
+            return 0
         hashes: list[BlockHash] = []
-        extend_block_hashes(hashes, tokens, self._bs, self._root, max_b // self._bs)
-        for b in range(max_b, 0, -self._stride):
+        extend_block_hashes(hashes, tokens, self._bs, self._root, cuts[-1] // self._bs)
+        for b in reversed(cuts):
             if self._inflight.get((hashes[b // self._bs - 1], b), 0) > 0:
                 return b
         return 0
 
     # -- admission ---------------------------------------------------------------------------
 
-    def admit(self, request_id: str, tokens: Sequence[int], max_tokens: int) -> AdmitResult:
+    def admit(
+        self,
+        request_id: str,
+        tokens: Sequence[int],
+        max_tokens: int,
+        points: ResumePoints | None = None,
+    ) -> AdmitResult:
         """Reserve a request's whole lifetime atomically (see module docstring)."""
         if request_id in self._requests:
             raise ValueError(f"request {request_id!r} is already admitted")
@@ -220,8 +265,9 @@ class PrefixCache:
                 f"but the pool has {usable} usable pages"
             )
             return AdmitResult(Admission.NEVER, reason=reason)
+        points = self._points(tokens, points)
         hashes: list[BlockHash] = []
-        b = self._lookup(tokens, hashes)
+        b = self._lookup(tokens, hashes, points)
         hit = [self._hit_block(h) for h in hashes[: b // self._bs]]
         # Active hit blocks are shared for free; inactive ones leave the reclaimable pool.
         hit_inactive = sum(1 for blk in hit if self._blocks.refcount(blk) == 0)
@@ -237,7 +283,9 @@ class PrefixCache:
             assert slot is not None
             self._snapshots.pin(slot)
             self._restores += 1
+            self._resumes[points.kind(b)] += 1
         req = _Request(
+            points=points,
             prompt_len=len(tokens),
             table=table,
             cached_tokens=b,
@@ -260,11 +308,11 @@ class PrefixCache:
 
     def _add_inflight(self, req: _Request, tokens: Sequence[int]) -> None:
         # Boundaries this request will compute and may snapshot, up to its prompt end.
-        last = req.prompt_len // self._stride * self._stride
-        if last <= req.cached_tokens:
+        todo = sorted(b for b in req.points.saves if b > req.cached_tokens)
+        if not todo:
             return
-        extend_block_hashes(req.hashes, tokens, self._bs, self._root, last // self._bs)
-        for b in range(req.cached_tokens + self._stride, last + 1, self._stride):
+        extend_block_hashes(req.hashes, tokens, self._bs, self._root, todo[-1] // self._bs)
+        for b in todo:
             key = (req.hashes[b // self._bs - 1], b)
             req.inflight.append(key)
             self._inflight[key] += 1
@@ -290,8 +338,9 @@ class PrefixCache:
     ) -> SnapshotSave | None:
         """Record a successful step: the KV of ``tokens[:num_computed]`` is written.
 
-        Registers every full block below ``num_computed`` and, if ``snapshot_ok`` and
-        ``num_computed`` is a multiple of the stride, reserves a snapshot slot for it.
+        Registers every full block below ``num_computed`` (and below the request's registration
+        limit) and, if ``snapshot_ok`` and ``num_computed`` is one of the request's save points,
+        reserves a snapshot slot for it.
         """
         req = self._requests.get(request_id)
         if req is None:
@@ -307,7 +356,7 @@ class PrefixCache:
         req.num_computed = num_computed
         if not self._enabled:
             return None
-        n_full = num_computed // self._bs
+        n_full = min(num_computed, req.points.register_limit) // self._bs
         if n_full > req.num_registered:
             extend_block_hashes(req.hashes, tokens, self._bs, self._root, n_full)
             for i in range(req.num_registered, n_full):
@@ -315,17 +364,42 @@ class PrefixCache:
             req.num_registered = n_full
         while req.inflight and req.inflight[0][1] <= num_computed:
             self._drop_inflight(req.inflight.popleft())
-        if not (snapshot_ok and num_computed and num_computed % self._stride == 0):
+        if not (snapshot_ok and num_computed in req.points.saves):
             return None
         if self._snapshots.num_slots == 0:
             return None
-        key = (req.hashes[n_full - 1], num_computed)
+        extend_block_hashes(req.hashes, tokens, self._bs, self._root, num_computed // self._bs)
+        key = (req.hashes[num_computed // self._bs - 1], num_computed)
+        if self._snapshots.slot_for(key) is None and not self._within_cap(req, key):
+            self._snapshots.skips += 1
+            return None
         slot = self._snapshots.reserve(key)
         if slot is None:
             return None
         self._unpublished[slot] = (request_id, key)
         self._inflight[key] += 1  # still in flight until published or aborted
         return SnapshotSave(request_id, slot, num_computed)
+
+    def _within_cap(self, req: _Request, key: SnapshotKey) -> bool:
+        """Make room on ``req``'s path for a new snapshot at ``key``: while the path holds the
+        cap (if any), evict its entry of least value. False when what is left is pinned or
+        pending."""
+        held = []
+        for q in req.points.saves:
+            if q < key[1]:
+                slot = self._snapshots.slot_for((req.hashes[q // self._bs - 1], q))
+                if slot is not None:
+                    held.append(slot)
+        while self._cap and len(held) >= self._cap:
+            evictable = [s for s in held if self._snapshots.is_evictable(s)]
+            if not evictable:
+                return False
+            victim = min(evictable, key=self._snapshots.value)
+            self._snapshots.evict(victim)
+            self._cap_evictions += 1
+            held.remove(victim)
+        self._peak_path = max(self._peak_path, len(held) + 1)
+        return True
 
     def _take_unpublished(self, save: SnapshotSave) -> bool:
         entry = self._unpublished.get(save.snapshot_slot)
@@ -376,8 +450,11 @@ class PrefixCache:
             if req.restore_slot is not None:
                 pins[req.restore_slot] += 1
             inflight.update(req.inflight)
-            assert req.cached_tokens % self._stride == 0, f"{rid}: unaligned hit"
+            assert req.cached_tokens in (0, *req.points.cuts), f"{rid}: hit off its cuts"
             assert req.cached_tokens < req.prompt_len, f"{rid}: whole prompt cached"
+            assert req.num_registered * self._bs <= req.points.register_limit, (
+                f"{rid}: registered past the registration limit"
+            )
             assert req.num_registered <= req.num_computed // self._bs, (
                 f"{rid}: registered past the computed tokens"
             )

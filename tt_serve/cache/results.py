@@ -56,6 +56,12 @@ class CacheStats:
     snapshot_restores: int = 0
     snapshot_skips: int = 0
     snapshot_duplicates: int = 0
+    # Admissions that resumed at a cut of each kind (``cache/resume.py``).
+    resumes_message: int = 0
+    resumes_prompt_end: int = 0
+    resumes_chunk: int = 0
+    snapshot_cap_evictions: int = 0  # evicted to keep one path within the per-conversation cap
+    snapshots_per_conversation_peak: int = 0  # most snapshots one request's path has held
 
     @property
     def hit_rate(self) -> float:

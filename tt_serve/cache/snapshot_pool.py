@@ -6,35 +6,49 @@ device memory belongs to the backend; this class only decides which slot holds w
 * Two-phase writes: ``reserve`` a slot for a key, the engine copies the state into it, then
   ``publish`` (now visible to lookups) or ``abort`` (slot back to free, nothing visible).
 * ``pin``/``unpin`` around a restore in flight: a pinned entry is never evicted.
-* LRU over published, unpinned entries: a reservation on a full pool evicts the least recently
-  used one; if every slot is pinned or pending, the insert is skipped softly (counted).
-* A duplicate key (published or pending) refreshes the LRU and asks for no copy.
+* Eviction by value over published, unpinned entries (GreedyDual-Size-Frequency): an entry's
+  value is ``L + b * uses`` where b is its depth (prompt tokens a hit there spares), ``uses``
+  counts its publish and every restore or duplicate offer since, and L is the value of the
+  last entry evicted (so what was not used for a while ages out whatever its depth). A
+  reservation on a full pool evicts the entry of least value; if every slot is pinned or
+  pending, the insert is skipped softly (counted). Plain LRU (``policy="lru"``) is the A/B
+  control: it lets a burst of shallow states push out a deep, often resumed one (SGLang's
+  users lost most branch hits that way).
+* A duplicate key (published or pending) counts as a use and asks for no copy.
+* ``evict`` drops one chosen entry (the prefix cache's per-conversation cap).
 * A snapshot never references a KV block: its KV may be reclaimed, which makes it a miss.
 """
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
+from collections import Counter
 
 from tt_serve.cache.hashing import BlockHash
 
 SnapshotKey = tuple[BlockHash, int]
+EVICTION_POLICIES = ("value", "lru")
 
 
 class SnapshotPool:
     """Slot bookkeeping for GDN snapshots; see the module docstring."""
 
-    def __init__(self, num_slots: int) -> None:
+    def __init__(self, num_slots: int, policy: str = "value") -> None:
         if num_slots < 0:
             raise ValueError(f"num_slots must be >= 0, got {num_slots}")
+        if policy not in EVICTION_POLICIES:
+            raise ValueError(f"policy must be one of {EVICTION_POLICIES}, got {policy!r}")
         self._num_slots = num_slots
+        self._lru_policy = policy == "lru"
         self._key: list[SnapshotKey | None] = [None] * num_slots
         self._published = [False] * num_slots
         self._pins = [0] * num_slots
         self._by_key: dict[SnapshotKey, int] = {}
         self._free = list(range(num_slots - 1, -1, -1))
-        # Published and unpinned slots, least recently used first.
-        self._lru: OrderedDict[int, None] = OrderedDict()
+        # Published and unpinned slots -> (value, last use): the victim is the least.
+        self._evictable: dict[int, tuple[float, int]] = {}
+        self._uses = [0] * num_slots
+        self._inflation = 0.0  # L: the value of the last entry evicted for room
+        self._clock = 0
         self.evictions = 0
         self.skips = 0
         self.duplicates = 0
@@ -70,6 +84,10 @@ class SnapshotPool:
             return None
         return slot
 
+    def slot_for(self, key: SnapshotKey) -> int | None:
+        """The slot holding ``key``, published or pending, if any. No side effects."""
+        return self._by_key.get(key)
+
     def contains(self, key: SnapshotKey) -> bool:
         """Whether ``key`` is published (cheap membership test for the matcher)."""
         slot = self._by_key.get(key)
@@ -83,32 +101,67 @@ class SnapshotPool:
         the key is already present (LRU refreshed) or no slot can be had (skipped)."""
         slot = self._by_key.get(key)
         if slot is not None:
-            if slot in self._lru:
-                self._lru.move_to_end(slot)
+            self._used(slot)
             self.duplicates += 1
             return None
         if self._free:
             slot = self._free.pop()
-        elif self._lru:
-            slot, _ = self._lru.popitem(last=False)
-            old = self._key[slot]
-            assert old is not None
-            del self._by_key[old]
-            self._published[slot] = False
-            self.evictions += 1
+        elif self._evictable:
+            slot = min(self._evictable, key=self._evictable.__getitem__)
+            value = self._evictable[slot][0]
+            self.evict(slot)
+            if not self._lru_policy:  # L rises to the least value: what stays idle ages
+                self._inflation = max(self._inflation, value)
+            self._free.pop()  # the slot evict just freed
         else:
             self.skips += 1
             return None
         self._key[slot] = key
         self._by_key[key] = slot
+        self._uses[slot] = 0
         return slot
+
+    def value(self, slot: int) -> tuple[float, int]:
+        """An evictable slot's (value, last use); the least is evicted first."""
+        return self._evictable[slot]
+
+    def is_evictable(self, slot: int) -> bool:
+        return slot in self._evictable
+
+    def evict(self, slot: int) -> None:
+        """Drop a published, unpinned entry now; its slot returns to the free list."""
+        if slot not in self._evictable:
+            raise ValueError(f"snapshot slot {slot} is not evictable (free, pending or pinned)")
+        del self._evictable[slot]
+        old = self._key[slot]
+        assert old is not None
+        del self._by_key[old]
+        self._key[slot] = None
+        self._published[slot] = False
+        self._free.append(slot)
+        self.evictions += 1
+
+    def _used(self, slot: int) -> None:
+        """Count a use (publish, restore, duplicate offer) and, if evictable, re-value it."""
+        self._uses[slot] += 1
+        if slot in self._evictable:
+            self._evictable[slot] = self._valued(slot)
+
+    def _valued(self, slot: int) -> tuple[float, int]:
+        self._clock += 1
+        if self._lru_policy:
+            return (float(self._clock), self._clock)
+        key = self._key[slot]
+        assert key is not None
+        return (self._inflation + key[1] * max(self._uses[slot], 1), self._clock)
 
     def publish(self, slot: int) -> None:
         key = self._key[slot]
         if key is None or self._published[slot]:
             raise ValueError(f"snapshot slot {slot} is not reserved")
         self._published[slot] = True
-        self._lru[slot] = None
+        self._uses[slot] += 1
+        self._evictable[slot] = self._valued(slot)
         self.publishes += 1
 
     def abort(self, slot: int) -> None:
@@ -125,15 +178,16 @@ class SnapshotPool:
         if not self._published[slot]:
             raise ValueError(f"snapshot slot {slot} is not published")
         if self._pins[slot] == 0:
-            del self._lru[slot]
+            del self._evictable[slot]
         self._pins[slot] += 1
+        self._uses[slot] += 1
 
     def unpin(self, slot: int) -> None:
         if self._pins[slot] <= 0:
             raise ValueError(f"snapshot slot {slot} is not pinned")
         self._pins[slot] -= 1
         if self._pins[slot] == 0:
-            self._lru[slot] = None  # most recently used: it was just restored
+            self._evictable[slot] = self._valued(slot)  # valued now: it was just restored
 
     def check_invariants(self, pins: Counter[int] | None = None) -> None:
         """Raise AssertionError if inconsistent; ``pins`` (slot -> restores in flight), when
@@ -153,8 +207,10 @@ class SnapshotPool:
             assert self._pins[s] >= 0, f"slot {s} negative pins"
             if not self._published[s]:
                 assert self._pins[s] == 0, f"pending slot {s} is pinned"
-            in_lru = s in self._lru
-            assert in_lru == (self._published[s] and self._pins[s] == 0), f"slot {s} LRU state"
+            evictable = s in self._evictable
+            assert evictable == (self._published[s] and self._pins[s] == 0), (
+                f"slot {s} eviction state"
+            )
         assert len(self._by_key) == self._num_slots - len(free), "key map size"
         assert self.num_published == self.publishes - self.evictions, "publish/evict counts"
         if pins is not None:

@@ -62,6 +62,8 @@ _JSON_FIELDS: dict[str, tuple[str, tuple[type, ...]]] = {
     "maxModelLen": ("max_model_len", (int,)),
     "traceRegionSize": ("trace_region_size", (int,)),
     "precision": ("precision", (str,)),
+    "resumePoints": ("resume_points", (str,)),
+    "snapshotsPerConversation": ("snapshots_per_conversation", (int,)),
     "apiKeyFile": ("api_key_file", (str, type(None))),
     "logLevel": ("log_level", (str,)),
     "drainTimeout": ("drain_timeout", (int,)),

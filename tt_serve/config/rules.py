@@ -18,6 +18,7 @@ from tt_serve.config.serve_config import (
     LOG_LEVELS,
     NIX_PREFIX,
     PRECISIONS,
+    RESUME_POINTS,
     ROUTER_POLICIES,
     ServeConfig,
     parse_mesh,
@@ -135,6 +136,16 @@ def validate(cfg: ServeConfig) -> list[str]:
             not cfg.prefix_caching or cfg.snapshot_slots >= 1,
             f"{p}.prefixCaching.enable = true requires {p}.prefixCaching.snapshotSlots >= 1 "
             f"(got {cfg.snapshot_slots}).",
+        ),
+        (
+            cfg.resume_points in RESUME_POINTS,
+            f"{p}.resumePoints must be one of {', '.join(RESUME_POINTS)} "
+            f"(got {cfg.resume_points}).",
+        ),
+        (
+            cfg.snapshots_per_conversation >= 0,
+            f"{p}.snapshotsPerConversation must not be negative "
+            f"(got {cfg.snapshots_per_conversation}).",
         ),
         (
             cfg.snapshot_slots >= 0,

@@ -22,6 +22,8 @@ BACKENDS = ("torch", "ttnn")
 DTYPES = ("auto", "float32", "bfloat16")
 PRECISIONS = ("auto", "bfloat16", "mixed", "bfp4-mlp")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+RESUME_POINTS = ("messages", "chunks")
+"""Where prompts are cut and prefix-cache hits resume (``tt_serve/cache/resume.py``)."""
 ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "random")
 """sglang-router 0.3.2 policies the module offers (docs/routing.md says why cache_aware)."""
 DEFAULT_BATCH = {"torch": 32, "ttnn": 16}
@@ -92,6 +94,17 @@ class ServeConfig:
         True, "the joint KV + GDN-snapshot prefix cache (off: cold control)"
     )
     snapshot_slots: int = _opt(32, "GDN snapshot slots of the prefix cache")
+    resume_points: str = _opt(
+        "messages",
+        "where prompts are cut and cache hits resume: messages (chat message starts, the prompt "
+        "end and chunk multiples) or chunks (chunk multiples only: the A/B control)",
+        choices=RESUME_POINTS,
+    )
+    snapshots_per_conversation: int = _opt(
+        8,
+        "most GDN snapshots on one conversation's path (its message starts and chunk ends); "
+        "past it the least valuable is evicted; 0: no cap",
+    )
     max_batch_size: int = _opt(
         0, "running requests at once; 0 = the backend's default (32 on torch, 16 on ttnn)"
     )

@@ -71,6 +71,7 @@ class EngineConfig:
     eos_token_ids: frozenset[int] = frozenset()
     prefix_caching: bool = True
     cache_salt: bytes = b""
+    snapshots_per_conversation: int = 0  # the prefix cache's per-path cap (0: none)
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,11 @@ class EngineStats:
     kv_blocks_total: int = 0
     snapshot_slots_used: int = 0
     snapshot_slots_total: int = 0
+    snapshots_held: int = 0  # published snapshots (the rest of the used slots are pending)
+    resumes_message: int = 0  # admissions that resumed at a message start ...
+    resumes_prompt_end: int = 0  # ... at the last grid point before a prompt end ...
+    resumes_chunk: int = 0  # ... at a multiple of the prefill chunk
+    snapshots_per_conversation_peak: int = 0  # most snapshots one request's path has held
     prefix_queries: int = 0  # prompt tokens looked up in the prefix cache
     prefix_hits: int = 0  # of those, tokens served from it
     prefill_tokens_computed: int = 0
@@ -138,6 +144,7 @@ class Engine:
             num_snapshot_slots=config.num_snapshot_slots,
             prefix_caching=config.prefix_caching,
             salt=config.cache_salt,
+            snapshots_per_conversation=config.snapshots_per_conversation,
             uniform=self._uniform,
             device_top_k=device_top_k_limit(backend),
         )
@@ -244,6 +251,11 @@ class Engine:
             kv_blocks_total=c.num_usable_blocks,
             snapshot_slots_used=c.num_snapshots_used,
             snapshot_slots_total=c.num_snapshot_slots,
+            snapshots_held=c.snapshot_pool.num_published,
+            resumes_message=st.resumes_message,
+            resumes_prompt_end=st.resumes_prompt_end,
+            resumes_chunk=st.resumes_chunk,
+            snapshots_per_conversation_peak=st.snapshots_per_conversation_peak,
             prefix_queries=st.queries,
             prefix_hits=st.hits,
             prefill_tokens_computed=self.prefill_tokens_computed,

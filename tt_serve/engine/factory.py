@@ -54,6 +54,8 @@ def build_engine(
             mixed_steps=cfg.mixed_steps,
             device_argmax=cfg.device_argmax,
             device_sampling=cfg.device_sampling,
+            resume_points=cfg.resume_points,
+            message_start_ids=_message_start_ids(tokenizer),
         ),
         num_kv_blocks=blocks,
         num_snapshot_slots=cfg.num_snapshot_slots,
@@ -62,6 +64,7 @@ def build_engine(
         eos_token_ids=frozenset(eos),
         prefix_caching=cfg.prefix_caching,
         cache_salt=f"{spec.model_id}|{cfg.resolved_dtype}".encode(),
+        snapshots_per_conversation=cfg.snapshots_per_conversation,
     )
     streams: TextStreamFactory | None = None
     if tokenizer is not None:
@@ -77,3 +80,14 @@ def build_engine(
         cfg.resolved_max_batch_size,
     )
     return Engine(backend, config, text_streams=streams)
+
+
+MESSAGE_START = "<|im_start|>"
+"""The token that opens every chat message in the Qwen (ChatML) templates: a resume point."""
+
+
+def _message_start_ids(tokenizer: Tokenizer | None) -> frozenset[int]:
+    """The message-start id where the tokenizer has one (none: cuts at chunk multiples and the
+    prompt end only). Found in token ids, so /v1/completions prompts get the same cuts as chat."""
+    tid = tokenizer.token_to_id(MESSAGE_START) if tokenizer is not None else None
+    return frozenset() if tid is None else frozenset({tid})

@@ -1,9 +1,10 @@
-"""Continuous batching with chunked prefill on one grid.
+"""Continuous batching with chunked prefill at resume points.
 
-Every prefill chunk of a request ends on a multiple of the chunk size C or at the prompt end, and
-prefix-cache hits start on multiples of the snapshot stride S = C. A warm run therefore cuts the
-computation at exactly the places a cold run does, which is what makes warm == cold hold by
-construction on a deterministic backend.
+Every prefill chunk of a request ends at one of its resume points (``cache/resume.py``: the
+multiples of the chunk size C, the starts of chat messages, the last grid point before the
+prompt end, all chosen from the prompt's own tokens) or at the prompt end, and prefix-cache hits
+start at those points only. A warm run therefore cuts the computation at exactly the places a
+cold run does, which is what makes warm == cold hold by construction on a deterministic backend.
 
 Admission is FCFS through the prefix cache's lifetime accounting: a request is admitted only when
 every page it can ever need is reserved, so a running request never waits for memory and nothing
@@ -25,8 +26,14 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from tt_serve.cache import PAD_BLOCK, Admission, PrefixCache, SnapshotSave
-from tt_serve.config.serve_config import ServeConfig
+from tt_serve.cache import (
+    PAD_BLOCK,
+    Admission,
+    PrefixCache,
+    ResumeRule,
+    SnapshotSave,
+)
+from tt_serve.config.serve_config import RESUME_POINTS, ServeConfig
 from tt_serve.model.interface import RowSampling, StateCopy, StepBatch, StepRow
 from tt_serve.sequence import FinishReason, Request, RequestError, RequestStatus
 
@@ -47,6 +54,10 @@ class SchedulerConfig:
     # host (the control arm of the device-sampling A/B).
     device_sampling: bool = _D.device_sampling
     max_prefill_streak: int = 2
+    # Where prompts are cut (and hits resume): "messages" adds message starts and the prompt
+    # end to the chunk multiples; "chunks" is the chunk-only control arm.
+    resume_points: str = _D.resume_points
+    message_start_ids: frozenset[int] = frozenset()  # the tokenizer's <|im_start|>
 
     def __post_init__(self) -> None:
         if self.max_batch < 1:
@@ -57,6 +68,19 @@ class SchedulerConfig:
             )
         if self.max_num_batched_tokens < 1:
             raise ValueError("max_num_batched_tokens must be >= 1")
+        if self.resume_points not in RESUME_POINTS:
+            raise ValueError(
+                f"resume_points must be one of {RESUME_POINTS}, got {self.resume_points!r}"
+            )
+
+    @property
+    def resume_rule(self) -> ResumeRule:
+        return ResumeRule(
+            chunk=self.chunk,
+            grid=self.block_size,
+            boundary_ids=self.message_start_ids,
+            messages=self.resume_points == "messages",
+        )
 
 
 @dataclass
@@ -92,6 +116,7 @@ class Scheduler:
         self.cache = cache
         self._uniform = uniform
         self._device_top_k = device_top_k
+        self._rule = config.resume_rule
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         # One GDN state slot per possible running row, 0 .. max_batch - 1 (low ones first).
@@ -114,6 +139,7 @@ class Scheduler:
         salt: bytes,
         uniform: Callable[[Request], float],
         device_top_k: int = 0,
+        snapshots_per_conversation: int = 0,
     ) -> Scheduler:
         """A scheduler over a new prefix cache of these sizes (the cache is its alone)."""
         cache = PrefixCache(
@@ -123,6 +149,7 @@ class Scheduler:
             stride=config.chunk,
             enabled=prefix_caching,
             salt=salt,
+            snapshots_per_conversation=snapshots_per_conversation,
         )
         return cls(config, cache, uniform=uniform, device_top_k=device_top_k)
 
@@ -146,6 +173,7 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def add(self, req: Request) -> None:
+        req.resume = self._rule.points(req.prompt_token_ids)
         p = req.params
         req.grammar_open = p.grammar is not None and p.grammar_after_token is None
         self.waiting.append(req)
@@ -157,14 +185,14 @@ class Scheduler:
         self._admission_blocked = False
         while self.waiting and self._free_slots and len(self.running) < self.config.max_batch:
             req = self.waiting[0]
-            prompt = req.prompt_token_ids
-            computing = self.cache.inflight_boundary(prompt)  # 0 without hashing when idle
-            if computing and computing > self.cache.match(prompt):
+            prompt, points = req.prompt_token_ids, req.resume
+            computing = self.cache.inflight_boundary(prompt, points)  # 0 when idle, unhashed
+            if computing and computing > self.cache.match(prompt, points):
                 # Another request is computing this prefix now: wait for its snapshot rather
                 # than compute the same head twice. Others behind it may still go.
                 deferred.append(self.waiting.popleft())
                 continue
-            res = self.cache.admit(req.request_id, prompt, req.params.max_tokens)
+            res = self.cache.admit(req.request_id, prompt, req.params.max_tokens, points)
             if res.admission is Admission.LATER:
                 self._admission_blocked = True
                 break
@@ -190,8 +218,8 @@ class Scheduler:
 
     def _prefill_row(self, req: Request, budget: int, force: bool) -> StepRow | None:
         start = req.num_computed
-        c = self.config.chunk
-        end = min((start // c + 1) * c, req.prompt_len)
+        assert req.resume is not None, "points are set when the request is added"
+        end = req.resume.next_end(start)
         if end - start > budget and not force:
             return None
         last = end == req.prompt_len
