@@ -60,6 +60,8 @@ _ITL_BUCKETS = (
     5.0,
 )
 
+_TOKEN_BUCKETS = (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+
 
 class _EngineCollector(Collector):
     def __init__(self, gauges: Callable[[], EngineStats | None]) -> None:
@@ -133,6 +135,27 @@ class _EngineCollector(Collector):
             "GDN snapshot slots allocated.",
             value=s.snapshot_slots_total,
         )
+        yield GaugeMetricFamily(
+            f"{P}snapshots_held",
+            "GDN snapshots published in the prefix cache (hits can resume there).",
+            value=s.snapshots_held,
+        )
+        yield GaugeMetricFamily(
+            f"{P}snapshots_per_conversation_peak",
+            "Most GDN snapshots one request's path has held (bounded by "
+            "--snapshots-per-conversation).",
+            value=s.snapshots_per_conversation_peak,
+        )
+        resumes = CounterMetricFamily(
+            f"{P}prefix_cache_resumes",
+            "Requests that resumed from a snapshot, by the kind of point: a chat message start, "
+            "the last grid point before a prompt end, or a prefill-chunk multiple.",
+            labels=["kind"],
+        )
+        resumes.add_metric(["message"], s.resumes_message)
+        resumes.add_metric(["prompt_end"], s.resumes_prompt_end)
+        resumes.add_metric(["chunk"], s.resumes_chunk)
+        yield resumes
 
 
 class Metrics:
@@ -168,6 +191,12 @@ class Metrics:
             f"{P}prompt_tokens", "Prompt tokens of finished requests.", registry=r
         )
         self.generation_tokens = Counter(f"{P}generation_tokens", "Generated tokens.", registry=r)
+        self.recomputed = Histogram(
+            f"{P}prompt_tokens_recomputed",
+            "Prompt tokens a finished request computed (its prompt less the prefix-cache hit).",
+            buckets=_TOKEN_BUCKETS,
+            registry=r,
+        )
         self.finished = Counter(
             f"{P}request_success",
             "Finished requests by finish reason.",
@@ -189,6 +218,7 @@ class Metrics:
 
     def _finished(self, out: RequestOutput) -> None:
         self.prompt_tokens.inc(len(out.prompt_token_ids))
+        self.recomputed.observe(len(out.prompt_token_ids) - out.cached_tokens)
         self.generation_tokens.inc(len(out.token_ids))
         self.finished.labels(finished_reason=out.finish_reason or "abort").inc()
         if out.first_token_time is not None:
