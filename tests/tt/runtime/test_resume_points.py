@@ -147,9 +147,7 @@ def test_warm_equals_cold_under_snapshot_eviction(dense_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("mutate", [resume_early, restore_next_slot])
-def test_resume_bugs_are_caught(
-    dense_dir: Path, mutate: Callable[[Scheduler], list[str]]
-) -> None:
+def test_resume_bugs_are_caught(dense_dir: Path, mutate: Callable[[Scheduler], list[str]]) -> None:
     """The same conversation with admission resuming one token early, or restoring another
     snapshot slot: some answer differs from the cold run (logprobs compared, not only
     tokens)."""

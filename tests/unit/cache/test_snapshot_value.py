@@ -90,7 +90,11 @@ def _turns(rng: random.Random, n: int) -> list[list[int]]:
 def test_a_conversation_holds_at_most_its_cap_and_still_resumes(cap: int) -> None:
     rule = ResumeRule(chunk=C, grid=G, boundary_ids=frozenset({IM}))
     cache = PrefixCache(
-        num_blocks=512, block_size=G, num_snapshot_slots=64, stride=C, snapshots_per_conversation=cap
+        num_blocks=512,
+        block_size=G,
+        num_snapshot_slots=64,
+        stride=C,
+        snapshots_per_conversation=cap,
     )
     prompts = _turns(random.Random(cap), 8)
     for i, toks in enumerate(prompts):
