@@ -211,7 +211,7 @@ in
     tracedPrefill = opt types.bool d.tracedPrefill
       "Replay captured prefill traces (ttnn) or CUDA graphs (torch on CUDA).";
     prefillChunk = opt types.int d.prefillChunk
-      "Prefill chunk length in tokens; also the prefix-cache snapshot stride.";
+      "Prefill chunk length in tokens; also a prefix-cache resume point every prefillChunk tokens.";
     blockSize = opt types.int d.blockSize "KV cache block (page) size in tokens.";
     kvBlocks = opt types.int d.kvBlocks
       "Number of KV blocks: 0 sizes the pool from free memory, otherwise at least 2.";

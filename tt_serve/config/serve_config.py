@@ -87,7 +87,7 @@ class ServeConfig:
     traced_prefill: bool = _opt(
         False, "capture prefill chunk buckets as traces (ttnn) or CUDA graphs (torch on CUDA)"
     )
-    prefill_chunk: int = _opt(256, "prefill chunk size C (= the snapshot stride)")
+    prefill_chunk: int = _opt(256, "prefill chunk size C (also a resume point every C tokens)")
     block_size: int = _opt(64, "KV block size in tokens (divides the prefill chunk)")
     kv_blocks: int = _opt(0, "KV pool size in blocks; 0 sizes it from memory")
     prefix_caching: bool = _opt(
