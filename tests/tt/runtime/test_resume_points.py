@@ -53,7 +53,7 @@ class Agent:
 
 
 def make_engine(
-    backend: Backend, spec: ModelSpec, *, caching: bool = True, snapshots: int = 16
+    backend: Backend, spec: ModelSpec, *, caching: bool = True, snapshots: int = 16, cap: int = 0
 ) -> Engine:
     config = EngineConfig(
         scheduler=SchedulerConfig(
@@ -68,6 +68,7 @@ def make_engine(
         max_model_len=1024,
         vocab_size=spec.vocab_size,
         prefix_caching=caching,
+        snapshots_per_conversation=cap,
     )
     return Engine(backend, config)
 
@@ -132,11 +133,14 @@ def test_agents_resume_at_message_starts_warm_equals_cold(
     assert len({t for o in got for t in o.token_ids}) >= 10, "degenerate output: vacuous check"
 
 
-def test_warm_equals_cold_under_snapshot_eviction(dense_dir: Path) -> None:
-    """Two snapshot slots for three agents: states are evicted all the time, hits are fewer,
-    and every answer is still the cold run's."""
+@pytest.mark.parametrize(("snapshots", "cap"), [(2, 0), (16, 2)], ids=["pool-2", "cap-2"])
+def test_warm_equals_cold_under_snapshot_eviction(
+    dense_dir: Path, snapshots: int, cap: int
+) -> None:
+    """Two snapshot slots for three agents, or two per conversation: states are evicted all
+    the time, hits are fewer, and every answer is still the cold run's."""
     spec = ModelSpec.from_hf_dir(dense_dir)
-    warm = make_engine(h.tt_backend(dense_dir), spec, snapshots=2)
+    warm = make_engine(h.tt_backend(dense_dir), spec, snapshots=snapshots, cap=cap)
     crew, got = converse(warm, agents=3, turns=3, rerender=False)
     prompts = [p for t in range(3) for p in (agent.prompts[t] for agent in crew)]
     want = cold(make_engine(h.tt_backend(dense_dir), spec, caching=False), prompts)
@@ -144,6 +148,8 @@ def test_warm_equals_cold_under_snapshot_eviction(dense_dir: Path) -> None:
         assert mismatch(g, w, atol=0) is None
     st = warm.scheduler.cache.stats
     assert st.snapshot_evictions > 0 and st.snapshot_restores > 0, st
+    if cap:
+        assert st.snapshot_cap_evictions > 0 and st.snapshots_per_conversation_peak == cap, st
 
 
 @pytest.mark.parametrize("mutate", [resume_early, restore_next_slot])
