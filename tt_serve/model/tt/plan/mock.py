@@ -67,6 +67,8 @@ class MockVerdict:
     l1_bank_bytes: int = 0
     l1_after: int = 0  # L1 allocated per bank after the workload
     l1_peak: int = 0  # peak L1 of a prefill chunk's and a decode step's programs (ttnn.graph)
+    kv_blocks: int = 0  # the plan's KV pool
+    kv_blocks_more: int = 0  # blocks tt-metal's allocator still took on top, after the workload
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
@@ -192,6 +194,7 @@ def _child(job: dict[str, Any]) -> MockVerdict:
         verdict.l1_banks, verdict.l1_bank_bytes = l1.banks, l1.bank_bytes
         verdict.l1_after = l1.allocated_per_bank
         verdict.l1_peak = run.peak_l1
+        verdict.kv_blocks, verdict.kv_blocks_more = int(job["kv_blocks"]), run.kv_more
         run.ops.close_device()
     return verdict
 

@@ -215,6 +215,7 @@ class _Run:
     readback: dict[str, int] = field(default_factory=dict)
     after: dict[str, int] = field(default_factory=dict)  # phase -> DRAM used per bank after it
     peak_l1: int = 0  # tt-metal's graph capture of the workload: peak L1 bytes (mock runs)
+    kv_more: int = 0  # KV blocks tt-metal's allocator still took after the workload (mock runs)
 
     @property
     def virtual(self) -> VirtualTTNN | VirtualMeshTTNN:
@@ -395,8 +396,42 @@ def _start(
 
         _workload(be, log, req.prefill_chunk, req.max_batch_size, kv_blocks, run.readback, watch)
         run.after["workload"] = ops.memory_view("DRAM").allocated_per_bank
+        log.phase = "kv headroom"
+        pools = be.pools
+        assert pools is not None, "allocated above"
+        run.kv_more = _kv_headroom(ops, pools.k[0], 2 * len(pools.k)) if pools.k else 0
     elif workload:
         _workload(be, log, req.prefill_chunk, req.max_batch_size, kv_blocks, run.readback)
+
+
+def _kv_headroom(ops: Ops, like: Any, tensors: int) -> int:
+    """How many more KV blocks tt-metal's allocator takes once everything else is allocated:
+    the largest k for which ``tensors`` more pools of k blocks shaped like ``like`` (a K pool)
+    all allocate, by bisection; each try is freed again. This is the pool the real allocator
+    accepts, not our DRAM arithmetic (the allocator's per-bank rounding and fragmentation
+    included)."""
+    shape = list(like.shape)
+    dtype = str(like.dtype).rsplit(".", 1)[-1].lower()
+
+    def fits(k: int) -> bool:
+        held = []
+        try:
+            for _ in range(tensors):
+                held.append(ops.allocate([k, *shape[1:]], dtype))
+            return True
+        except RuntimeError:  # tt-metal's out-of-memory
+            return False
+        finally:
+            for t in held:
+                ops.deallocate(t)
+
+    lo, hi = 0, 1
+    while fits(hi):
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
 
 
 def _mock_dispatch(board: DeviceSpec) -> str | None:

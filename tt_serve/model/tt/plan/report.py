@@ -92,6 +92,11 @@ def format_mock(p: Plan) -> Iterator[str]:
             f"  tt-metal     L1 {m['l1_banks']} banks x {_size(m['l1_bank_bytes'])}; the "
             f"prefill chunk and decode step peak at {_size(m['l1_peak'])} (graph capture)"
         )
+        if m.get("kv_blocks_more") is not None and m["ok"]:
+            yield (
+                f"  tt-metal     KV pool: the allocator still took {m['kv_blocks_more']} blocks "
+                f"on top of the plan's {m['kv_blocks']} after the workload"
+            )
     if m["ok"]:
         yield "  tt-metal     fits"
         return
