@@ -36,6 +36,7 @@ def chat_body(conv: Conversation, max_tokens: int, extras: dict[str, Any]) -> di
         "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},
+        "chat_template_kwargs": conv.workload.template_kwargs,
         **extras,
     }
 
@@ -113,15 +114,12 @@ async def stream_turn(
     return answer
 
 
-def answer_start(prompt: list[int], prev_len: int, im_start: int | None) -> int | None:
-    """Index of the first ``<|im_start|>`` at or after ``prev_len - 3`` (the previous prompt
-    ended with ``<|im_start|>assistant\\n``, which the answer's own message re-renders)."""
-    if im_start is None:
+def answer_start(prev: list[int], im_start: int | None) -> int | None:
+    """Where the previous answer's message starts: the previous prompt's last ``<|im_start|>``
+    (its generation prompt, which the answer's own message re-renders)."""
+    if im_start is None or im_start not in prev:
         return None
-    for i in range(max(prev_len - 3, 0), len(prompt)):
-        if prompt[i] == im_start:
-            return i
-    return None
+    return len(prev) - 1 - prev[::-1].index(im_start)
 
 
 class Rendering:
@@ -137,7 +135,7 @@ class Rendering:
         ids = conv.prompt_ids(self.tok)
         rec.rendered_tokens = len(ids)
         if prev is not None and answer is not None:
-            rec.answer_start = answer_start(ids, len(prev), self.im_start)
+            rec.answer_start = answer_start(prev, self.im_start)
             if answer.token_ids:
                 rec.resumable = _common(ids, prev + answer.token_ids)
         return ids

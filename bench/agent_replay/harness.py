@@ -29,6 +29,7 @@ from typing import Any
 from bench.agent_replay import client as C
 from bench.agent_replay import summary as S
 from bench.agent_replay.workload import MODES, Sizes, Workload, build
+from bench.peer.measures import LoadSample, load_between
 from bench.peer.servers import LlamaServerSide, Running, Side, Slots, TtServeSide
 from bench.provenance import REPO_ROOT, append_ledger
 
@@ -67,6 +68,11 @@ def _common(p: argparse.ArgumentParser) -> None:
         default=list(MODES),
         help=f"answer modes, comma-separated (default {','.join(MODES)})",
     )
+    p.add_argument(
+        "--thinking",
+        action="store_true",
+        help="enable_thinking on (default off: the generation prompt closes an empty think block)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ledger", default=DEFAULT_LEDGER, help=f"(default {DEFAULT_LEDGER})")
     p.add_argument("--no-ledger", action="store_true", help="print only, append nothing")
@@ -88,6 +94,12 @@ def parser() -> argparse.ArgumentParser:
     )
     h.add_argument("--llama-server", help="path of a built llama-server binary")
     h.add_argument("--gguf", help="GGUF of the same checkpoint (e.g. the demo model in f32)")
+    h.add_argument(
+        "--llama-commit",
+        default=None,
+        help="the llama.cpp commit built, for the ledger (when `llama-server --version` cannot "
+        "know it: a source tree without git reports 'unknown')",
+    )
     h.add_argument("--threads", type=int, default=2, help="threads for each server (default 2)")
     h.add_argument("--tt-args", default="", help="extra tt-serve serve flags, one string")
     h.add_argument("--llama-args", default="", help="extra llama-server flags, one string")
@@ -173,13 +185,19 @@ def run_arm(
     with Running(side, slots, log) as srv:
         srv.wait_healthy(a.health_timeout)
         asyncio.run(C.warm_up(srv.url, extras))
+        before = LoadSample.take(srv.pid)
         records, makespan = asyncio.run(C.run_replay(srv.url, workload, mode, render, extras))
+        load = load_between(before, LoadSample.take(srv.pid))
     out = S.summarize(records, makespan)
+    out["load"] = load
     out["server"] = side.describe(slots)
+    if isinstance(side, LlamaServerSide) and a.llama_commit:
+        out["server"]["commit"] = a.llama_commit
     g = out["later_turns"]
     print(
         f"  within bound {g['within']}/{g['judged']}, computed p50 {g['computed_p50']}, "
-        f"makespan {makespan:.1f} s, failed {out['failed']} {out['errors']}",
+        f"makespan {makespan:.1f} s, foreign cores {load['foreign_cores']}, "
+        f"failed {out['failed']} {out['errors']}",
         file=sys.stderr,
     )
     return out
@@ -251,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     model = _model_dir(a)
     tok = _tokenizer(model)
-    workload = build(a.sizes, a.seed, tok)
+    workload = build(a.sizes, a.seed, tok, thinking=a.thinking)
     if a.driver == "http":
         return main_http(a, model, workload, tok)
     return main_inprocess(a, model, workload, tok)

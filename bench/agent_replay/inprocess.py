@@ -9,8 +9,8 @@ resume rule (``resume_points``), forwarded to ``SchedulerConfig`` only when give
 :func:`scheduler_config`).
 
 An answer is re-sent as the server would return it with tools in the request: the generated ids
-decoded with special tokens kept (no reasoning or tool-call parsing: a random-weight model's
-output has neither a ``</think>`` opened by the prompt nor a call that parses).
+decoded with special tokens kept, split at ``</think>`` when thinking is on (no tool-call parsing:
+a random-weight model's output holds no call that parses).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from tt_serve.sequence import RequestOutput, SamplingParams
 from tt_serve.tokenizer import Tokenizer
 
 BACKENDS = ("torch", "ttnn-virtual")
+THINK_CLOSE = "</think>"
 VIRTUAL_TRACE_REGION = 64 << 20
 """The virtual device's trace region (the tiny models' tests open the same; the fake charges
 every capture to it)."""
@@ -116,6 +117,18 @@ def build_engine(model: str, shape: EngineShape) -> Engine:
     return Engine(launched.backend, config)
 
 
+def split_answer(ids: list[int], tok: Tokenizer, thinking: bool) -> Answer:
+    """The answer as the server returns it: with thinking on, the text before ``</think>`` is
+    reasoning (all of it when the model never closes the block), the rest content."""
+    text = tok.decode(ids, skip_special_tokens=False)
+    if not thinking:
+        return Answer(content=text, token_ids=ids)
+    reasoning, closed, content = text.partition(THINK_CLOSE)
+    if not closed:
+        return Answer(reasoning=text.strip("\n"), token_ids=ids)
+    return Answer(content=content.lstrip("\n"), reasoning=reasoning.strip("\n"), token_ids=ids)
+
+
 @dataclass
 class _Live:
     conv: Conversation
@@ -140,7 +153,7 @@ def replay(
         ids = conv.prompt_ids(tok)
         rec = TurnRecord(conv.agent, turn, len(ids))
         if prev is not None and answer is not None:
-            rec.answer_start = answer_start(ids, len(prev), im_start)
+            rec.answer_start = answer_start(prev, im_start)
             rec.resumable = common_prefix(ids, prev + answer.token_ids)
             if mode == "rerendered":
                 rec.rerender_changed = conv.messages[-2]["content"] != answer.content
@@ -161,8 +174,7 @@ def replay(
         rec.cached_tokens = out.cached_tokens
         rec.completion_tokens = len(out.token_ids)
         if item.conv.turn + 1 < sizes.turns:
-            ids = list(out.token_ids)
-            answer = Answer(content=tok.decode(ids, skip_special_tokens=False), token_ids=ids)
+            answer = split_answer(list(out.token_ids), tok, workload.thinking)
             item.conv.add(answer)
             submit(item.conv, item.ids, answer)
 

@@ -20,6 +20,9 @@ from bench.agent_replay.records import TurnRecord
 
 SLACK = 1.1
 FIXED = 64
+NOISY_CORES = 0.25
+"""A run is listed as noisy when other work took this many cores on average during it (the
+computed tokens do not depend on it; TTFT and makespan do)."""
 
 
 def bound(added: int) -> float:
@@ -155,4 +158,7 @@ def markdown(arms: dict[str, dict[str, Any]]) -> str:
             f"| {_n(g['added_p50'])} | {_s(s['ttft_p50'])} / {_s(s['ttft_p99'])} s "
             f"| {s['makespan_s']:.1f} s | {s['failed']} of {s['requests']} |"
         )
-    return head + "\n".join(lines) + "\n\n" + over + "\n".join(rows) + "\n"
+    foreign = {arm: (s.get("load") or {}).get("foreign_cores") for arm, s in arms.items()}
+    noisy = [f"{arm} ({f:.2f})" for arm, f in foreign.items() if f is not None and f > NOISY_CORES]
+    note = f"\nNoisy (> {NOISY_CORES} foreign cores): {', '.join(noisy)}.\n" if noisy else ""
+    return head + "\n".join(lines) + "\n\n" + over + "\n".join(rows) + "\n" + note

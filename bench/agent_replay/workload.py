@@ -215,10 +215,19 @@ class Workload:
 
     sizes: Sizes
     seed: int
+    thinking: bool
+    """The template's ``enable_thinking``: off, the generation prompt closes an empty think
+    block (and earlier answers render without one); on, it opens one and the answer is
+    reasoning until ``</think>``. Both servers get it (llama-server always defines it)."""
     system: str
     tools: list[dict[str, Any]]
     tasks: tuple[str, ...]
     results: tuple[tuple[str, ...], ...]
+
+    @property
+    def template_kwargs(self) -> dict[str, Any]:
+        """The chat template variables every request sets (``chat_template_kwargs``)."""
+        return {"enable_thinking": self.thinking}
 
     def conversation(self, agent: int, mode: str) -> Conversation:
         if mode not in MODES:
@@ -236,7 +245,7 @@ def head_tokens(tok: TokenCounter, system: str, tools: list[dict[str, Any]]) -> 
     return len(tok.encode(tok.apply_chat_template(msgs, add_generation_prompt=False, tools=tools)))
 
 
-def build(sizes: Sizes, seed: int, tok: TokenCounter) -> Workload:
+def build(sizes: Sizes, seed: int, tok: TokenCounter, *, thinking: bool = False) -> Workload:
     """The workload of ``sizes`` and ``seed``, lengths measured with ``tok``."""
 
     def count(text: str) -> int:
@@ -258,7 +267,7 @@ def build(sizes: Sizes, seed: int, tok: TokenCounter) -> Workload:
         )
         for a in range(sizes.agents)
     )
-    return Workload(sizes, seed, system, tools, tasks, results)
+    return Workload(sizes, seed, thinking, system, tools, tasks, results)
 
 
 _THINK = re.compile(r"<think>.*?</think>", re.S)
@@ -313,7 +322,8 @@ class Conversation:
 
     def prompt_ids(self, tok: TokenCounter) -> list[int]:
         """The next request's prompt as the chat template renders it (generation prompt on)."""
-        text = tok.apply_chat_template(self.messages, tools=self.workload.tools)
+        wl = self.workload
+        text = tok.apply_chat_template(self.messages, tools=wl.tools, **wl.template_kwargs)
         return tok.encode(text)
 
 

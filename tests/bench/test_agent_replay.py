@@ -79,30 +79,55 @@ def test_rerender_drops_think_and_normalises_whitespace() -> None:
     assert rerender(rerender(ANSWER)) == rerender(ANSWER)
 
 
-def _turn2_ids(qwen_tok: Tokenizer, workload: Workload, mode: str) -> tuple[list[int], list[int]]:
+def _turn2_ids(
+    qwen_tok: Tokenizer, workload: Workload, mode: str, answer: Answer
+) -> tuple[list[int], list[int]]:
     conv = workload.conversation(0, mode)
     first = conv.prompt_ids(qwen_tok)
-    conv.add(Answer(content=ANSWER))
+    conv.add(answer)
     return first, conv.prompt_ids(qwen_tok)
 
 
 def test_history_is_resent_and_rerendered_answers_differ_in_ids(
     qwen_tok: Tokenizer, workload: Workload
 ) -> None:
-    """Turn 2 re-sends turn 1's whole prompt (its generation prompt opens the answer's own
-    message), then the answer and the tool result. The verbatim answer's ids are the answer
-    text's own; the re-rendered one's differ from its first token on."""
-    first, verbatim = _turn2_ids(qwen_tok, workload, "verbatim")
-    _, rerendered = _turn2_ids(qwen_tok, workload, "rerendered")
-    n = len(first)
-    assert verbatim[:n] == first and rerendered[:n] == first
+    """Thinking off (the default): turn 1's generation prompt is ``<|im_start|>assistant\n``
+    plus an empty think block, which the answer's own message does not re-render; turn 2
+    re-sends turn 1's prompt up to the think block, then the answer and the tool result. The
+    verbatim answer's ids are the answer text's own; the re-rendered one's differ from its first
+    token on."""
+    first, verbatim = _turn2_ids(qwen_tok, workload, "verbatim", Answer(content=ANSWER))
+    _, rerendered = _turn2_ids(qwen_tok, workload, "rerendered", Answer(content=ANSWER))
+    start = C.answer_start(first, qwen_tok.token_to_id(C.IM_START))
+    assert start is not None
+    assert qwen_tok.decode(first[start:], skip_special_tokens=False) == (
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    )
+    body = start + 3  # after <|im_start|> assistant \n
+    assert common_prefix(first, verbatim) == body == common_prefix(first, rerendered)
     answer = qwen_tok.encode(ANSWER)
-    assert verbatim[n : n + len(answer)] == answer
-    assert rerendered[n] != verbatim[n]
+    assert verbatim[body : body + len(answer)] == answer
+    assert rerendered[body] != verbatim[body]
     block = f"<tool_response>\n{workload.results[0][0]}\n</tool_response>"
     for ids in (verbatim, rerendered):
-        text = qwen_tok.decode(ids[n:], skip_special_tokens=False)
-        assert text.count(block) == 1 and text.endswith("<|im_start|>assistant\n")
+        text = qwen_tok.decode(ids[body:], skip_special_tokens=False)
+        assert text.count(block) == 1
+        assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def test_thinking_on_verbatim_extends_the_previous_prompt(qwen_tok: Tokenizer) -> None:
+    """Thinking on: the generation prompt opens a think block and the answer is reasoning; the
+    verbatim re-send renders it inside that block, so turn 1's whole prompt is a prefix of turn
+    2's; re-rendered, the reasoning is dropped and turn 2 departs right after the role."""
+    wl = build(SIZES, 0, qwen_tok, thinking=True)
+    thought = Answer(reasoning="First read the file, then grep for the caller.")
+    first, verbatim = _turn2_ids(qwen_tok, wl, "verbatim", thought)
+    _, rerendered = _turn2_ids(qwen_tok, wl, "rerendered", thought)
+    assert qwen_tok.decode(first[-5:], skip_special_tokens=False) == (
+        "<|im_start|>assistant\n<think>\n"
+    )
+    assert verbatim[: len(first)] == first
+    assert common_prefix(first, rerendered) == len(first) - 2  # before <think>
 
 
 def test_verbatim_keeps_parsed_parts_rerendered_drops_reasoning() -> None:
@@ -123,12 +148,9 @@ def test_unknown_mode_is_refused(workload: Workload) -> None:
     assert MODES == ("verbatim", "rerendered")
 
 
-def test_answer_start_is_the_answer_messages_im_start() -> None:
-    # prev prompt ended with <|im_start|> assistant \n (ids 9, 5, 6); the answer's message
-    # re-renders those three, so it starts at len(prev) - 3.
-    prev = [1, 2, 3, 9, 5, 6]
-    assert C.answer_start([1, 2, 3, 9, 5, 6, 7, 8, 9, 4], len(prev), 9) == 3
-    assert C.answer_start([1, 2, 3], len(prev), None) is None
+def test_answer_start_is_the_previous_prompts_last_im_start() -> None:
+    assert C.answer_start([9, 1, 2, 9, 5, 6], 9) == 3
+    assert C.answer_start([1, 2, 3], 9) is None and C.answer_start([9, 1], None) is None
 
 
 # -- the bound and the statistics ----------------------------------------------------------------
@@ -243,7 +265,7 @@ def check_replay(recs: list[TurnRecord], chunk: int) -> None:
         if r.turn >= 2:
             assert r.added is not None and r.computed is not None
             assert r.cached_tokens is not None and r.cached_tokens >= chunk
-            assert r.computed < r.added + chunk + 3
+            assert r.computed < r.added + chunk + 5  # + the dropped empty think block
             assert r.resumable is not None and r.answer_start is not None
 
 
