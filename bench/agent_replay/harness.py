@@ -242,6 +242,15 @@ def main_http(a: argparse.Namespace, model: str, workload: Workload, tok: Any) -
     return 1 if any(r["failed"] for r in runs.values()) else 0
 
 
+def _progress(r: Any) -> None:
+    print(
+        f"  agent {r.agent} turn {r.turn}: prompt {r.prompt_tokens}, cached {r.cached_tokens}, "
+        f"{r.e2el:.1f} s",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def main_inprocess(a: argparse.Namespace, model: str, workload: Workload, tok: Any) -> int:
     from bench.agent_replay import inprocess as I
 
@@ -258,7 +267,7 @@ def main_inprocess(a: argparse.Namespace, model: str, workload: Workload, tok: A
     for mode in a.modes:
         print(f"{a.backend} C={a.chunk} {rule} {mode} ...", file=sys.stderr, flush=True)
         engine = I.build_engine(model, shape)  # a fresh engine (cold cache) for every mode
-        records, makespan = I.replay(engine, workload, mode, tok)
+        records, makespan = I.replay(engine, workload, mode, tok, progress=_progress)
         runs[f"{a.backend} C={a.chunk} {rule} {mode}"] = S.summarize(records, makespan)
     print(S.markdown(runs))
     _ledger(a, model, runs, engine={"backend": a.backend, "chunk": a.chunk, "rule": rule})

@@ -16,6 +16,7 @@ a random-weight model's output holds no call that parses).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,9 +139,14 @@ class _Live:
 
 
 def replay(
-    engine: Engine, workload: Workload, mode: str, tok: Tokenizer
+    engine: Engine,
+    workload: Workload,
+    mode: str,
+    tok: Tokenizer,
+    progress: Callable[[TurnRecord], object] | None = None,
 ) -> tuple[list[TurnRecord], float]:
-    """Every agent's turns through ``engine``; the records (by agent, turn) and the makespan."""
+    """Every agent's turns through ``engine``; the records (by agent, turn) and the makespan.
+    ``progress`` is called with each finished request's record."""
     sizes = workload.sizes
     params = SamplingParams(max_tokens=sizes.answer, temperature=0.0, ignore_eos=True)
     im_start = tok.token_to_id("<|im_start|>")
@@ -190,6 +196,8 @@ def replay(
             if out.finished:
                 del live[out.request_id]
                 finish(item, out)
+                if progress is not None:
+                    progress(item.rec)
     makespan = time.perf_counter() - t0
     records.sort(key=lambda r: (r.agent, r.turn))
     return records, makespan
