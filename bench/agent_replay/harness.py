@@ -10,8 +10,7 @@ one server at a time, waited for on ``/health`` and warmed up with one short unr
 
 * ``messages``: tt-serve with ``--resume-points messages``;
 * ``chunks``: tt-serve with ``--resume-points chunks`` (the A/B control);
-* ``default``: tt-serve with neither (whatever the server's default rule is; before the flag
-  exists, this is the chunk rule);
+* ``default``: tt-serve with neither (the server's default rule: messages);
 * ``llama.cpp``: ``llama-server`` on a GGUF of the same checkpoint, ``--parallel`` = agents,
   each slot's context the longest prompt plus the answer.
 """
@@ -32,6 +31,7 @@ from bench.agent_replay.workload import MODES, Sizes, Workload, build
 from bench.peer.measures import LoadSample, load_between
 from bench.peer.servers import LlamaServerSide, Running, Side, Slots, TtServeSide
 from bench.provenance import REPO_ROOT, append_ledger
+from tt_serve.config.serve_config import RESUME_POINTS, ServeConfig
 
 DEFAULT_LEDGER = "bench/runs/agent-replay.jsonl"
 TT_ARMS = {
@@ -111,9 +111,9 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("--chunk", type=int, default=256, help="prefill chunk C (default 256)")
     i.add_argument(
         "--resume-points",
-        choices=("messages", "chunks"),
-        default=None,
-        help="the resume rule (default: the scheduler's own)",
+        choices=RESUME_POINTS,
+        default=ServeConfig.resume_points,
+        help="the resume rule (default %(default)s; chunks: the A/B control)",
     )
     i.add_argument("--max-batch", type=int, default=0, help="0: the number of agents")
     return p
@@ -262,11 +262,11 @@ def main_inprocess(a: argparse.Namespace, model: str, workload: Workload, tok: A
         max_batch=a.max_batch or sizes.agents,
         resume_points=a.resume_points,
     )
-    rule = a.resume_points or "default"
+    rule = a.resume_points
     runs: dict[str, Any] = {}
     for mode in a.modes:
         print(f"{a.backend} C={a.chunk} {rule} {mode} ...", file=sys.stderr, flush=True)
-        engine = I.build_engine(model, shape)  # a fresh engine (cold cache) for every mode
+        engine = I.build_engine(model, shape, tok)  # a fresh engine (cold cache) for every mode
         records, makespan = I.replay(engine, workload, mode, tok, progress=_progress)
         runs[f"{a.backend} C={a.chunk} {rule} {mode}"] = S.summarize(records, makespan)
     print(S.markdown(runs))

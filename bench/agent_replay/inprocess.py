@@ -5,8 +5,7 @@ answer is finished, and ``RequestOutput.cached_tokens`` gives each request's com
 Backends: ``torch`` (the CPU default) and ``ttnn-virtual`` (the ttnn backend on its virtual
 device, ``VirtualTTNN``: the real ttnn code path on a numpy device, so it runs anywhere). The
 prefill chunk C is a switch (``--chunk``; issue 37 asks for 2,048 on ttnn), and so is the
-resume rule (``resume_points``), forwarded to ``SchedulerConfig`` only when given (see
-:func:`scheduler_config`).
+resume rule (``ServeConfig.resume_points``). The engine is built by the server's own factory.
 
 An answer is re-sent as the server would return it with tools in the request: the generated ids
 decoded with special tokens kept, split at ``</think>`` when thinking is on (no tool-call parsing:
@@ -18,14 +17,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from bench.agent_replay.client import answer_start
 from bench.agent_replay.records import TurnRecord
 from bench.agent_replay.workload import Answer, Conversation, Workload, common_prefix
 from tt_serve.config import ServeConfig
-from tt_serve.engine.engine import Engine, EngineConfig
-from tt_serve.engine.scheduler import SchedulerConfig
+from tt_serve.engine.engine import Engine
 from tt_serve.sequence import RequestOutput, SamplingParams
 from tt_serve.tokenizer import Tokenizer
 
@@ -45,27 +42,8 @@ class EngineShape:
     max_model_len: int
     max_batch: int
     snapshot_slots: int = ServeConfig.snapshot_slots
-    resume_points: str | None = None
-    """``messages`` or ``chunks``; None: the scheduler's own default (today: chunks)."""
-
-
-def scheduler_config(cfg: ServeConfig, resume_points: str | None) -> SchedulerConfig:
-    """The scheduler config ``engine/factory.py`` derives from ``cfg``, plus the resume rule.
-
-    The hook: ``resume_points`` is passed as ``SchedulerConfig(resume_points=...)`` only when it
-    is given, so this runs against a scheduler that has no such field yet (the default rule),
-    and fails loudly (TypeError) if one is asked for before it exists."""
-    extra: dict[str, Any] = {} if resume_points is None else {"resume_points": resume_points}
-    return SchedulerConfig(
-        max_batch=cfg.resolved_max_batch_size,
-        max_num_batched_tokens=cfg.max_num_batched_tokens,
-        chunk=cfg.prefill_chunk,
-        block_size=cfg.block_size,
-        mixed_steps=cfg.mixed_steps,
-        device_argmax=cfg.device_argmax,
-        device_sampling=cfg.device_sampling,
-        **extra,
-    )
+    resume_points: str = ServeConfig.resume_points
+    """``messages`` or ``chunks`` (the A/B control)."""
 
 
 def serve_config(model: str, shape: EngineShape) -> ServeConfig:
@@ -83,39 +61,30 @@ def serve_config(model: str, shape: EngineShape) -> ServeConfig:
         # cached prefixes of finished turns stay in the pool), and the tests' trace region.
         kv_blocks=0 if backend == "torch" else 2 * shape.max_batch * blocks_per_seq + 1,
         trace_region_size=0 if backend == "torch" else VIRTUAL_TRACE_REGION,
+        resume_points=shape.resume_points,
     )
 
 
-def build_engine(model: str, shape: EngineShape) -> Engine:
-    """An engine on ``shape.backend`` for the checkpoint in ``model``, as the server builds it
-    (``engine/factory.py``), with the virtual device standing in for a Tenstorrent chip."""
+def build_engine(model: str, shape: EngineShape, tok: Tokenizer) -> Engine:
+    """An engine on ``shape.backend`` for the checkpoint in ``model``, built by the server's own
+    factory (``engine/factory.py``: message-start ids from ``tok``, the snapshot cap), with the
+    virtual device standing in for a Tenstorrent chip."""
+    from tt_serve.engine.factory import build_engine as factory_engine
     from tt_serve.model.spec import ModelSpec
 
     if shape.backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, not {shape.backend!r}")
     cfg = serve_config(model, shape)
     spec = ModelSpec.from_hf_dir(model)
-    max_len = min(shape.max_model_len, spec.max_position_embeddings)
-    if shape.backend == "torch":
-        from tt_serve.model.launch import launch_backend
-
-        launched = launch_backend(cfg, spec, max_len)
-    else:
+    launched = None
+    if shape.backend == "ttnn-virtual":
         from tt_serve.model.tt.contract.virtual_ttnn import VirtualTTNN
         from tt_serve.model.tt.launch import launch
         from tt_serve.model.tt.ops import Ops
 
+        max_len = min(shape.max_model_len, spec.max_position_embeddings)
         launched = launch(cfg, spec, max_model_len=max_len, ops=Ops(VirtualTTNN()))
-    config = EngineConfig(
-        scheduler=scheduler_config(cfg, shape.resume_points),
-        num_kv_blocks=launched.num_kv_blocks,
-        num_snapshot_slots=cfg.num_snapshot_slots,
-        max_model_len=max_len,
-        vocab_size=spec.vocab_size,
-        eos_token_ids=frozenset(spec.eos_token_ids),
-        prefix_caching=True,
-    )
-    return Engine(launched.backend, config)
+    return factory_engine(cfg, spec=spec, tokenizer=tok, launched=launched)
 
 
 def split_answer(ids: list[int], tok: Tokenizer, thinking: bool) -> Answer:

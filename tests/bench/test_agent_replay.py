@@ -221,7 +221,7 @@ def test_arguments() -> None:
     a = harness.parse_args(["http", "--arms", "default", "--modes", "rerendered", "--turns", "2"])
     assert a.arms == ["default"] and a.modes == ["rerendered"] and a.sizes.turns == 2
     i = harness.parse_args(["inprocess", "--backend", "ttnn-virtual", "--chunk", "2048"])
-    assert (i.backend, i.chunk, i.resume_points) == ("ttnn-virtual", 2048, None)
+    assert (i.backend, i.chunk, i.resume_points) == ("ttnn-virtual", 2048, "messages")
     for bad in (
         ["http", "--arms", "llama.cpp"],  # needs --llama-server and --gguf
         ["http", "--arms", "bogus"],
@@ -275,7 +275,8 @@ def test_inprocess_replay_on_the_demo_model(demo_dir: Path, qwen_tok: Tokenizer)
 
     wl = build(SMALL, 0, qwen_tok)
     shape = I.EngineShape(backend="torch", chunk=128, max_model_len=2048, max_batch=2)
-    recs, makespan = I.replay(I.build_engine(str(demo_dir), shape), wl, "rerendered", qwen_tok)
+    engine = I.build_engine(str(demo_dir), shape, qwen_tok)
+    recs, makespan = I.replay(engine, wl, "rerendered", qwen_tok)
     check_replay(recs, 128)
     assert makespan > 0 and all(r.rerender_changed is not None for r in recs if r.turn >= 2)
 

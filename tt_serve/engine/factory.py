@@ -17,6 +17,7 @@ from tt_serve.engine.engine import Engine, EngineConfig, TextStreamFactory
 from tt_serve.engine.scheduler import SchedulerConfig
 
 if TYPE_CHECKING:
+    from tt_serve.model.interface import Launched
     from tt_serve.model.spec import ModelSpec
     from tt_serve.tokenizer import Tokenizer
 
@@ -28,8 +29,10 @@ def build_engine(
     *,
     spec: ModelSpec | None = None,
     tokenizer: Tokenizer | None = None,
+    launched: Launched | None = None,
 ) -> Engine:
-    """Load the backend for ``cfg.model`` and build an engine whose pools are all allocated."""
+    """Load the backend for ``cfg.model`` and build an engine whose pools are all allocated.
+    ``launched``: a backend already started for ``cfg`` (a bench's virtual device) instead."""
     from tt_serve.model.spec import ModelSpec
 
     if cfg.model is None:
@@ -40,7 +43,8 @@ def build_engine(
     max_len = min(cfg.max_model_len or limit, limit)
     from tt_serve.model.launch import launch_backend
 
-    launched = launch_backend(cfg, spec, max_len)
+    if launched is None:
+        launched = launch_backend(cfg, spec, max_len)
     backend, blocks = launched.backend, launched.num_kv_blocks
     eos = set(spec.eos_token_ids)
     if tokenizer is not None:
