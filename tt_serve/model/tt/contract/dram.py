@@ -50,6 +50,7 @@ class DramBudget:
     trace_region_size: int = 0
     reserve_per_bank: int = 0
     held: dict[int, tuple[str, int]] = field(default_factory=dict)  # key -> (label, per bank)
+    _used: int = field(default=0, init=False, repr=False)  # the sum of held, kept as it changes
 
     @property
     def banks(self) -> int:
@@ -72,7 +73,7 @@ class DramBudget:
 
     @property
     def used_per_bank(self) -> int:
-        return sum(b for _, b in self.held.values())
+        return self._used
 
     def per_bank(self, t: TensorInfo) -> int:
         align = DRAM_BANKS.get(self.chip.arch, (1, 0, 32))[2]
@@ -90,10 +91,13 @@ class DramBudget:
         cap = self.bank_bytes
         if self.used_per_bank + need > cap:
             raise DeviceLimitError("dram.capacity", self._oom(what, need, cap))
+        self.free(key)
         self.held[key] = (label, need)
+        self._used += need
 
     def free(self, key: int) -> None:
-        self.held.pop(key, None)
+        _, was = self.held.pop(key, ("", 0))
+        self._used -= was
 
     def _oom(self, what: str, need: int, cap: int) -> str:
         groups: dict[str, tuple[int, int]] = {}
