@@ -109,10 +109,9 @@ class SnapshotPool:
         elif self._evictable:
             slot = min(self._evictable, key=self._evictable.__getitem__)
             value = self._evictable[slot][0]
-            self.evict(slot)
+            self._drop(slot)
             if not self._lru_policy:  # L rises to the least value: what stays idle ages
                 self._inflation = max(self._inflation, value)
-            self._free.pop()  # the slot evict just freed
         else:
             self.skips += 1
             return None
@@ -132,13 +131,17 @@ class SnapshotPool:
         """Drop a published, unpinned entry now; its slot returns to the free list."""
         if slot not in self._evictable:
             raise ValueError(f"snapshot slot {slot} is not evictable (free, pending or pinned)")
+        self._drop(slot)
+        self._free.append(slot)
+
+    def _drop(self, slot: int) -> None:
+        """Forget an evictable slot's entry (the caller frees or reuses the slot)."""
         del self._evictable[slot]
         old = self._key[slot]
         assert old is not None
         del self._by_key[old]
         self._key[slot] = None
         self._published[slot] = False
-        self._free.append(slot)
         self.evictions += 1
 
     def _used(self, slot: int) -> None:

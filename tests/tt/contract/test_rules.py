@@ -77,6 +77,16 @@ def test_dtype_rules(ops: Ops) -> None:
     _trips("dtype", lambda: ops.host(np.zeros((32, 32)), "bfloat8_b", ROW_MAJOR))
 
 
+def test_dtype_name_inverts_dtype(ops: Ops) -> None:
+    """``Ops.dtype_name`` gives back the name a tensor was made with (the planner's KV headroom
+    allocates more pools like the K pool by it)."""
+    for name in Ops.DTYPES:
+        layout = TILE if name.endswith("_b") else ROW_MAJOR
+        assert ops.dtype_name(ops.allocate([32, 32], name, layout)) == name
+    with pytest.raises(KeyError):
+        ops.dtype("float64")
+
+
 def test_argmax_is_uint32_row_major(ops: Ops) -> None:
     logits = ops.upload(np.array([[[0.0, 3.0, 1.0] + [0.0] * 29]], np.float32), "float32")
     ids = ops.argmax(logits)

@@ -168,18 +168,16 @@ class Ops:
         )
 
     # ---- dtypes and layouts --------------------------------------------------------------
+    DTYPES = ("bfloat16", "bfloat8_b", "bfloat4_b", "float32", "uint32", "uint16", "int32")
+
     def dtype(self, name: str) -> Any:
-        t = self.ttnn
-        table = {
-            "bfloat16": t.bfloat16,
-            "bfloat8_b": t.bfloat8_b,
-            "bfloat4_b": t.bfloat4_b,
-            "float32": t.float32,
-            "uint32": t.uint32,
-            "uint16": t.uint16,
-            "int32": t.int32,
-        }
-        return table[name]
+        if name not in self.DTYPES:
+            raise KeyError(name)
+        return getattr(self.ttnn, name)
+
+    def dtype_name(self, tensor: Tensor) -> str:
+        """The name :meth:`dtype` takes for ``tensor``'s dtype (its inverse)."""
+        return next(n for n in self.DTYPES if self.dtype(n) == tensor.dtype)
 
     def layout(self, name: str) -> Any:
         return self.ttnn.TILE_LAYOUT if name == TILE else self.ttnn.ROW_MAJOR_LAYOUT

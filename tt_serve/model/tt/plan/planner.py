@@ -411,7 +411,7 @@ def _kv_headroom(ops: Ops, like: Any, tensors: int) -> int:
     accepts, not our DRAM arithmetic (the allocator's per-bank rounding and fragmentation
     included)."""
     shape = list(like.shape)
-    dtype = str(like.dtype).rsplit(".", 1)[-1].lower()
+    dtype = ops.dtype_name(like)
 
     def fits(k: int) -> bool:
         held = []
