@@ -40,6 +40,10 @@ SFPI_GXX = "compiler/bin/riscv-tt-elf-g++"
 SYSTEM_SFPI = "/opt/tenstorrent/sfpi"
 # The first lines of scripts/mock-sfpi's stand-in compiler carry this (doctor fails on it).
 STANDIN_MARK = "mock-box stand-in"
+# The mock-box trace shim's file name (scripts/mock-trace-shim.c; doctor fails where it is
+# preloaded) and the variable that opens a simulated box instead of the cards.
+TRACE_SHIM = "tt-serve-mock-trace"
+MOCK_ENV = "TT_METAL_MOCK_CLUSTER_DESC_PATH"
 HUGEPAGES_1G = "sys/kernel/mm/hugepages/hugepages-1048576kB"
 PROBE_TIMEOUT_S = 120
 _MARK = "TT_DOCTOR "
@@ -344,7 +348,30 @@ def ttnn_checks(
         check_memlock(),
         check_sfpi(host, facts),
         check_kernel_cache(host),
+        check_mock_mode(host),
     ]
+
+
+def check_mock_mode(host: Host) -> Check:
+    """The test and plan environments' mock boxes must not leak onto a host: with
+    TT_METAL_MOCK_CLUSTER_DESC_PATH set tt-metal opens a simulated box (nothing computes), and
+    the trace shim (scripts/mock-trace-shim.c) rewrites two of tt-metal's internals."""
+    found = []
+    desc = host.getenv(MOCK_ENV)
+    if desc:
+        found.append(f"{MOCK_ENV}={desc}: tt-metal would open a simulated box, not the cards")
+    preload = host.getenv("LD_PRELOAD") or ""
+    if TRACE_SHIM in preload:
+        found.append(
+            f"LD_PRELOAD={preload}: the mock-box trace shim (scripts/mock-trace-shim.c), which "
+            "rewrites tt-metal's Buffer::address and issue queue"
+        )
+    if found:
+        return Check(
+            "mock mode", FAIL, "; ".join(found),
+            f"unset {MOCK_ENV} and LD_PRELOAD: the mock boxes are for tests and `tt-serve plan`",
+        )  # fmt: skip
+    return Check("mock mode", OK, "off (no mock box, no trace shim)")
 
 
 def check_native() -> Check:

@@ -148,7 +148,7 @@ def test_fake_host_with_everything_in_place_is_ready(tmp_path: Path) -> None:
     result = run_fake(host, facts)
     assert {name: s for name, (s, _) in result.items()} == {
         "python": OK, "ttnn": OK, "device nodes": OK, "kernel driver": OK, "huge pages": OK,
-        "memlock limit": OK, "SFPI compiler": OK, "kernel cache": OK,
+        "memlock limit": OK, "SFPI compiler": OK, "kernel cache": OK, "mock mode": OK,
     }  # fmt: skip
     assert "tt-kmd 2.10.0" in result["kernel driver"][1]
     assert (tmp_path / "cache").is_dir()  # the cache check made (and wrote into) the folder
@@ -206,6 +206,28 @@ def test_doctor_fails_on_the_mock_box_stand_in_compiler(tmp_path: Path) -> None:
     assert status == FAIL and "not an ELF executable" in detail
     gxx.write_bytes(ELF_HEADER)
     assert run_fake(host, facts)["SFPI compiler"][0] == OK
+
+
+def test_doctor_fails_where_a_mock_box_or_the_trace_shim_would_be_used(tmp_path: Path) -> None:
+    """tests/tt/mock and `tt-serve plan` run tt-metal on simulated boxes, with the trace shim
+    preloaded; on a host either would make serving a pretence, so doctor names both."""
+    host, facts = fake_host(tmp_path)
+    env = dict(host.env or {})
+    shim = "/venv/lib/tt-serve-mock-trace.so"
+    for extra, named in (
+        ({"TT_METAL_MOCK_CLUSTER_DESC_PATH": "/tmp/p150.yaml"}, ["simulated box"]),
+        ({"LD_PRELOAD": shim}, ["mock-box trace shim"]),
+        (
+            {"TT_METAL_MOCK_CLUSTER_DESC_PATH": "/tmp/p150.yaml", "LD_PRELOAD": f"/x.so:{shim}"},
+            ["simulated box", "mock-box trace shim"],
+        ),
+    ):
+        status, detail = run_fake(Host(root=tmp_path, env={**env, **extra}), facts)["mock mode"]
+        assert status == FAIL and all(n in detail for n in named), detail
+    status, _ = run_fake(Host(root=tmp_path, env={**env, "LD_PRELOAD": "/x.so"}), facts)[
+        "mock mode"
+    ]
+    assert status == OK
 
 
 def test_unwritable_cache_fails(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
-"""The mock tier's ttnn interpreter: the Python 3.12 venv with ttnn 0.81.1 and the stand-in
-compiler (scripts/setup-ttnn-venv); without it the tests skip with the reason printed, unless
-REQUIRE_TTNN=1 (CI) makes that a failure."""
+"""The mock tier's ttnn interpreter: the Python 3.12 venv with ttnn 0.81.1, the stand-in
+compiler and the trace shim (scripts/setup-ttnn-venv); without them the tests skip with the
+reason printed, unless REQUIRE_TTNN=1 (CI) makes that a failure."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.tt.mock.test_boards import PYTHON, VENV, _sfpi_compiler
+from tt_serve.model.tt.plan import mock
 
 
 @pytest.fixture(scope="session")
@@ -19,6 +20,10 @@ def ttnn_python() -> Path:
         reason = f"no ttnn venv at {VENV} (run scripts/setup-ttnn-venv)"
     elif not _sfpi_compiler():
         reason = "no SFPI compiler or stand-in in the ttnn venv (run scripts/setup-ttnn-venv)"
+    elif mock.trace_shim(str(PYTHON)) is None:
+        reason = (
+            "no mock trace shim in the ttnn venv (run scripts/setup-ttnn-venv with a C compiler)"
+        )
     if reason:
         if os.environ.get("REQUIRE_TTNN") == "1":
             pytest.fail(reason + "; REQUIRE_TTNN=1")

@@ -2,14 +2,17 @@
 engine on the real ttnn 0.81.1, every op validated and allocated by tt-metal (reads are zeros, so
 tokens mean nothing here; the virtual device checks tokens).
 
-stdin: {"config": <config.json>, "eviction": bool}. Prints one ``MOCK_ENGINE <json>`` line:
-per request its tokens' count, cached tokens and error; the engine's pool counters; the number
-of ttnn calls; and the allocator's DRAM per bank after the run.
+stdin: {"config": <config.json>, "eviction": bool, "traced": bool, "trace_region": bytes}.
+Prints one ``MOCK_ENGINE <json>`` line: per request its tokens' count, cached tokens and error;
+the engine's pool counters; the number of ttnn calls and of traces; and the allocator's DRAM per
+bank after the run.
 
 Covered: startup (weights uploaded from numpy, pools), chunked prefill (two chunks), decode at
 batch 3, device sampling (temperature with top_k), a prefix hit (KV pages + GDN snapshot
 restore), snapshot save / reset, and with ``eviction`` a KV pool small enough that the third
-request evicts the first's cached blocks. Programs run eagerly (no trace capture under mock).
+request evicts the first's cached blocks. With ``traced`` the decode step is a trace, captured,
+replayed and released by tt-metal as on a card (the mock trace shim, scripts/mock-trace-shim.c,
+preloaded by the caller), in a trace region of ``trace_region`` bytes; else every program eager.
 """
 
 from __future__ import annotations
@@ -48,13 +51,15 @@ def main() -> None:
     }
     log = OpLog(None)
     ops = Ops(Recorder(ttnn, log))
-    ops.open_device(0, trace_region_size=0, l1_small_size=DEFAULT_L1_SMALL)
+    traced = bool(job.get("traced"))
+    region = int(job.get("trace_region", 0)) if traced else 0
+    ops.open_device(0, trace_region_size=region, l1_small_size=DEFAULT_L1_SMALL)
     backend = build_backend(
         spec,
         lambda: weights,
         ops=ops,
         max_prefill_chunk=CHUNK,
-        traced_decode=False,
+        traced_decode=traced,
         traced_prefill=False,
     )
     blocks = 12 if job.get("eviction") else 48
@@ -97,10 +102,12 @@ def main() -> None:
     result = {
         "requests": out,
         "ops": log.count,
+        "traces": backend.programs.num_captured,
+        "replays": sum(n for k, n in backend.programs.runs.items() if backend.programs.traced(k)),
         "dram_per_bank": view.allocated_per_bank,
         "stats": dataclasses.asdict(engine.stats()),
     }
-    ops.close_device()
+    backend.close()  # the traces released, then the device closed
     print(MARK + json.dumps(result), flush=True)
 
 

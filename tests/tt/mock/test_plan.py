@@ -1,7 +1,7 @@
 """Mock tier at real sizes: ``tt-serve plan``'s mock checker (``plan/mock.py``) runs the
 planner's startup, pools and workload on the real ttnn 0.81.1 against a mock box, shape-only
-(weights allocated without data), every program eager. The virtual device's verdict and
-tt-metal's must agree.
+(weights allocated without data), the decode step a trace tt-metal captures, replays and
+releases (the mock trace shim). The virtual device's verdict and tt-metal's must agree.
 
 * Qwen3.5-9B on a P150 at batch 1, 16 and 32 (bfloat16 weights, the KV pool the planner sizes):
   fits on both; on an N150 in bfloat16 neither fits, and tt-metal's allocator says so in its
@@ -44,6 +44,8 @@ def test_qwen35_9b_starts_on_a_mock_p150(ttnn_python: Path, batch: int) -> None:
     v = mock.check(config, mock_request(req, p), p.kv_blocks, python=str(ttnn_python))
     assert v.ok, v.message
     assert v.checker == "tt-metal 0.81.1 on a mock p150" and v.dram_banks == 8
+    assert not v.eager and v.traces == 1  # the decode step, captured and replayed as on a card
+    assert 0 < v.l1_peak <= v.l1_bank_bytes  # the decode trace's compile run and a prefill chunk
     assert v.dram_after["startup"] * 8 > 17.9e9  # the weights, in the real banks
     assert v.dram_after["workload"] <= v.dram_bank_bytes
     # KV sized by the real allocator: after the workload it takes a few more blocks (the plan

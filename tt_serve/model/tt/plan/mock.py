@@ -10,9 +10,14 @@ tt-metal's code, not by our model of it (``contract/``).
 
 What differs from a card, said in the verdict:
 
-* every program runs eagerly: 0.81.1 crashes capturing a trace under mock (a SIGSEGV in
-  ``Buffer::address()`` under ``generate_trace_dispatch_commands``), so the trace region is
-  still reserved at open (its DRAM counts) but sized on the virtual device;
+* traces: 0.81.1 crashes capturing a trace under mock (mock programs have no kernel-binary
+  buffer, and the capture path asks its address; then replay faults on mock's misaligned issue
+  queue). ``scripts/mock-trace-shim.c``, built into the ttnn venv by scripts/setup-ttnn-venv and
+  preloaded into the child, mends both, so the decode step (and prefill when traced) is captured,
+  replayed and released by tt-metal, which checks each trace against the real trace region. A
+  mock trace has no kernel binaries, so it is smaller than a card's: the region is still sized
+  on the virtual device. Without the shim (no C compiler) every program runs eagerly and the
+  verdict says so;
 * weights are allocated without data (``ttnn.allocate_tensor_on_device``): real sizes take no
   host memory.
 
@@ -37,6 +42,8 @@ from typing import Any
 from tt_serve.model.tt.contract.boards import device_spec
 
 MOCK_ENV = "TT_METAL_MOCK_CLUSTER_DESC_PATH"
+TRACE_SHIM = "tt-serve-mock-trace.so"  # in the ttnn venv's lib/ (scripts/setup-ttnn-venv)
+TRACES_ENV = "TT_SERVE_MOCK_TRACES"  # "1": the child runs with the shim, traced
 RESULT = "MOCK_RESULT "
 TTNN_VERSION = "0.81.1"
 _SOURCE_ROOT = Path(__file__).resolve().parents[4]  # the child imports tt_serve from here
@@ -58,7 +65,8 @@ class MockVerdict:
     where: str = ""
     phase: str = ""
     ops: int = 0  # ttnn calls made, every op validated by tt-metal
-    eager: bool = True  # programs ran eagerly (no trace capture under mock)
+    eager: bool = True  # every program ran eagerly (no trace shim)
+    traces: int = 0  # traces tt-metal captured, replayed and released (with the shim)
     dram_banks: int = 0
     dram_bank_bytes: int = 0
     dram_after: dict[str, int] = field(default_factory=dict)  # phase -> bytes per bank
@@ -94,6 +102,12 @@ def ttnn_python() -> str | None:
     return str(venv) if venv.exists() else None
 
 
+def trace_shim(python: str) -> Path | None:
+    """The trace shim scripts/setup-ttnn-venv built into ``python``'s venv, if it is there."""
+    shim = Path(python).absolute().parent.parent / "lib" / TRACE_SHIM
+    return shim if shim.is_file() else None
+
+
 def kernel_cache_dir() -> Path:
     """tt-metal's JIT cache for mock runs: kept apart from a host's real kernel cache (the
     stand-in's "binaries" must never be loaded on a card)."""
@@ -109,13 +123,17 @@ def check(
     python: str | None = None,
     timeout: float = 600.0,
     extra_env: dict[str, str] | None = None,
+    traces: bool = True,
 ) -> MockVerdict:
     """Run the plan ``request`` (``PlanRequest`` fields) with ``kv_blocks`` KV blocks for the
     model ``config`` (its config.json) on a mock box of ``request["device"]``, in a child
-    ``python`` (default: :func:`ttnn_python`)."""
+    ``python`` (default: :func:`ttnn_python`); traced as on a card where the venv has the trace
+    shim and ``traces`` is left on, else every program eager."""
     from tt_serve.model.tt.contract.cluster_desc import write_cluster_descriptor
 
     board = device_spec(str(request["device"]))
+    python = python or ttnn_python() or sys.executable
+    shim = trace_shim(python) if traces else None
     with tempfile.TemporaryDirectory(prefix="tt-serve-mock-") as tmp:
         desc = write_cluster_descriptor(board, Path(tmp))
         env = {k: v for k, v in os.environ.items() if not k.startswith("TT_METAL")}
@@ -129,11 +147,14 @@ def check(
                 ),
             }
         )
+        if shim is not None:
+            preload = os.pathsep.join(p for p in (str(shim), env.get("LD_PRELOAD")) if p)
+            env.update({"LD_PRELOAD": preload, TRACES_ENV: "1"})
         env.update(extra_env or {})
         job = {"config": config, "request": request, "kv_blocks": kv_blocks}
         try:
             proc = subprocess.run(
-                [python or ttnn_python() or sys.executable, "-m", "tt_serve.model.tt.plan.mock"],
+                [python, "-m", "tt_serve.model.tt.plan.mock"],
                 input=json.dumps(job),
                 capture_output=True,
                 text=True,
@@ -175,11 +196,12 @@ def _child(job: dict[str, Any]) -> MockVerdict:
         (Path(tmp) / "config.json").write_text(json.dumps(job["config"]))
         spec = ModelSpec.from_hf_dir(tmp)
     log = OpLog(None)
-    verdict = MockVerdict(True, checker_name(board.name), board.name)
+    traced = os.environ.get(TRACES_ENV) == "1"
+    verdict = MockVerdict(True, checker_name(board.name), board.name, eager=not traced)
     start = time.perf_counter()
     run = None
     try:
-        run = run_on_ttnn(ttnn, spec, req, int(job["kv_blocks"]), log)
+        run = run_on_ttnn(ttnn, spec, req, int(job["kv_blocks"]), log, traced=traced)
     except PlanError as exc:
         where = _WHERE.search(exc.message)
         verdict.ok, verdict.message, verdict.phase = False, _first_lines(exc.message), log.phase
@@ -195,7 +217,11 @@ def _child(job: dict[str, Any]) -> MockVerdict:
         verdict.l1_after = l1.allocated_per_bank
         verdict.l1_peak = run.peak_l1
         verdict.kv_blocks, verdict.kv_blocks_more = int(job["kv_blocks"]), run.kv_more
-        run.ops.close_device()
+        verdict.traces = run.traces
+        if run.backend is not None:
+            run.backend.close()  # releases the traces, then closes the device
+        else:
+            run.ops.close_device()
     return verdict
 
 

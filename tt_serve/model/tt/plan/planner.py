@@ -210,11 +210,13 @@ def _weight_bytes(
 @dataclass
 class _Run:
     fake: VirtualTTNN | VirtualMeshTTNN | None  # None: the real ttnn on a mock box
+    traced: bool = True  # False: every program eager (a mock box without the trace shim)
     backend: TTBackend | None = None
     ops: Ops | None = None
     readback: dict[str, int] = field(default_factory=dict)
     after: dict[str, int] = field(default_factory=dict)  # phase -> DRAM used per bank after it
     peak_l1: int = 0  # tt-metal's graph capture of the workload: peak L1 bytes (mock runs)
+    traces: int = 0  # traces captured (and replayed by the workload)
     kv_more: int = 0  # KV blocks tt-metal's allocator still took after the workload (mock runs)
 
     @property
@@ -283,11 +285,12 @@ def _run(
     log: OpLog,
     workload: bool = True,
     ttnn: Any = None,
+    traced: bool = True,
 ) -> _Run:
     """The backend's startup (and the workload) on a fresh shape-only chip, or on a mesh of
     them (tensor parallel). ``ttnn``: the real module on a mock box instead (``plan/mock.py``):
-    every program runs eagerly (0.81.1 cannot capture a trace under mock) and tt-metal's own
-    refusals (RuntimeError) become the PlanError."""
+    traced as on a card when the trace shim is loaded (``traced``), else every program eager,
+    and tt-metal's own refusals (RuntimeError) become the PlanError."""
     mesh = _mesh(req, chip_dev)
     if mesh != (1, 1):
         try:
@@ -295,7 +298,7 @@ def _run(
         except ValueError as exc:
             raise PlanError("tp.split", str(exc)) from None
     if ttnn is not None:
-        real = _Run(None)
+        real = _Run(None, traced=traced)
         try:
             _start(
                 real, Ops(Recorder(ttnn, log)), spec, req, chip_dev, kv_blocks, log, workload, mesh
@@ -326,10 +329,13 @@ def _run(
     return run
 
 
-def run_on_ttnn(ttnn: Any, spec: ModelSpec, req: PlanRequest, kv_blocks: int, log: OpLog) -> _Run:
+def run_on_ttnn(
+    ttnn: Any, spec: ModelSpec, req: PlanRequest, kv_blocks: int, log: OpLog, *, traced: bool
+) -> _Run:
     """The plan's startup, pools and workload on the real ``ttnn`` module (a mock box:
-    ``plan/mock.py``), every program eager; tt-metal's refusal is the PlanError."""
-    return _run(spec, req, device_spec(req.device), kv_blocks, log, ttnn=ttnn)
+    ``plan/mock.py``), traced (with the trace shim) or every program eager; tt-metal's refusal
+    is the PlanError."""
+    return _run(spec, req, device_spec(req.device), kv_blocks, log, ttnn=ttnn, traced=traced)
 
 
 def _start(
@@ -361,32 +367,26 @@ def _start(
         lambda: shape_only_weights(spec),
         ops=ops,
         precision=Precision.named(req.precision),
-        traced_decode=not real,
-        traced_prefill=req.traced_prefill and not real,
+        traced_decode=run.traced,
+        traced_prefill=req.traced_prefill and run.traced,
         max_prefill_chunk=req.prefill_chunk,
         max_model_len=req.max_model_len or None,
         ccl_links=chip_dev.links_on(mesh),
         on_capture=lambda: setattr(log, "phase", "capture"),
     )
     run.backend = be
+    watch: Callable[[], AbstractContextManager[object]] = nullcontext
     if real:
         run.after["startup"] = ops.memory_view("DRAM").allocated_per_bank
-    be.allocate(
-        num_kv_blocks=kv_blocks,
-        block_size=req.block_size,
-        num_state_slots=req.max_batch_size,
-        num_snapshot_slots=req.snapshot_slots,
-    )
-    if real:
-        run.after["pools"] = ops.memory_view("DRAM").allocated_per_bank
-    if workload and real:
         # tt-metal's graph capture (NORMAL: the ops run as well) of one prefill chunk and one
         # decode step: the peak L1 their programs use, circular buffers and L1 tensors together
         # (ttnn.graph, torch-free). One step each: a whole workload's graph takes gigabytes.
+        # A traced program's step is a replay, so its compile run is watched instead: the
+        # capture at the end of allocate.
         graph = ops.ttnn.graph
 
         @contextmanager
-        def watch() -> Iterator[None]:
+        def watching() -> Iterator[None]:
             graph._cpp_begin_graph_capture(graph.RunMode.NORMAL)
             try:
                 yield
@@ -394,14 +394,26 @@ def _start(
                 captured = graph._cpp_end_graph_capture()
             run.peak_l1 = max(run.peak_l1, int(graph.extract_peak_L1_memory_usage(captured)))
 
-        _workload(be, log, req.prefill_chunk, req.max_batch_size, kv_blocks, run.readback, watch)
+        watch = watching
+    with watch() if real and run.traced and workload else nullcontext():
+        be.allocate(
+            num_kv_blocks=kv_blocks,
+            block_size=req.block_size,
+            num_state_slots=req.max_batch_size,
+            num_snapshot_slots=req.snapshot_slots,
+        )
+    run.traces = be.programs.num_captured
+    if real:
+        run.after["pools"] = ops.memory_view("DRAM").allocated_per_bank
+    if not workload:
+        return
+    _workload(be, log, req.prefill_chunk, req.max_batch_size, kv_blocks, run.readback, watch)
+    if real:
         run.after["workload"] = ops.memory_view("DRAM").allocated_per_bank
         log.phase = "kv headroom"
         pools = be.pools
         assert pools is not None, "allocated above"
         run.kv_more = _kv_headroom(ops, pools.k[0], 2 * len(pools.k)) if pools.k else 0
-    elif workload:
-        _workload(be, log, req.prefill_chunk, req.max_batch_size, kv_blocks, run.readback)
 
 
 def _kv_headroom(ops: Ops, like: Any, tensors: int) -> int:

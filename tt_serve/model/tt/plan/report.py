@@ -76,9 +76,15 @@ def format_mock(p: Plan) -> Iterator[str]:
         yield f"  checker      {p.checker}"
         return
     yield f"  checker      {m['checker']} (and the virtual device: sizes, traces)"
+    how = (
+        "every program eager (no mock trace shim: scripts/setup-ttnn-venv builds it)"
+        if m["eager"]
+        else f"{m['traces']} trace(s) captured, replayed and released by tt-metal (the mock "
+        "trace shim; a mock trace has no kernel binaries, so the region is sized here)"
+    )
     yield (
         f"               {m['ops']} ttnn calls validated and allocated by tt-metal in "
-        f"{m['seconds']:.1f} s; every program eager (0.81.1 cannot capture a trace under mock)"
+        f"{m['seconds']:.1f} s; {how}"
     )
     if m["dram_banks"]:
         after = ", ".join(f"{k} {_gb(v * m['dram_banks'])}" for k, v in m["dram_after"].items())
