@@ -6,8 +6,8 @@ releases (the mock trace shim). The virtual device's verdict and tt-metal's must
 * Qwen3.5-9B on a P150 at batch 1, 16 and 32 (bfloat16 weights, the KV pool the planner sizes):
   fits on both; on an N150 in bfloat16 neither fits, and tt-metal's allocator says so in its
   own words (``bank_manager.cpp:514``);
-* tensor parallel with the CCLs under mock: Qwen3.5-9B on an N300 (1x2, mixed precision) and
-  Qwen3.6-27B on a T3K (1x8). Wormhole meshes open with tensix dispatch under mock
+* tensor parallel with the CCLs under mock: Qwen3.5-9B on an N300 (1x2, mixed precision),
+  Qwen3.6-27B on a T3K (1x8) and Qwen3.5-2B on a T3K as a 2x4 mesh. Wormhole meshes open with tensix dispatch under mock
   (``planner._mock_dispatch``: 0.81.1's mock validates work units against 8x7 under ethernet
   dispatch while reporting 8x8).
 """
@@ -68,8 +68,12 @@ def test_qwen35_9b_bf16_on_a_mock_n150_is_refused_by_tt_metal(ttnn_python: Path)
 
 
 @pytest.mark.parametrize(
-    ("model", "device", "precision", "batch"),
-    [("qwen3.5-9b", "n300", "mixed", 16), ("qwen3.6-27b", "t3k", "bfloat16", 1)],
+    ("model", "device", "precision", "batch", "mesh"),
+    [
+        ("qwen3.5-9b", "n300", "mixed", 16, None),
+        ("qwen3.6-27b", "t3k", "bfloat16", 1, None),
+        ("qwen3.5-2b", "t3k", "mixed", 1, (2, 4)),  # both axes' collectives
+    ],
 )
 def test_tensor_parallel_starts_on_a_mock_mesh(
     ttnn_python: Path,
@@ -77,15 +81,18 @@ def test_tensor_parallel_starts_on_a_mock_mesh(
     device: str,
     precision: str,
     batch: int,
+    mesh: tuple[int, int] | None,
 ) -> None:
     """Weights split over the chips, the all-gathers and reductions of every layer run by
-    tt-metal's CCLs on the mock fabric, per-chip DRAM from the real allocator."""
+    tt-metal's CCLs on the mock fabric (and captured in the decode trace), per-chip DRAM from
+    the real allocator."""
     config, spec = _published(model)
-    req = planner.PlanRequest(device=device, max_batch_size=batch, precision=precision)
+    req = planner.PlanRequest(device=device, max_batch_size=batch, precision=precision, mesh=mesh)
     p = planner.plan(spec, req)
     assert p.ok and p.chips > 1
     v = mock.check(config, mock_request(req, p), p.kv_blocks, python=str(ttnn_python))
     assert v.ok, v.message
+    assert not v.eager and v.traces == 1
     assert v.dram_banks == 12  # Wormhole: per chip
     assert v.dram_after["workload"] <= v.dram_bank_bytes
     print(f"{model} on {device}: {v.ops} ttnn calls in {v.seconds} s, DRAM per bank {v.dram_after}")
