@@ -40,10 +40,6 @@ SFPI_GXX = "compiler/bin/riscv-tt-elf-g++"
 SYSTEM_SFPI = "/opt/tenstorrent/sfpi"
 # The first lines of scripts/mock-sfpi's stand-in compiler carry this (doctor fails on it).
 STANDIN_MARK = "mock-box stand-in"
-# The mock-box trace shim's file name (scripts/mock-trace-shim.c; doctor fails where it is
-# preloaded) and the variable that opens a simulated box instead of the cards.
-TRACE_SHIM = "tt-serve-mock-trace"
-MOCK_ENV = "TT_METAL_MOCK_CLUSTER_DESC_PATH"
 HUGEPAGES_1G = "sys/kernel/mm/hugepages/hugepages-1048576kB"
 PROBE_TIMEOUT_S = 120
 _MARK = "TT_DOCTOR "
@@ -356,6 +352,8 @@ def check_mock_mode(host: Host) -> Check:
     """The test and plan environments' mock boxes must not leak onto a host: with
     TT_METAL_MOCK_CLUSTER_DESC_PATH set tt-metal opens a simulated box (nothing computes), and
     the trace shim (scripts/mock-trace-shim.c) rewrites two of tt-metal's internals."""
+    from tt_serve.model.tt.plan.mock import MOCK_ENV, TRACE_SHIM
+
     found = []
     desc = host.getenv(MOCK_ENV)
     if desc:

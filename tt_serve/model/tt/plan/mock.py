@@ -43,7 +43,6 @@ from tt_serve.model.tt.contract.boards import device_spec
 
 MOCK_ENV = "TT_METAL_MOCK_CLUSTER_DESC_PATH"
 TRACE_SHIM = "tt-serve-mock-trace.so"  # in the ttnn venv's lib/ (scripts/setup-ttnn-venv)
-TRACES_ENV = "TT_SERVE_MOCK_TRACES"  # "1": the child runs with the shim, traced
 RESULT = "MOCK_RESULT "
 TTNN_VERSION = "0.81.1"
 _SOURCE_ROOT = Path(__file__).resolve().parents[4]  # the child imports tt_serve from here
@@ -149,9 +148,14 @@ def check(
         )
         if shim is not None:
             preload = os.pathsep.join(p for p in (str(shim), env.get("LD_PRELOAD")) if p)
-            env.update({"LD_PRELOAD": preload, TRACES_ENV: "1"})
+            env["LD_PRELOAD"] = preload
         env.update(extra_env or {})
-        job = {"config": config, "request": request, "kv_blocks": kv_blocks}
+        job = {
+            "config": config,
+            "request": request,
+            "kv_blocks": kv_blocks,
+            "traced": shim is not None,  # the child runs traced only with the shim preloaded
+        }
         try:
             proc = subprocess.run(
                 [python, "-m", "tt_serve.model.tt.plan.mock"],
@@ -196,7 +200,7 @@ def _child(job: dict[str, Any]) -> MockVerdict:
         (Path(tmp) / "config.json").write_text(json.dumps(job["config"]))
         spec = ModelSpec.from_hf_dir(tmp)
     log = OpLog(None)
-    traced = os.environ.get(TRACES_ENV) == "1"
+    traced = bool(job.get("traced"))
     verdict = MockVerdict(True, checker_name(board.name), board.name, eager=not traced)
     start = time.perf_counter()
     run = None
