@@ -32,7 +32,6 @@ import argparse
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,8 @@ from bench.provenance import REPO_ROOT, git_info, machine_info
 from tt_serve.config import PRECISIONS, parse_mesh
 from tt_serve.model.published import SIZES, published_config
 from tt_serve.model.spec import ModelSpec
+from tt_serve.model.tt.contract.boards import device_spec
+from tt_serve.model.tt.options import TTOptions
 from tt_serve.model.tt.plan import planner
 
 MODELS = (
@@ -59,7 +60,7 @@ LEDGER = REPO_ROOT / "bench" / "runs" / "plan-table.jsonl"
 def plan_one(
     model: str, device: str, batch: int, precision: str, checker: str = "virtual", **shape: int
 ) -> dict[str, Any]:
-    """One plan; ``shape``: further PlanRequest fields (max_model_len, kv_blocks, ...).
+    """One plan; ``shape``: further TTOptions fields (max_model_len, kv_blocks, ...).
     ``device`` may name a mesh shape the device opens as: ``t3k:2x4``. ``checker`` "both":
     tt-metal's verdict on a mock box too (``plan/mock.py``), in ``mock_*`` fields, with
     ``agree`` saying whether the two verdicts are the same."""
@@ -69,23 +70,22 @@ def plan_one(
     mesh = parse_mesh(shape_text) if shape_text else None
     if shape_text and mesh is None:
         raise SystemExit(f"plan_table: {device!r}: the mesh must be ROWSxCOLS, e.g. t3k:2x4")
-    req = planner.PlanRequest(
-        device=name, precision=precision, max_batch_size=batch, mesh=mesh, **shape
-    )
+    board = device_spec(name)
+    req = TTOptions(precision=precision, max_batch_size=batch, mesh=mesh, **shape)
     start = time.perf_counter()
-    p = planner.plan(spec, req)
+    p = planner.plan(spec, board, req)
     mock_fields: dict[str, Any] = {}
     if checker == "both":
         from tt_serve.model.tt.plan import mock
-        from tt_serve.model.tt.plan.report import mock_request
+        from tt_serve.model.tt.plan.report import mock_options
 
         blocks = p.kv_blocks or planner.probe_blocks(req)
-        v = mock.check(config, mock_request(req, p), blocks)
+        v = mock.check(config, board.name, mock_options(req, p), blocks)
         if v.ok and not p.ok and p.kv_blocks == 0:
             # The virtual plan refused while sizing its own pool (it keeps SAFETY_FRACTION of
             # DRAM free) and tt-metal ran the probe pool: the virtual device's verdict on that
             # same pool tells a rule apart from the margin.
-            same = planner.plan(spec, replace(req, kv_blocks=blocks))
+            same = planner.plan(spec, board, req.replace(kv_blocks=blocks))
             mock_fields["virtual_same_pool_ok"] = same.ok
         mock_fields |= {
             "mock_checker": v.checker,
@@ -104,7 +104,7 @@ def plan_one(
         }
     return {
         "model": model,
-        "request": asdict(req),
+        "request": {"device": name, **req.to_json()},
         "ok": p.ok,
         "limit_rule": p.limit_rule,
         "weights_bytes": sum(p.weights.values()),
@@ -152,7 +152,7 @@ def table(rows: Sequence[dict[str, Any]], batches: Sequence[int]) -> list[str]:
 
 
 def agents_shape(agents: int, context: int, block: int) -> dict[str, int]:
-    """The PlanRequest fields of ``agents`` agents holding ``context`` tokens each."""
+    """The TTOptions fields of ``agents`` agents holding ``context`` tokens each."""
     return {
         "max_model_len": context,
         "kv_blocks": agents * -(-context // block) + 1,  # + the padding block
@@ -169,7 +169,7 @@ def smallest_fit(
     write: Any,
 ) -> dict[str, Any] | None:
     """The first (device, precision) holding the agents, devices outer (smallest box first)."""
-    shape = agents_shape(agents, context, planner.PlanRequest().block_size)
+    shape = agents_shape(agents, context, TTOptions().block_size)
     for device in devices:
         for precision in precisions:
             row = plan_one(model, device, agents, precision, **shape)

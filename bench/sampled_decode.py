@@ -68,13 +68,15 @@ def _ttnn_readback(model: str, device: str, batches: list[int]) -> dict[str, Any
     """Bytes per decode step of each kind on the shape-only plan, per max batch."""
     from tt_serve.model.published import write_published_config
     from tt_serve.model.spec import ModelSpec
+    from tt_serve.model.tt.contract.boards import device_spec
+    from tt_serve.model.tt.options import TTOptions
     from tt_serve.model.tt.plan import planner
 
     with tempfile.TemporaryDirectory() as tmp:
         spec = ModelSpec.from_hf_dir(write_published_config(model, Path(tmp)))
     out: dict[str, Any] = {}
     for n in batches:
-        p = planner.plan(spec, planner.PlanRequest(device=device, max_batch_size=n))
+        p = planner.plan(spec, device_spec(device), TTOptions(max_batch_size=n))
         out[f"batch_{n}"] = p.readback if p.ok else {"limit": p.limit_rule}
     return out
 

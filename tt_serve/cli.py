@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from tt_serve.model.spec import ModelSpec
     from tt_serve.model.tt.contract.boards import DeviceSpec
-    from tt_serve.model.tt.plan.planner import PlanRequest
+    from tt_serve.model.tt.options import TTOptions
 
 
 def _int_list(text: str) -> list[int]:
@@ -133,20 +133,18 @@ def _plan_config(model: str) -> dict[str, Any]:
     return dict(json.loads((Path(model) / "config.json").read_text()))
 
 
-def _plan_smallest(spec: ModelSpec, req: PlanRequest, candidates: list[str]) -> int:
+def _plan_smallest(spec: ModelSpec, req: TTOptions, candidates: list[str]) -> int:
     """The first device of ``candidates`` whose plan fits: one verdict line per device tried,
     then that device's whole plan (exit 3 when none fits)."""
-    from dataclasses import replace
-
     from tt_serve.model.tt.plan import planner, report
 
     for name in candidates:
-        p = planner.plan(spec, replace(req, device=name))
+        p = planner.plan(spec, planner.device_spec(name), req)
         if not p.ok:
             print(f"{name}: does not fit: [{p.limit_rule}] {p.limit_message}")
             continue
         print(f"{name}: fits; the smallest of {', '.join(candidates)} that does")
-        for line in report.format_plan(p, replace(req, device=name)):
+        for line in report.format_plan(p, req):
             print(line)
         return 0
     print(f"none of {', '.join(candidates)} fits")
@@ -230,14 +228,12 @@ def _plan(argv: Sequence[str]) -> int:
     )
     a = p.parse_args(argv)
 
-    from dataclasses import replace
-
+    from tt_serve.model.tt.options import TTOptions
     from tt_serve.model.tt.plan import planner, report
 
     try:
         spec = _plan_spec(a.model)
-        req = planner.PlanRequest(
-            device=a.device,
+        req = TTOptions(
             precision="bfloat16" if a.precision == "auto" else a.precision,
             max_batch_size=a.max_batch_size or DEFAULT_BATCH["ttnn"],
             prefill_chunk=a.prefill_chunk,
@@ -251,8 +247,9 @@ def _plan(argv: Sequence[str]) -> int:
         candidates = a.smallest.split(",") if a.smallest else [a.device]
         for name in candidates:
             planner.device_spec(name)
+        board = planner.device_spec(a.device)
         if a.mesh:
-            req = replace(req, mesh=_plan_mesh(a.mesh, planner.device_spec(a.device)))
+            req = req.replace(mesh=_plan_mesh(a.mesh, board))
     except (FileNotFoundError, ValueError, KeyError) as exc:
         print(f"tt-serve plan: error: {exc}", file=sys.stderr)
         return 2
@@ -271,6 +268,7 @@ def _plan(argv: Sequence[str]) -> int:
         return _plan_smallest(spec, req, candidates)
     return report.main(
         spec,
+        board,
         req,
         as_json=a.json,
         ops_file=a.ops,

@@ -15,6 +15,7 @@ from tt_serve.model.torch_backend import TorchBackend
 from tt_serve.model.tt.contract.virtual_mesh import VirtualMeshTTNN
 from tt_serve.model.tt.contract.virtual_ttnn import VirtualTTNN
 from tt_serve.model.tt.ops import Ops
+from tt_serve.model.tt.options import TTOptions
 from tt_serve.model.tt.runtime.backend import TTBackend
 from tt_serve.model.tt.runtime.build import build_backend
 from tt_serve.model.weights import load_weights
@@ -34,13 +35,25 @@ def fake(**kw: Any) -> VirtualTTNN:
     return VirtualTTNN(**kw)
 
 
+BUILD_ARGS = ("tp", "ccl_links", "weight_cache_dir", "checkpoint", "on_capture")
+
+
+def build(spec: ModelSpec, weights: Any, *, ops: Ops, **kw: Any) -> TTBackend:
+    """``build_backend`` with the options as keywords: ``TTOptions`` fields and
+    ``build_backend``'s own arguments (``BUILD_ARGS``); the tests' defaults are mixed weights
+    and ``CHUNK``-token prefill buckets."""
+    kw.setdefault("precision", "mixed")
+    kw.setdefault("prefill_chunk", CHUNK)
+    args = {k: kw.pop(k) for k in BUILD_ARGS if k in kw}
+    return build_backend(spec, weights, ops=ops, options=TTOptions(**kw), **args)
+
+
 def tt_backend(path: Path, fake_ttnn: VirtualTTNN | None = None, **kw: Any) -> TTBackend:
     ops = Ops(fake_ttnn or fake())
     ops.open_device(0, trace_region_size=TRACE_REGION, l1_small_size=0)
     spec = ModelSpec.from_hf_dir(path)
-    kw.setdefault("max_prefill_chunk", CHUNK)
     kw.setdefault("checkpoint", path)  # what keys a weight cache, when one is given
-    return build_backend(spec, load_weights(path, spec), ops=ops, **kw)
+    return build(spec, load_weights(path, spec), ops=ops, **kw)
 
 
 def torch_backend(path: Path) -> TorchBackend:
@@ -101,6 +114,5 @@ def mesh_backend(
     ops = Ops(fake_mesh or mesh_fake(n))
     ops.open_mesh((1, n), trace_region_size=TRACE_REGION, l1_small_size=0)
     spec = ModelSpec.from_hf_dir(path)
-    kw.setdefault("max_prefill_chunk", CHUNK)
     kw.setdefault("checkpoint", path)  # what keys a weight cache, when one is given
-    return build_backend(spec, load_weights(path, spec), ops=ops, **kw)
+    return build(spec, load_weights(path, spec), ops=ops, **kw)

@@ -42,10 +42,8 @@ from tt_serve.model.spec import ModelSpec
 from tt_serve.model.torch_backend import TorchBackend
 from tt_serve.model.tt.launch import DEFAULT_L1_SMALL, launch
 from tt_serve.model.tt.ops import Ops
-from tt_serve.model.tt.precision import Precision
 from tt_serve.model.tt.runtime.attention import AttentionWeights, attention_decode
 from tt_serve.model.tt.runtime.backend import TTBackend
-from tt_serve.model.tt.runtime.build import build_backend
 from tt_serve.model.tt.runtime.gdn import GdnWeights, gdn_decode
 from tt_serve.model.tt.runtime.model import LM_HEAD_CHUNK
 from tt_serve.model.tt.runtime.weight_cache import default_cache_dir
@@ -126,14 +124,14 @@ def eager_backend(ops: Ops, size: RealSize, max_batch: int) -> TTBackend:
     cfg = size.serve_config(max_batch)
     spec = size.spec
     ops.open_device(size.device_id, trace_region_size=0, l1_small_size=DEFAULT_L1_SMALL)
-    be = build_backend(
+    be = h.build(
         spec,
         load_weights(size.path, spec),
         ops=ops,
-        precision=Precision.named(cfg.resolved_precision),
+        precision=cfg.resolved_precision,
         traced_decode=False,
         traced_prefill=False,
-        max_prefill_chunk=size.prefill_chunk,
+        prefill_chunk=size.prefill_chunk,
         max_model_len=size.max_model_len,
         weight_cache_dir=default_cache_dir(),  # as from_pretrained
         checkpoint=size.path,

@@ -20,7 +20,6 @@ from tt_serve.model.ref.plan import StepPlan
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.torch_backend import TorchBackend
 from tt_serve.model.tt.runtime.backend import TTBackend
-from tt_serve.model.tt.runtime.build import build_backend
 from tt_serve.model.weights import load_weights
 
 pytestmark = pytest.mark.tt_hardware
@@ -37,7 +36,7 @@ def pcc(a: np.ndarray, b: np.ndarray) -> float:
 
 def _tt(path: Path, ops: Any, **kw: Any) -> TTBackend:
     spec = ModelSpec.from_hf_dir(path)
-    return build_backend(spec, load_weights(path, spec), ops=ops, max_prefill_chunk=h.CHUNK, **kw)
+    return h.build(spec, load_weights(path, spec), ops=ops, prefill_chunk=h.CHUNK, **kw)
 
 
 def test_pcc_per_layer_prefill(hw_dense_dir: Path, tt_ops: Any) -> None:

@@ -19,9 +19,8 @@ from tests.tt import harness as h
 from tt_serve.model.interface import StateCopy, StepBatch, StepRow
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.torch_backend import TorchBackend
-from tt_serve.model.tt.precision import Precision
 from tt_serve.model.tt.runtime.backend import TTBackend
-from tt_serve.model.tt.runtime.build import DEFAULT_CCL_LINKS, build_backend
+from tt_serve.model.tt.runtime.build import DEFAULT_CCL_LINKS
 from tt_serve.model.weights import load_weights
 
 pytestmark = pytest.mark.tt_hardware
@@ -42,12 +41,12 @@ LOGIT_REL_ERR = 3e-2
 def _backend(path: Path, ops: Any) -> TTBackend:
     """The tensor-parallel backend on the open mesh, bf16 weights (LOGIT_REL_ERR's profile)."""
     spec = ModelSpec.from_hf_dir(path)
-    return build_backend(
+    return h.build(
         spec,
         load_weights(path, spec),
         ops=ops,
-        max_prefill_chunk=h.CHUNK,
-        precision=Precision.named("bfloat16"),
+        prefill_chunk=h.CHUNK,
+        precision="bfloat16",
     )
 
 

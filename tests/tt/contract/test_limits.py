@@ -22,7 +22,6 @@ from tt_serve.model.tt.contract.boards import ChipSpec
 from tt_serve.model.tt.contract.rules import DeviceLimitError, Shard, TensorInfo
 from tt_serve.model.tt.contract.virtual_ttnn import P150, WORMHOLE, ContractViolation, VirtualTTNN
 from tt_serve.model.tt.ops import ROW_MAJOR, Ops
-from tt_serve.model.tt.runtime.build import build_backend
 from tt_serve.model.weights import load_weights
 
 # Qwen3.5-9B (tt-metal models/demos/blackhole/qwen36/README-N300-9B.md; HF text_config)
@@ -643,7 +642,7 @@ def test_backend_capture_past_the_trace_region_fails(dense_dir: Path) -> None:
     ops = Ops(VirtualTTNN())
     ops.open_device(0, trace_region_size=256 << 10, l1_small_size=0)
     spec = ModelSpec.from_hf_dir(dense_dir)
-    be = build_backend(spec, load_weights(dense_dir, spec), ops=ops, max_prefill_chunk=h.CHUNK)
+    be = h.build(spec, load_weights(dense_dir, spec), ops=ops, prefill_chunk=h.CHUNK)
     msg = _trips(
         "trace.region",
         lambda: be.allocate(

@@ -31,6 +31,7 @@ from tt_serve.engine.scheduler import SchedulerConfig
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.layout.host import shape_only_weights
 from tt_serve.model.tt.ops import DEFAULT_L1_SMALL, Ops
+from tt_serve.model.tt.options import TTOptions
 from tt_serve.model.tt.plan.oplog import OpLog, Recorder
 from tt_serve.model.tt.runtime.build import build_backend
 from tt_serve.sequence import SamplingParams
@@ -58,9 +59,9 @@ def main() -> None:
         spec,
         lambda: weights,
         ops=ops,
-        max_prefill_chunk=CHUNK,
-        traced_decode=traced,
-        traced_prefill=False,
+        options=TTOptions(
+            precision="mixed", prefill_chunk=CHUNK, traced_decode=traced, traced_prefill=False
+        ),
     )
     blocks = 12 if job.get("eviction") else 48
     engine = Engine(

@@ -21,8 +21,10 @@ import pytest
 
 from tt_serve.model.published import published_config
 from tt_serve.model.spec import ModelSpec
+from tt_serve.model.tt.contract.boards import device_spec
+from tt_serve.model.tt.options import TTOptions
 from tt_serve.model.tt.plan import mock, planner
-from tt_serve.model.tt.plan.report import mock_request
+from tt_serve.model.tt.plan.report import mock_options
 
 pytestmark = pytest.mark.slow
 
@@ -38,10 +40,11 @@ def test_qwen35_9b_starts_on_a_mock_p150(ttnn_python: Path, batch: int) -> None:
     tt-metal's allocator, the workload's prefill, decode, sampling and snapshot copies
     validated; the virtual device's plan and tt-metal agree that it fits."""
     config, spec = _published("qwen3.5-9b")
-    req = planner.PlanRequest(device="p150", max_batch_size=batch)
-    p = planner.plan(spec, req)
+    board = device_spec("p150")
+    req = TTOptions(max_batch_size=batch)
+    p = planner.plan(spec, board, req)
     assert p.ok
-    v = mock.check(config, mock_request(req, p), p.kv_blocks, python=str(ttnn_python))
+    v = mock.check(config, board.name, mock_options(req, p), p.kv_blocks, python=str(ttnn_python))
     assert v.ok, v.message
     assert v.checker == "tt-metal 0.81.1 on a mock p150" and v.dram_banks == 8
     assert not v.eager and v.traces == 1  # the decode step, captured and replayed as on a card
@@ -59,10 +62,11 @@ def test_qwen35_9b_starts_on_a_mock_p150(ttnn_python: Path, batch: int) -> None:
 
 def test_qwen35_9b_bf16_on_a_mock_n150_is_refused_by_tt_metal(ttnn_python: Path) -> None:
     config, spec = _published("qwen3.5-9b")
-    req = planner.PlanRequest(device="n150", max_batch_size=1, precision="bfloat16")
-    p = planner.plan(spec, req)
+    board = device_spec("n150")
+    req = TTOptions(max_batch_size=1, precision="bfloat16")
+    p = planner.plan(spec, board, req)
     assert not p.ok and p.limit_rule == "dram.capacity"
-    v = mock.check(config, mock_request(req, p), 64, python=str(ttnn_python))
+    v = mock.check(config, board.name, mock_options(req, p), 64, python=str(ttnn_python))
     assert not v.ok and v.where == "bank_manager.cpp:514" and v.phase == "startup"
     assert "Out of Memory: Not enough space to allocate" in v.message
 
@@ -87,10 +91,11 @@ def test_tensor_parallel_starts_on_a_mock_mesh(
     tt-metal's CCLs on the mock fabric (and captured in the decode trace), per-chip DRAM from
     the real allocator."""
     config, spec = _published(model)
-    req = planner.PlanRequest(device=device, max_batch_size=batch, precision=precision, mesh=mesh)
-    p = planner.plan(spec, req)
+    board = device_spec(device)
+    req = TTOptions(max_batch_size=batch, precision=precision, mesh=mesh)
+    p = planner.plan(spec, board, req)
     assert p.ok and p.chips > 1
-    v = mock.check(config, mock_request(req, p), p.kv_blocks, python=str(ttnn_python))
+    v = mock.check(config, board.name, mock_options(req, p), p.kv_blocks, python=str(ttnn_python))
     assert v.ok, v.message
     assert not v.eager and v.traces == 1
     assert v.dram_banks == 12  # Wormhole: per chip

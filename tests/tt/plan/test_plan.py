@@ -13,6 +13,8 @@ import pytest
 
 from tt_serve.model.published import write_published_config
 from tt_serve.model.spec import ModelSpec
+from tt_serve.model.tt.contract.boards import device_spec
+from tt_serve.model.tt.options import TTOptions
 from tt_serve.model.tt.plan import planner
 from tt_serve.model.tt.precision import Precision
 
@@ -31,8 +33,9 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_plan_9b_p150_sizes_kv_from_dram(q9: Path) -> None:
     spec = ModelSpec.from_hf_dir(q9)
-    req = planner.PlanRequest(device="p150", precision="mixed", max_batch_size=16)
-    p = planner.plan(spec, req)
+    board = device_spec("p150")
+    req = TTOptions(precision="mixed", max_batch_size=16)
+    p = planner.plan(spec, board, req)
     assert p.ok, f"[{p.limit_rule}] {p.limit_message}"
     weights = sum(p.weights.values())
     # Parameters per group (qwen-configs.md), bytes per the profile: bfloat16 2 B,
@@ -85,8 +88,8 @@ def test_plan_multichip_is_per_chip(q9: Path) -> None:
     """A 2-chip device is planned tensor parallel: per-chip weights are half the split ones
     plus the replicated embedding and norms."""
     spec = ModelSpec.from_hf_dir(q9)
-    p = planner.plan(spec, planner.PlanRequest(device="p300", max_batch_size=1, kv_blocks=64))
-    one = planner.plan(spec, planner.PlanRequest(device="p150", max_batch_size=1, kv_blocks=64))
+    p = planner.plan(spec, device_spec("p300"), TTOptions(max_batch_size=1, kv_blocks=64))
+    one = planner.plan(spec, device_spec("p150"), TTOptions(max_batch_size=1, kv_blocks=64))
     assert p.ok and p.chips == 2 and any("1 x 2 mesh" in n for n in p.notes)
     split = sum(v for k, v in one.weights.items() if k not in ("embed", "norms"))
     assert sum(p.weights.values()) < one.weights["embed"] + one.weights["norms"] + split / 1.9
@@ -97,12 +100,13 @@ def test_plan_pools_from_serve_config(q9: Path) -> None:
 
     spec = ModelSpec.from_hf_dir(q9)
     cfg = ServeConfig(model=str(q9), backend="ttnn", max_batch_size=1, kv_blocks=64)
-    pools = planner.plan_pools(cfg, spec, "p150")
+    opts = TTOptions.from_config(cfg)
+    pools = planner.plan_pools(spec, planner.placement(spec, device_spec("p150"), opts), opts)
     assert pools.num_kv_blocks == 64 and pools.num_state_slots == 1
     assert pools.num_snapshot_slots == cfg.snapshot_slots
-    bad = ServeConfig(model=str(q9), backend="ttnn", precision="bfloat16")
+    bad = TTOptions.from_config(ServeConfig(model=str(q9), backend="ttnn", precision="bfloat16"))
     with pytest.raises(planner.PlanError, match=r"dram\.capacity"):
-        planner.plan_pools(bad, spec, "n150")
+        planner.plan_pools(spec, planner.placement(spec, device_spec("n150"), bad), bad)
 
 
 @pytest.mark.parametrize(
@@ -145,12 +149,102 @@ def test_a_ttnn_start_plans_once_and_builds_once(
     )
     launched = launch(cfg, spec, max_model_len=1024, ops=Ops(fake))
     assert builds.count(False) == 1, "the backend is built once on the device"
-    assert builds.count(True) == len(builds) - 1 >= 1, "the rest are the planner's runs"
-    plan_cfg = dataclasses.replace(cfg, max_model_len=1024)
-    want = planner.plan_pools(plan_cfg, spec, board)
+    assert builds.count(True) == 2, "the planner's: one probe, then the start as sized"
+    assert len(builds) == 3 and builds[-1] is False, "planned first, then built"
+    opts = TTOptions.from_config(cfg, max_model_len=1024)
+    want = planner.plan_pools(spec, planner.placement(spec, dev, opts), opts)
     assert launched.num_kv_blocks == want.num_kv_blocks
     assert launched.backend.ops.trace_region_size == want.trace_region_size > 0
     assert launched.num_kv_blocks > 1000  # device DRAM, not a host-RAM quarter of a tiny model
+    launched.backend.close()
+
+
+def _count_builds(monkeypatch: pytest.MonkeyPatch) -> list[tuple[bool, TTOptions]]:
+    """(shape-only, options) of every TTBackend built from here on."""
+    from tt_serve.model.tt.runtime.backend import TTBackend
+
+    builds: list[tuple[bool, TTOptions]] = []
+    init = TTBackend.__init__
+
+    def counted(self: TTBackend, *a: Any, **kw: Any) -> None:
+        builds.append((bool(kw["ops"].ttnn.shape_only), kw["options"]))
+        init(self, *a, **kw)
+
+    monkeypatch.setattr(TTBackend, "__init__", counted)
+    return builds
+
+
+@pytest.mark.parametrize(
+    ("kv_blocks", "region", "want"), [(0, 0, 2), (64, 0, 2), (0, 64 << 20, 2), (64, 64 << 20, 1)]
+)
+def test_a_plan_builds_at_most_twice(
+    dense_dir: Path, monkeypatch: pytest.MonkeyPatch, kv_blocks: int, region: int, want: int
+) -> None:
+    """``tt-serve plan``: one shape-only build when every size is given; where the trace region
+    or the KV pool is sized, one probe build measures both, and the start as sized is checked
+    by a second (it was four: a trace probe, two KV probes and the check)."""
+    builds = _count_builds(monkeypatch)
+    spec = ModelSpec.from_hf_dir(dense_dir)
+    opts = TTOptions(
+        precision="mixed", max_batch_size=4, kv_blocks=kv_blocks, trace_region_size=region
+    )
+    p = planner.plan(spec, device_spec("p150"), opts)
+    assert p.ok, p.limit_message
+    assert len(builds) == want and all(shape_only for shape_only, _ in builds)
+    assert p.kv_blocks == (kv_blocks or p.kv_blocks) > 0
+
+
+def test_the_kv_pool_keeps_the_safety_margin_exactly(dense_dir: Path) -> None:
+    """The KV pool sized from one probe leaves the chip's ``SAFETY_FRACTION`` free at the
+    start's measured peak, to within one KV block: the probe's rest of the start plus what
+    follows the page-table width (``_width_bytes``) is what the sized start then holds."""
+    spec = ModelSpec.from_hf_dir(dense_dir)
+    board = device_spec("n150")
+    p = planner.plan(spec, board, TTOptions(precision="mixed", max_batch_size=4))
+    assert p.ok, p.limit_message
+    margin = int(planner.SAFETY_FRACTION * board.chip.dram_bytes)
+    block = p.kv_bytes // p.kv_blocks
+    assert margin <= p.dram_left < margin + block + 8 * 4096
+
+
+def test_an_option_reaches_both_builds(dense_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A field added to the start's options reaches the planner's builds and the real build
+    unchanged: every build of a start takes the one ``TTOptions`` (a subclass with a new
+    field stands in for an option added tomorrow)."""
+    from tests.tt import harness as h
+    from tt_serve.config import ServeConfig
+    from tt_serve.model.tt.launch import launch
+    from tt_serve.model.tt.ops import Ops
+
+    extended = dataclasses.make_dataclass(
+        "Extended",
+        [("new_knob", int, dataclasses.field(default=0))],
+        bases=(TTOptions,),
+        frozen=True,
+    )
+    base = TTOptions.from_config
+
+    def from_config(cfg: ServeConfig, **kw: Any) -> TTOptions:
+        return extended(**dataclasses.asdict(base(cfg, **kw)), new_knob=7)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(TTOptions, "from_config", staticmethod(from_config))
+    builds = _count_builds(monkeypatch)
+    spec = ModelSpec.from_hf_dir(dense_dir)
+    cfg = ServeConfig(
+        model=str(dense_dir),
+        backend="ttnn",
+        max_batch_size=4,
+        device_resident=True,
+        prefill_chunk=128,
+    )
+    launched = launch(cfg, spec, max_model_len=1024, ops=Ops(h.fake()))
+    assert [shape_only for shape_only, _ in builds] == [True, True, False]
+    for _, opts in builds:
+        assert isinstance(opts, extended) and opts.new_knob == 7  # type: ignore[attr-defined]
+        assert opts.device_resident and opts.prefill_chunk == 128 and opts.max_model_len == 1024
+    # the sized start is what the planner checked and what the device got
+    assert builds[1][1] == builds[2][1]
+    assert launched.num_kv_blocks == builds[2][1].kv_blocks
     launched.backend.close()
 
 
@@ -158,14 +252,15 @@ def test_trace_region_is_sized_from_the_captured_traces(q9: Path) -> None:
     """trace_region_size 0 (the default): a first startup with no region (tt-metal keeps trace
     buffers in DRAM then) measures the traces; the region is 1.5x that in whole 16 MiB."""
     spec = ModelSpec.from_hf_dir(q9)
-    req = planner.PlanRequest(device="p150", precision="mixed", kv_blocks=512)
+    board = device_spec("p150")
+    req = TTOptions(precision="mixed", kv_blocks=512)
     assert req.trace_region_size == 0
-    p = planner.plan(spec, req)
+    p = planner.plan(spec, board, req)
     assert p.ok and p.trace_auto, p.limit_message
     assert p.trace_configured % (16 << 20) == 0
     assert p.trace_needed * 1.5 <= p.trace_configured < p.trace_needed * 1.5 + (16 << 20)
     assert p.pools is not None and p.pools.trace_region_size == p.trace_configured
-    fixed = planner.plan(spec, dataclasses.replace(req, trace_region_size=p.trace_configured))
+    fixed = planner.plan(spec, board, req.replace(trace_region_size=p.trace_configured))
     assert fixed.ok and not fixed.trace_auto and fixed.trace_needed == p.trace_needed
 
 
@@ -175,8 +270,8 @@ def test_old_256_mib_trace_region_refuses_qwen36_prefill_buckets(q9: Path) -> No
     on a card): the capture of the last bucket fails at end_trace_capture. Sized from the
     traces, the same configuration starts."""
     spec = ModelSpec.from_hf_dir(q9)
-    req = planner.PlanRequest(
-        device="p150",
+    board = device_spec("p150")
+    req = TTOptions(
         precision="bfp4-mlp",
         max_batch_size=32,
         prefill_chunk=4096,
@@ -184,10 +279,10 @@ def test_old_256_mib_trace_region_refuses_qwen36_prefill_buckets(q9: Path) -> No
         kv_blocks=1024,
         trace_region_size=256 << 20,
     )
-    old = planner.plan(spec, req)
+    old = planner.plan(spec, board, req)
     assert not old.ok and old.limit_rule == "trace.region", old.limit_message
     assert "--trace-region-size" in (old.hint or "")
-    new = planner.plan(spec, dataclasses.replace(req, trace_region_size=0))
+    new = planner.plan(spec, board, req.replace(trace_region_size=0))
     assert new.ok and new.traces == 8 and new.trace_configured > 256 << 20
 
 
@@ -199,10 +294,9 @@ def test_prefill_attention_is_head_major_at_9b_dims(q9: Path) -> None:
 
     spec = ModelSpec.from_hf_dir(q9)
     log = io.StringIO()
-    req = planner.PlanRequest(
-        device="p150", max_batch_size=2, kv_blocks=64, trace_region_size=1 << 30
-    )
-    assert planner.plan(spec, req, log).ok
+    board = device_spec("p150")
+    req = TTOptions(max_batch_size=2, kv_blocks=64, trace_region_size=1 << 30)
+    assert planner.plan(spec, board, req, log).ok
     calls = [json.loads(line) for line in log.getvalue().splitlines()]
     prefill = [c for c in calls if c["phase"] == "prefill"]
     chunk = req.prefill_chunk

@@ -19,14 +19,14 @@ from tt_serve.model.draw import _kept, draw
 from tt_serve.model.interface import RowSampling, StateCopy, StepBatch, StepOutput, StepRow
 from tt_serve.model.published import write_published_config
 from tt_serve.model.spec import ModelSpec
+from tt_serve.model.tt.contract.boards import device_spec
 from tt_serve.model.tt.contract.virtual_ttnn import VirtualTTNN
 from tt_serve.model.tt.layout.host import shape_only_weights
 from tt_serve.model.tt.ops import Ops
+from tt_serve.model.tt.options import TTOptions
 from tt_serve.model.tt.plan import planner
-from tt_serve.model.tt.precision import Precision
 from tt_serve.model.tt.runtime import sampling
 from tt_serve.model.tt.runtime.backend import TTBackend
-from tt_serve.model.tt.runtime.build import build_backend
 
 VOCAB, ROWS = 4096, 32
 EPS32 = float(np.finfo(np.float32).eps)
@@ -312,17 +312,20 @@ def test_sampled_decode_at_9b_batch_32_shape_only(tmp_path: Path) -> None:
     [32, 32, 32] compare matrices, the fed-id select), and reads back 8 KiB of candidates plus
     the ids instead of 32 logits rows (31.8 MB)."""
     spec = ModelSpec.from_hf_dir(write_published_config("qwen3.5-9b", tmp_path))
-    req = planner.PlanRequest(device="p150", max_batch_size=32, kv_blocks=256)
+    board = device_spec("p150")
+    req = TTOptions(max_batch_size=32, kv_blocks=256)
     fake = VirtualTTNN(shape_only=True)
     ops = Ops(fake)
-    ops.open_device(0, trace_region_size=planner.trace_region_for(spec, req), l1_small_size=0)
-    be = build_backend(
+    ops.open_device(
+        0, trace_region_size=planner.plan(spec, board, req).trace_configured, l1_small_size=0
+    )
+    be = h.build(
         spec,
         lambda: shape_only_weights(spec),
         ops=ops,
-        precision=Precision.named(req.precision),
+        precision=req.precision,
         traced_prefill=False,
-        max_prefill_chunk=req.prefill_chunk,
+        prefill_chunk=req.prefill_chunk,
         max_model_len=4096,
     )
     be.allocate(num_kv_blocks=256, block_size=64, num_state_slots=32, num_snapshot_slots=1)

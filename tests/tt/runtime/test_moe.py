@@ -18,11 +18,13 @@ import torch.nn.functional as F
 from tt_serve.model.published import write_published_config
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.contract import rules
+from tt_serve.model.tt.contract.boards import device_spec
 from tt_serve.model.tt.contract.rules import DeviceLimitError, TensorInfo
 from tt_serve.model.tt.contract.virtual_ttnn import ContractViolation, VirtualTTNN
 from tt_serve.model.tt.layout import experts as expert_layout
 from tt_serve.model.tt.layout.transforms import linear_t, stacked_experts
 from tt_serve.model.tt.ops import TILE, Ops
+from tt_serve.model.tt.options import TTOptions
 from tt_serve.model.tt.plan import planner
 from tt_serve.model.tt.runtime import moe
 
@@ -185,10 +187,11 @@ def test_plan_qwen36_35b_a3b_bfp4_on_p150(q35: Path) -> None:
     """Startup, captures, prefill, decode and snapshot copies of the published config on the
     shape-only P150 at max_batch 16, in well under a minute (the per-expert loop took > 400 s)."""
     spec = ModelSpec.from_hf_dir(q35)
-    req = planner.PlanRequest(device="p150", precision="bfp4-mlp", max_batch_size=16)
+    board = device_spec("p150")
+    req = TTOptions(precision="bfp4-mlp", max_batch_size=16)
     log = io.StringIO()
     start = time.monotonic()
-    p = planner.plan(spec, req, log)
+    p = planner.plan(spec, board, req, log)
     elapsed = time.monotonic() - start
     assert elapsed < 60, elapsed
     assert p.ok or p.limit_rule, p

@@ -24,7 +24,6 @@ from tt_serve.model.tt.layout.transforms import sparse_experts
 from tt_serve.model.tt.ops import ROW_MAJOR, Ops
 from tt_serve.model.tt.precision import Precision
 from tt_serve.model.tt.runtime import moe
-from tt_serve.model.tt.runtime.build import build_backend
 
 EXPERTS = 8
 
@@ -361,11 +360,11 @@ def test_weight_cache_keys_the_expert_layout(moe_dir: Path, tmp_path: Path) -> N
 
     ops = Ops(h.fake())
     ops.open_device(0, trace_region_size=h.TRACE_REGION, l1_small_size=0)
-    second = build_backend(
+    second = h.build(
         spec,
         boom,
         ops=ops,
-        max_prefill_chunk=h.CHUNK,
+        prefill_chunk=h.CHUNK,
         weight_cache_dir=tmp_path,
         checkpoint=moe_dir,
     )

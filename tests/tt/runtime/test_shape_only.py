@@ -11,8 +11,10 @@ import pytest
 
 from tt_serve.model.published import write_published_config
 from tt_serve.model.spec import ModelSpec
+from tt_serve.model.tt.contract.boards import device_spec
 from tt_serve.model.tt.contract.virtual_ttnn import VirtualTTNN
 from tt_serve.model.tt.layout.host import is_shape_only, shape_only_weights
+from tt_serve.model.tt.options import TTOptions
 from tt_serve.model.tt.plan import planner
 
 
@@ -47,10 +49,9 @@ def test_qwen35_9b_on_p150(spec9b: ModelSpec, batch: int, traced_prefill: bool) 
     """Startup + 2 prefill chunks + 8 decode steps + save/restore/reset at max_batch ``batch``,
     bfloat16 weights, a fixed KV pool (sizing from DRAM is test_plan's); the decode trace always,
     the prefill bucket traces (64..256) too at batch 16."""
-    req = planner.PlanRequest(
-        device="p150", max_batch_size=batch, kv_blocks=1024, traced_prefill=traced_prefill
-    )
-    p = planner.plan(spec9b, req)
+    board = device_spec("p150")
+    req = TTOptions(max_batch_size=batch, kv_blocks=1024, traced_prefill=traced_prefill)
+    p = planner.plan(spec9b, board, req)
     assert p.ok, f"[{p.limit_rule}] {p.limit_message}"
     assert 17.9e9 < sum(p.weights.values()) < 18.1e9  # 8.954 B params x 2 B, tile padding
     assert p.kv_tokens == 1023 * 64

@@ -33,8 +33,8 @@ def mesh2d_backend(
     ops = Ops(fake or mesh2d_fake(rows, cols))
     ops.open_mesh((rows, cols), trace_region_size=h.TRACE_REGION, l1_small_size=0)
     spec = ModelSpec.from_hf_dir(path)
-    kw.setdefault("max_prefill_chunk", h.CHUNK)
-    return h.build_backend(spec, h.load_weights(path, spec), ops=ops, **kw)  # type: ignore[arg-type]
+    kw.setdefault("prefill_chunk", h.CHUNK)
+    return h.build(spec, h.load_weights(path, spec), ops=ops, **kw)
 
 
 @pytest.mark.slow
@@ -256,7 +256,7 @@ def test_one_chip_mesh_is_the_single_device(
     mesh = h.mesh_fake(1)
     ops = Ops(mesh)
     ops.open_mesh((1, 1), trace_region_size=h.TRACE_REGION, l1_small_size=0)
-    be2 = h.build_backend(spec, h.load_weights(dense_dir, spec), ops=ops, max_prefill_chunk=h.CHUNK)
+    be2 = h.build(spec, h.load_weights(dense_dir, spec), ops=ops, prefill_chunk=h.CHUNK)
     for be in (be1, be2):
         assert h.generate(h.engine(be, spec), list(prompts), 12) == torch_tokens
     assert mesh.chips[0].counts == single.counts

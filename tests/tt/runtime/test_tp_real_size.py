@@ -11,6 +11,7 @@ import pytest
 from tt_serve.model.published import write_published_config
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.contract.boards import device_spec
+from tt_serve.model.tt.options import TTOptions
 from tt_serve.model.tt.plan import planner
 
 pytestmark = pytest.mark.slow
@@ -32,10 +33,9 @@ def spec35(tmp_path_factory: pytest.TempPathFactory) -> ModelSpec:
 
 @pytest.mark.parametrize(("batch", "region_mib"), [(1, 128), (32, 256)])
 def test_qwen36_27b_on_p150x4(spec27: ModelSpec, batch: int, region_mib: int) -> None:
-    req = planner.PlanRequest(
-        device="p150x4", max_batch_size=batch, kv_blocks=512, trace_region_size=region_mib << 20
-    )
-    p = planner.plan(spec27, req)
+    board = device_spec("p150x4")
+    req = TTOptions(max_batch_size=batch, kv_blocks=512, trace_region_size=region_mib << 20)
+    p = planner.plan(spec27, board, req)
     assert p.ok, f"[{p.limit_rule}] {p.limit_message}"
     assert p.chips == 4 and p.trace_needed <= p.trace_configured
     # bf16 per chip: a quarter of the 26.9 B split parameters plus the replicated 248320 x 5120
@@ -50,8 +50,9 @@ def test_qwen36_27b_on_p150x4(spec27: ModelSpec, batch: int, region_mib: int) ->
 
 
 def test_qwen36_27b_does_not_fit_one_p150_but_the_smallest_mesh_does(spec27: ModelSpec) -> None:
-    req = planner.PlanRequest(max_batch_size=1, kv_blocks=64, trace_region_size=128 << 20)
-    assert not planner.plan(spec27, req).ok
+    board = device_spec("p150")
+    req = TTOptions(max_batch_size=1, kv_blocks=64, trace_region_size=128 << 20)
+    assert not planner.plan(spec27, board, req).ok
     best = planner.smallest_mesh(spec27, req, ["p150", "p150x4"])
     assert best is not None and best.device == "p150x4" and best.ok
 
@@ -60,14 +61,14 @@ def test_qwen36_27b_does_not_fit_one_p150_but_the_smallest_mesh_does(spec27: Mod
 def test_qwen36_35b_a3b_tensor_parallel(spec35: ModelSpec, device: str, precision: str) -> None:
     """Whole experts per chip (256 / N, the sparse path); on the T3K's 12 GB Wormhole chips
     with bfp8 weights (16 heads / 2 KV heads: KV replicated over 4 chips each)."""
-    req = planner.PlanRequest(
-        device=device,
+    board = device_spec(device)
+    req = TTOptions(
         precision=precision,
         max_batch_size=1,
         kv_blocks=256,
         trace_region_size=96 << 20,
     )
-    p = planner.plan(spec35, req)
+    p = planner.plan(spec35, board, req)
     assert p.ok, f"[{p.limit_rule}] {p.limit_message}"
     dev = device_spec(device)
     assert p.chips == dev.num_chips and p.dram_peak < dev.chip.dram_bytes
@@ -83,10 +84,9 @@ def test_qwen36_35b_a3b_tensor_parallel(spec35: ModelSpec, device: str, precisio
 def test_qwen36_27b_on_a_2d_mesh(spec27: ModelSpec, device: str, mesh: tuple[int, int]) -> None:
     """Galaxy 8 x 4 (its own mesh) and T3K opened as 2 x 4: startup, prefill, decode and a
     snapshot save / restore / reset, every rule per chip, both axes' collectives."""
-    req = planner.PlanRequest(
-        device=device, max_batch_size=1, kv_blocks=64, trace_region_size=96 << 20, mesh=mesh
-    )
-    p = planner.plan(spec27, req)
+    board = device_spec(device)
+    req = TTOptions(max_batch_size=1, kv_blocks=64, trace_region_size=96 << 20, mesh=mesh)
+    p = planner.plan(spec27, board, req)
     assert p.ok, f"[{p.limit_rule}] {p.limit_message}"
     rows, cols = mesh or device_spec(device).mesh
     assert p.chips == rows * cols and p.dram_peak < device_spec(device).chip.dram_bytes
@@ -103,7 +103,7 @@ def test_qwen36_27b_on_a_2d_mesh(spec27: ModelSpec, device: str, mesh: tuple[int
 def test_a_split_that_does_not_divide_is_the_plan_verdict(spec35: ModelSpec) -> None:
     """Qwen3.6-35B-A3B on Galaxy (8 x 4): 256 experts are 8 per chip, but the 512-wide shared
     expert is not a whole tile on each of 32 chips; the plan names the count."""
-    p = planner.plan(spec35, planner.PlanRequest(device="galaxy", kv_blocks=64))
+    p = planner.plan(spec35, device_spec("galaxy"), TTOptions(kv_blocks=64))
     assert not p.ok and p.limit_rule == "tp.split"
     assert "shared expert intermediate 512 % (32 x 32)" in (p.limit_message or "")
 
@@ -111,15 +111,15 @@ def test_a_split_that_does_not_divide_is_the_plan_verdict(spec35: ModelSpec) -> 
 def test_qwen36_35b_a3b_on_t3k_2x4(spec35: ModelSpec) -> None:
     """T3K opened as 2 x 4, bfp8: 32 whole experts per chip over all eight chips, heads over
     the four columns; startup, prefill, decode and a snapshot save / restore / reset."""
-    req = planner.PlanRequest(
-        device="t3k",
+    board = device_spec("t3k")
+    req = TTOptions(
         mesh=(2, 4),
         precision="mixed",
         max_batch_size=1,
         kv_blocks=256,
         trace_region_size=96 << 20,
     )
-    p = planner.plan(spec35, req)
+    p = planner.plan(spec35, board, req)
     assert p.ok, f"[{p.limit_rule}] {p.limit_message}"
     assert p.chips == 8 and p.dram_peak < device_spec("t3k").chip.dram_bytes
     experts = 40 * 256 // 8 * 3 * 2048 * 512 // 1024 * 1088  # bfp8 tiles, 32 experts a chip

@@ -18,8 +18,9 @@ from tt_serve.model.interface import (
     StepRow,
 )
 from tt_serve.model.spec import ModelSpec
+from tt_serve.model.tt.contract.boards import device_spec
 from tt_serve.model.tt.launch import launch, open_backend
-from tt_serve.model.tt.runtime.build import build_backend
+from tt_serve.model.tt.options import Placement, TTOptions
 
 
 def test_engine_tokens_match_torch_with_warm_prefix_hit(
@@ -230,11 +231,11 @@ def test_weight_cache_round_trip(dense_dir: Path, tmp_path: Path) -> None:
 
     ops = Ops(h.fake())
     ops.open_device(0, trace_region_size=h.TRACE_REGION, l1_small_size=0)
-    second = build_backend(
+    second = h.build(
         spec,
         boom,
         ops=ops,
-        max_prefill_chunk=h.CHUNK,
+        prefill_chunk=h.CHUNK,
         weight_cache_dir=tmp_path,
         checkpoint=dense_dir,
     )
@@ -338,8 +339,9 @@ def test_from_config_maps_the_serve_config(
     be = launch(cfg, spec, max_model_len=512).backend
     # trace_region_size 0: the device opened with a region sized for this configuration's traces
     # on the shape-only model of the box its ClusterType names (a P150), before it opened.
-    plan_cfg = dataclasses.replace(cfg, max_model_len=512)
-    want = planner.plan_pools(plan_cfg, spec, "p150").trace_region_size
+    opts = TTOptions.from_config(cfg, max_model_len=512)
+    place = Placement.of(spec, device_spec("p150"), opts)
+    want = planner.plan_pools(spec, place, opts).trace_region_size
     assert be.ops.trace_region_size == want == fake.trace_region.size > 0
     assert be.spec is spec and be.precision == Precision.named("mixed")
     assert be.max_prefill_chunk == 128 and be.max_model_len == 512
@@ -358,9 +360,8 @@ def test_from_config_maps_the_serve_config(
     assert be.ops.trace_region_size == 96 << 20
     be.close()
     with pytest.raises(ValueError, match=r"mesh 1 x 4 needs 4 device ids"):
-        open_backend(
-            dense_dir, trace_region_size=1 << 20, device_ids=(0, 1), mesh=(1, 4), ops=Ops(h.fake())
-        )
+        options = TTOptions(trace_region_size=1 << 20, device_ids=(0, 1), mesh=(1, 4))
+        open_backend(dense_dir, options, ops=Ops(h.fake()))
 
 
 def test_sdpa_calls_carry_program_and_compute_configs(dense_dir: Path) -> None:
@@ -443,7 +444,7 @@ def test_precision_profiles_convert_and_configure_every_matmul(
     monkeypatch.setattr(tt_model, "LM_HEAD_CHUNK", 1000)
     spec = ModelSpec.from_hf_dir(dense_dir)
     fake = h.fake()
-    be = h.tt_backend(dense_dir, fake, precision=Precision.named("bfp4-mlp"))
+    be = h.tt_backend(dense_dir, fake, precision="bfp4-mlp")
     head = be.model.lm_head
     assert len(head) == -(-spec.vocab_size // 1000) and {t.dtype.value for t in head} == {
         "bfloat8_b"

@@ -26,7 +26,6 @@ from tt_serve.model.tt.layout.parallel import TensorParallel
 from tt_serve.model.tt.ops import Ops
 from tt_serve.model.tt.precision import Precision
 from tt_serve.model.tt.runtime import weight_cache, weights
-from tt_serve.model.tt.runtime.build import build_backend
 from tt_serve.model.tt.runtime.weight_cache import MANIFEST, TEMP_MARK, WeightCache
 from tt_serve.model.weights import load_weights
 
@@ -58,11 +57,11 @@ def _start(
     ckpt: Path, cache: Path, mesh: tuple[int, int] = (1, 1), **kw: Any
 ) -> tuple[Any, Source]:
     src = Source(ckpt)
-    be = build_backend(
+    be = h.build(
         ModelSpec.from_hf_dir(ckpt),
         src,
         ops=_ops(mesh),
-        max_prefill_chunk=h.CHUNK,
+        prefill_chunk=h.CHUNK,
         weight_cache_dir=cache,
         checkpoint=ckpt,
         **kw,
@@ -180,7 +179,7 @@ def test_a_killed_writer_leaves_no_readable_entry(dense_dir: Path, tmp_path: Pat
     assert again.calls == 0
     old = time.time() - 2 * weight_cache.STALE_TEMP_S
     os.utime(left, (old, old))
-    _start(dense_dir, tmp_path, precision=Precision.named("bfloat16"))  # another key: a write
+    _start(dense_dir, tmp_path, precision="bfloat16")  # another key: a write
     assert _temps(tmp_path) == [] and len(_entries(tmp_path)) == 2
 
 
@@ -290,4 +289,4 @@ def test_a_rewritten_checkpoint_of_the_same_shapes_misses(
 def test_the_cache_needs_the_checkpoint_folder(dense_dir: Path, tmp_path: Path) -> None:
     spec = ModelSpec.from_hf_dir(dense_dir)
     with pytest.raises(ValueError, match="weight_cache_dir needs checkpoint"):
-        build_backend(spec, Source(dense_dir), ops=_ops((1, 1)), weight_cache_dir=tmp_path)
+        h.build(spec, Source(dense_dir), ops=_ops((1, 1)), weight_cache_dir=tmp_path)

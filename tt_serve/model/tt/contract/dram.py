@@ -51,6 +51,12 @@ class DramBudget:
     reserve_per_bank: int = 0
     held: dict[int, tuple[str, int]] = field(default_factory=dict)  # key -> (label, per bank)
     _used: int = field(default=0, init=False, repr=False)  # the sum of held, kept as it changes
+    _traces: int = field(default=0, init=False, repr=False)  # of it, trace buffers (region 0)
+    _trace_keys: set[int] = field(default_factory=set, init=False, repr=False)
+    # The high-water mark of ``used_per_bank`` less the trace buffers, at every allocation of a
+    # tensor: with ``trace_region_size`` 0 the traces live in ordinary DRAM, and this is the
+    # peak the same run has when a region holds them (the planner sizes both from one run).
+    peak_less_traces: int = field(default=0, init=False, repr=False)
 
     @property
     def banks(self) -> int:
@@ -82,10 +88,13 @@ class DramBudget:
     def allocate(self, key: int, t: TensorInfo, label: str = "") -> None:
         what = f"{list(t.shape)} {t.dtype} {t.layout}"
         self._charge(key, self.per_bank(t), label or what, what)
+        self.peak_less_traces = max(self.peak_less_traces, self._used - self._traces)
 
     def allocate_pages(self, key: int, pages: int, page_bytes: int, label: str) -> None:
         """A raw interleaved buffer (a trace buffer when trace_region_size is 0)."""
         self._charge(key, -(-pages // self.banks) * page_bytes, label, label)
+        self._traces += self.held[key][1]
+        self._trace_keys.add(key)
 
     def _charge(self, key: int, need: int, label: str, what: str) -> None:
         cap = self.bank_bytes
@@ -98,6 +107,9 @@ class DramBudget:
     def free(self, key: int) -> None:
         _, was = self.held.pop(key, ("", 0))
         self._used -= was
+        if key in self._trace_keys:
+            self._trace_keys.discard(key)
+            self._traces -= was
 
     def _oom(self, what: str, need: int, cap: int) -> str:
         groups: dict[str, tuple[int, int]] = {}

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from tt_serve.model.tt.contract.boards import device_spec
+from tt_serve.model.tt.options import TTOptions
 
 MOCK_ENV = "TT_METAL_MOCK_CLUSTER_DESC_PATH"
 TRACE_SHIM = "tt-serve-mock-trace.so"  # in the ttnn venv's lib/ (scripts/setup-ttnn-venv)
@@ -116,7 +117,8 @@ def kernel_cache_dir() -> Path:
 
 def check(
     config: dict[str, Any],
-    request: dict[str, Any],
+    device: str,
+    options: TTOptions,
     kv_blocks: int,
     *,
     python: str | None = None,
@@ -124,13 +126,14 @@ def check(
     extra_env: dict[str, str] | None = None,
     traces: bool = True,
 ) -> MockVerdict:
-    """Run the plan ``request`` (``PlanRequest`` fields) with ``kv_blocks`` KV blocks for the
-    model ``config`` (its config.json) on a mock box of ``request["device"]``, in a child
+    """Run the plan's start (``options``, the same the virtual plan and a real start take) with
+    ``kv_blocks`` KV blocks for the model ``config`` (its config.json) on a mock box of
+    ``device``, in a child
     ``python`` (default: :func:`ttnn_python`); traced as on a card where the venv has the trace
     shim and ``traces`` is left on, else every program eager."""
     from tt_serve.model.tt.contract.cluster_desc import write_cluster_descriptor
 
-    board = device_spec(str(request["device"]))
+    board = device_spec(device)
     python = python or ttnn_python() or sys.executable
     shim = trace_shim(python) if traces else None
     with tempfile.TemporaryDirectory(prefix="tt-serve-mock-") as tmp:
@@ -152,7 +155,8 @@ def check(
         env.update(extra_env or {})
         job = {
             "config": config,
-            "request": request,
+            "device": device,
+            "options": options.to_json(),
             "kv_blocks": kv_blocks,
             "traced": shim is not None,  # the child runs traced only with the shim preloaded
         }
@@ -192,10 +196,10 @@ def _child(job: dict[str, Any]) -> MockVerdict:
 
     from tt_serve.model.spec import ModelSpec
     from tt_serve.model.tt.plan.oplog import OpLog
-    from tt_serve.model.tt.plan.planner import PlanError, PlanRequest, run_on_ttnn
+    from tt_serve.model.tt.plan.planner import PlanError, run_on_ttnn
 
-    req = PlanRequest(**{**job["request"], "mesh": _mesh(job["request"].get("mesh"))})
-    board = device_spec(req.device)
+    options = TTOptions.from_json(job["options"])
+    board = device_spec(job["device"])
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "config.json").write_text(json.dumps(job["config"]))
         spec = ModelSpec.from_hf_dir(tmp)
@@ -205,7 +209,7 @@ def _child(job: dict[str, Any]) -> MockVerdict:
     start = time.perf_counter()
     run = None
     try:
-        run = run_on_ttnn(ttnn, spec, req, int(job["kv_blocks"]), log, traced=traced)
+        run = run_on_ttnn(ttnn, spec, board, options, int(job["kv_blocks"]), log, traced=traced)
     except PlanError as exc:
         where = _WHERE.search(exc.message)
         verdict.ok, verdict.message, verdict.phase = False, _first_lines(exc.message), log.phase
@@ -227,10 +231,6 @@ def _child(job: dict[str, Any]) -> MockVerdict:
         else:
             run.ops.close_device()
     return verdict
-
-
-def _mesh(value: Any) -> tuple[int, int] | None:
-    return None if value is None else (int(value[0]), int(value[1]))
 
 
 def _first_lines(message: str, limit: int = 6) -> str:

@@ -25,10 +25,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
-from tt_serve.config import DEFAULT_BATCH, ServeConfig
+from tt_serve.model.buckets import prefill_buckets
 from tt_serve.model.interface import RowSampling, StateCopy, StepBatch, StepRow
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.contract.boards import DeviceSpec, device_spec
@@ -38,10 +38,11 @@ from tt_serve.model.tt.layout.checkpoint import layout_weights
 from tt_serve.model.tt.layout.host import shape_only_weights
 from tt_serve.model.tt.layout.parallel import TensorParallel
 from tt_serve.model.tt.layout.table import slot
-from tt_serve.model.tt.ops import DEFAULT_L1_SMALL, Ops
+from tt_serve.model.tt.ops import DEFAULT_L1_SMALL, ROW_MAJOR, Ops
+from tt_serve.model.tt.options import Placement, TTOptions
 from tt_serve.model.tt.plan.oplog import OpLog, Recorder
 from tt_serve.model.tt.precision import Precision
-from tt_serve.model.tt.runtime.backend import TABLE_ALIGN, TTBackend
+from tt_serve.model.tt.runtime.backend import TABLE_ALIGN, TTBackend, table_width
 from tt_serve.model.tt.runtime.build import build_backend
 
 if TYPE_CHECKING:  # the virtual devices hold torch tensors; a mock run (plan/mock.py) has no torch
@@ -78,44 +79,6 @@ HINTS = {
     "fill_cache": "lower --max-batch-size or wait for the backend's split state copies",
     "paged_sdpa_decode": "lower --max-batch-size (one core per user)",
 }
-
-
-_D = ServeConfig()  # the defaults are ServeConfig's, stated there once
-
-
-@dataclass(frozen=True)
-class PlanRequest:
-    """What to plan: the ServeConfig fields the ttnn backend reads, and the device."""
-
-    device: str = "p150"
-    precision: str = _D.resolved_precision
-    max_batch_size: int = DEFAULT_BATCH["ttnn"]
-    prefill_chunk: int = _D.prefill_chunk
-    block_size: int = _D.block_size
-    snapshot_slots: int = _D.snapshot_slots
-    kv_blocks: int = _D.kv_blocks
-    max_model_len: int = _D.max_model_len
-    trace_region_size: int = _D.trace_region_size  # 0: sized from the captured traces
-    traced_prefill: bool = _D.traced_prefill
-    mesh: tuple[int, int] | None = None  # None: the device's own mesh (its chips in a line)
-
-    @staticmethod
-    def from_config(
-        cfg: ServeConfig, device: str, trace_region_size: int | None = None
-    ) -> PlanRequest:
-        """From a ``ServeConfig``."""
-        return PlanRequest(
-            device=device,
-            precision=cfg.resolved_precision,
-            max_batch_size=cfg.resolved_max_batch_size,
-            prefill_chunk=cfg.prefill_chunk,
-            block_size=cfg.block_size,
-            snapshot_slots=cfg.num_snapshot_slots,
-            kv_blocks=cfg.kv_blocks,
-            max_model_len=cfg.max_model_len,
-            trace_region_size=trace_region_size or cfg.trace_region_size,
-            traced_prefill=cfg.traced_prefill,
-        )
 
 
 @dataclass(frozen=True)
@@ -279,30 +242,25 @@ def _workload(
 
 def _run(
     spec: ModelSpec,
-    req: PlanRequest,
-    chip_dev: DeviceSpec,
+    opts: TTOptions,
+    place: Placement,
     kv_blocks: int,
     log: OpLog,
     workload: bool = True,
     ttnn: Any = None,
     traced: bool = True,
 ) -> _Run:
-    """The backend's startup (and the workload) on a fresh shape-only chip, or on a mesh of
-    them (tensor parallel). ``ttnn``: the real module on a mock box instead (``plan/mock.py``):
-    traced as on a card when the trace shim is loaded (``traced``), else every program eager,
-    and tt-metal's own refusals (RuntimeError) become the PlanError."""
-    mesh = _mesh(req, chip_dev)
-    if mesh != (1, 1):
-        try:
-            TensorParallel.for_mesh(spec, mesh)
-        except ValueError as exc:
-            raise PlanError("tp.split", str(exc)) from None
+    """The backend's startup (and the workload) as ``opts`` and ``place`` describe it, on a
+    fresh shape-only chip or a mesh of them (tensor parallel): one shape-only build. ``ttnn``:
+    the real module on a mock box instead (``plan/mock.py``): traced as on a card when the
+    trace shim is loaded (``traced``), else every program eager, and tt-metal's own refusals
+    (RuntimeError) become the PlanError."""
+    board = place.board
+    assert board is not None, "a plan runs on a known board"
     if ttnn is not None:
         real = _Run(None, traced=traced)
         try:
-            _start(
-                real, Ops(Recorder(ttnn, log)), spec, req, chip_dev, kv_blocks, log, workload, mesh
-            )
+            _start(real, Ops(Recorder(ttnn, log)), spec, opts, place, kv_blocks, log, workload)
         except RuntimeError as exc:
             raise PlanError("tt-metal", str(exc)) from None
         return real
@@ -310,68 +268,85 @@ def _run(
     from tt_serve.model.tt.contract.virtual_ttnn import ContractViolation, VirtualTTNN
 
     fake: VirtualTTNN | VirtualMeshTTNN
-    if mesh == (1, 1):
-        fake = VirtualTTNN(chip=chip_dev.chip, shape_only=True)
+    if place.mesh == (1, 1):
+        fake = VirtualTTNN(chip=board.chip, shape_only=True)
     else:
-        n = mesh[0] * mesh[1]
+        n = place.mesh[0] * place.mesh[1]
         fake = VirtualMeshTTNN(
             num_devices=n,
-            chip=chip_dev.chip,
+            chip=board.chip,
             shape_only=True,
-            max_links=chip_dev.links_on(mesh) if chip_dev.num_chips > 1 else 0,
+            max_links=board.links_on(place.mesh) if board.num_chips > 1 else 0,
             mirror=True,  # SPMD on equal shapes: one chip's model stands for every chip
         )
     run = _Run(fake)
     try:
-        _start(run, Ops(Recorder(fake, log)), spec, req, chip_dev, kv_blocks, log, workload, mesh)
+        _start(run, Ops(Recorder(fake, log)), spec, opts, place, kv_blocks, log, workload)
     except ContractViolation as exc:
         raise PlanError(exc.rule, str(exc).split("] ", 1)[-1]) from None
     return run
 
 
+def placement(spec: ModelSpec, board: DeviceSpec, opts: TTOptions) -> Placement:
+    """``opts.mesh`` (None: the board's own) on ``board``; PlanError ``tp.split`` when the
+    model does not split over it."""
+    try:
+        return Placement.of(spec, board, opts)
+    except ValueError as exc:
+        raise PlanError("tp.split", str(exc)) from None
+
+
 def run_on_ttnn(
-    ttnn: Any, spec: ModelSpec, req: PlanRequest, kv_blocks: int, log: OpLog, *, traced: bool
+    ttnn: Any,
+    spec: ModelSpec,
+    board: DeviceSpec,
+    opts: TTOptions,
+    kv_blocks: int,
+    log: OpLog,
+    *,
+    traced: bool,
 ) -> _Run:
     """The plan's startup, pools and workload on the real ``ttnn`` module (a mock box:
     ``plan/mock.py``), traced (with the trace shim) or every program eager; tt-metal's refusal
     is the PlanError."""
-    return _run(spec, req, device_spec(req.device), kv_blocks, log, ttnn=ttnn, traced=traced)
+    place = placement(spec, board, opts)
+    return _run(spec, opts, place, kv_blocks, log, ttnn=ttnn, traced=traced)
 
 
 def _start(
     run: _Run,
     ops: Ops,
     spec: ModelSpec,
-    req: PlanRequest,
-    chip_dev: DeviceSpec,
+    opts: TTOptions,
+    place: Placement,
     kv_blocks: int,
     log: OpLog,
     workload: bool,
-    mesh: tuple[int, int],
 ) -> None:
     real = run.fake is None
+    board = place.board
+    assert board is not None
     l1_small = DEFAULT_L1_SMALL if real else 0
-    if mesh == (1, 1):
-        ops.open_device(0, trace_region_size=req.trace_region_size, l1_small_size=l1_small)
+    if place.mesh == (1, 1):
+        ops.open_device(0, trace_region_size=opts.trace_region_size, l1_small_size=l1_small)
     else:
         ops.open_mesh(
-            mesh,
-            trace_region_size=req.trace_region_size,
+            place.mesh,
+            trace_region_size=opts.trace_region_size,
             l1_small_size=l1_small,
-            dispatch_core_type=_mock_dispatch(chip_dev) if real else None,
+            dispatch_core_type=_mock_dispatch(board) if real else None,
         )
     run.ops = ops
     log.phase = "startup"
+    # The start's own options; only a mock box without the trace shim runs every program eager.
+    built = opts if run.traced else opts.replace(traced_decode=False, traced_prefill=False)
     be = build_backend(
         spec,
         lambda: shape_only_weights(spec),
         ops=ops,
-        precision=Precision.named(req.precision),
-        traced_decode=run.traced,
-        traced_prefill=req.traced_prefill and run.traced,
-        max_prefill_chunk=req.prefill_chunk,
-        max_model_len=req.max_model_len or None,
-        ccl_links=chip_dev.links_on(mesh),
+        options=built,
+        tp=place.tp,
+        ccl_links=place.links,
         on_capture=lambda: setattr(log, "phase", "capture"),
     )
     run.backend = be
@@ -398,16 +373,16 @@ def _start(
     with watch() if real and run.traced and workload else nullcontext():
         be.allocate(
             num_kv_blocks=kv_blocks,
-            block_size=req.block_size,
-            num_state_slots=req.max_batch_size,
-            num_snapshot_slots=req.snapshot_slots,
+            block_size=opts.block_size,
+            num_state_slots=opts.max_batch_size,
+            num_snapshot_slots=opts.snapshot_slots,
         )
     run.traces = be.programs.num_captured
     if real:
         run.after["pools"] = ops.memory_view("DRAM").allocated_per_bank
     if not workload:
         return
-    _workload(be, log, req.prefill_chunk, req.max_batch_size, kv_blocks, run.readback, watch)
+    _workload(be, log, opts.prefill_chunk, opts.max_batch_size, kv_blocks, run.readback, watch)
     if real:
         run.after["workload"] = ops.memory_view("DRAM").allocated_per_bank
         log.phase = "kv headroom"
@@ -462,58 +437,56 @@ def _hint(rule: str) -> str:
     return "see the rule in tt_serve/model/tt/contract/rules.py; change the shapes that trip it"
 
 
-def _mesh(req: PlanRequest, dev: DeviceSpec) -> tuple[int, int]:
-    return req.mesh or dev.mesh
+def _chips(fake: VirtualTTNN | VirtualMeshTTNN) -> list[VirtualTTNN]:
+    from tt_serve.model.tt.contract.virtual_mesh import VirtualMeshTTNN
+
+    return list(fake.chips) if isinstance(fake, VirtualMeshTTNN) else [fake]
 
 
-def _tp(spec: ModelSpec, req: PlanRequest, dev: DeviceSpec) -> TensorParallel:
-    """The split the plan runs (degree 1 when the mesh does not divide the model)."""
-    mesh = _mesh(req, dev)
-    try:
-        return TensorParallel.for_mesh(spec, mesh) if mesh != (1, 1) else TensorParallel(spec, 1)
-    except ValueError:
-        return TensorParallel(spec, 1)
+def _kv_bytes(dram: DramBudget, spec: ModelSpec, opts: TTOptions, n: int, kv_heads: int = 0) -> int:
+    """One chip's KV pools of ``n`` blocks, per bank (``kv_heads``: the chip's heads; 0: all)."""
+    shape = (n, kv_heads or spec.num_kv_heads, opts.block_size, spec.head_dim)
+    kv = opts.weights.kv_cache
+    return 2 * spec.num_attention_layers * dram.per_bank(TensorInfo(shape, kv, "tile"))
 
 
-def _kv_bytes(
-    dram: DramBudget, spec: ModelSpec, precision: Precision, bs: int, n: int, kv_heads: int = 0
-) -> int:
-    """One chip's KV pools of ``n`` blocks (``kv_heads``: the chip's heads; 0: all)."""
-    shape = (n, kv_heads or spec.num_kv_heads, bs, spec.head_dim)
-    return (
-        2 * spec.num_attention_layers * dram.per_bank(TensorInfo(shape, precision.kv_cache, "tile"))
+def _width_bytes(dram: DramBudget, spec: ModelSpec, opts: TTOptions, width: int) -> int:
+    """Per bank, what follows the page-table width (``TTBackend.allocate``): the resident RoPE
+    tables (cos and sin, width x block_size rows, ``TTModel.upload_rope``) and the page table of
+    every program's inputs (one row per prefill bucket, one per decode row:
+    ``runtime/inputs.py``)."""
+    rope = TensorInfo((width * opts.block_size, spec.head_dim), opts.weights.activations, ROW_MAJOR)
+    buckets = len(prefill_buckets(opts.prefill_chunk, opts.block_size, unit="block_size"))
+    tables = [TensorInfo((1, width), "int32", ROW_MAJOR)] * buckets
+    tables.append(TensorInfo((opts.max_batch_size, width), "int32", ROW_MAJOR))
+    return 2 * dram.per_bank(rope) + sum(dram.per_bank(t) for t in tables)
+
+
+def _size_kv(spec: ModelSpec, opts: TTOptions, place: Placement, probe: _Run) -> int:
+    """The most KV blocks that fit beside what the probe run measured, for a start with a
+    ``opts.trace_region_size`` region.
+
+    The probe ran the whole startup and workload with a ``probe_blocks`` pool (traces in
+    ordinary DRAM when it had no region: ``DramBudget.peak_less_traces`` is then its peak with
+    a region holding them). Its peak less its KV pool and less what follows the page-table
+    width is the rest of the start; the candidate pool adds its own KV and width."""
+    board = place.board
+    assert board is not None and probe.backend is not None
+    dram = DramBudget(board.chip, trace_region_size=opts.trace_region_size)
+    blocks, kvh = probe_blocks(opts), place.tp.kv_heads
+    per_seq = _table_blocks(spec, opts)
+    peak = max(c.dram.peak_less_traces for c in _chips(probe.virtual))
+    rest = (
+        peak
+        - _kv_bytes(dram, spec, opts, blocks, kvh)
+        - _width_bytes(dram, spec, opts, probe.backend.width)
     )
-
-
-def _size_kv(spec: ModelSpec, req: PlanRequest, dev: DeviceSpec) -> int:
-    """The most KV blocks that fit what the rest of the startup and workload leave free.
-
-    Two probe runs with small pools (b and 2b blocks) measure the peak DRAM per bank of
-    everything else. That part grows with the traces' page-table width, min(blocks, blocks of
-    one sequence) (the resident RoPE tables and the page tables; the pool bounds the width), so
-    it is extrapolated linearly in the width to the candidate pool's."""
-    precision, bs = Precision.named(req.precision), req.block_size
-    kvh = _tp(spec, req, dev).kv_heads
-    per_seq = _table_blocks(spec, req)
-    rest: list[tuple[int, int]] = []  # (width, peak per bank less the probe's KV pool)
-    dram = None
-    for blocks in (probe_blocks(req), 2 * probe_blocks(req)):
-        fake = _run(spec, req, dev, blocks, OpLog(None)).virtual
-        dram = fake.dram
-        rest.append(
-            (
-                min(blocks, per_seq),
-                fake.dram_peak_per_bank - _kv_bytes(dram, spec, precision, bs, blocks, kvh),
-            )
-        )
-    assert dram is not None
-    (w1, r1), (w2, r2) = rest
-    slope = (r2 - r1) / (w2 - w1) if w2 > w1 else 0.0
-    margin = int(SAFETY_FRACTION * dev.chip.dram_bytes) // dram.banks
+    margin = int(SAFETY_FRACTION * board.chip.dram_bytes) // dram.banks
 
     def fits(n: int) -> bool:
-        other = r1 + slope * (min(n, per_seq) - w1)
-        return other + _kv_bytes(dram, spec, precision, bs, n, kvh) + margin <= dram.bank_bytes
+        width = table_width(n, per_seq)
+        need = rest + _width_bytes(dram, spec, opts, width) + _kv_bytes(dram, spec, opts, n, kvh)
+        return need + margin <= dram.bank_bytes
 
     lo, hi = 0, 1
     while fits(hi):
@@ -527,33 +500,28 @@ def _size_kv(spec: ModelSpec, req: PlanRequest, dev: DeviceSpec) -> int:
     return lo
 
 
-def plan_pools(
-    cfg: ServeConfig, spec: ModelSpec, device: str, trace_region_size: int | None = None
-) -> PoolPlan:
-    """The pools the server should allocate for ``cfg`` on ``device`` (KV sized from DRAM when
-    ``cfg.kv_blocks`` is 0). Raises PlanError naming the limit when nothing fits."""
-    from tt_serve.config import mesh_shape
-
-    req = PlanRequest.from_config(cfg, device, trace_region_size)
-    if mesh_shape(cfg) != (1, 1):  # each chip of the configured mesh, tensor parallel
-        req = replace(req, mesh=mesh_shape(cfg))
-    p = plan(spec, req)
+def plan_pools(spec: ModelSpec, place: Placement, opts: TTOptions) -> PoolPlan:
+    """The pools the server should allocate for ``opts`` on ``place`` (KV sized from DRAM
+    when ``opts.kv_blocks`` is 0, the trace region from the traces when
+    ``opts.trace_region_size`` is 0). Raises PlanError naming the limit when nothing fits."""
+    assert place.board is not None, "a plan needs the board"
+    p = plan(spec, place.board, opts, place=place)
     if not p.ok or p.pools is None:
         raise PlanError(p.limit_rule or "plan", f"{p.limit_message} ({p.hint})")
     return p.pools
 
 
-def _table_blocks(spec: ModelSpec, req: PlanRequest) -> int:
+def _table_blocks(spec: ModelSpec, opts: TTOptions) -> int:
     """Blocks of one whole sequence (the widest page table any pool gives the traces; the
     backend's own ``allocate`` clamps max_model_len the same way)."""
     limit = spec.max_position_embeddings
-    return -(-min(req.max_model_len or limit, limit) // req.block_size)
+    return -(-min(opts.max_model_len or limit, limit) // opts.block_size)
 
 
-def probe_blocks(req: PlanRequest) -> int:
+def probe_blocks(opts: TTOptions) -> int:
     """A minimal KV pool for probe runs: the padding block plus two chunks' worth, at least
     one page-table stick (``TABLE_ALIGN`` blocks)."""
-    return max(TABLE_ALIGN, 2 + -(-2 * req.prefill_chunk // req.block_size))
+    return max(TABLE_ALIGN, 2 + -(-2 * opts.prefill_chunk // opts.block_size))
 
 
 def sized_trace_region(needed: int) -> int:
@@ -562,36 +530,36 @@ def sized_trace_region(needed: int) -> int:
     return max(1, -(-want // TRACE_REGION_STEP)) * TRACE_REGION_STEP
 
 
-def trace_region_for(spec: ModelSpec, req: PlanRequest) -> int:
-    """The trace region the backend's traces need on ``req.device`` (the automatic
-    ``trace_region_size``): a startup run with no region, where tt-metal keeps trace buffers in
-    ordinary DRAM, measures every captured trace; raises PlanError when even that cannot run."""
-    probe = _run(
-        spec,
-        replace(req, trace_region_size=0),
-        device_spec(req.device),
-        probe_blocks(req),
-        OpLog(None),
-        workload=False,
-    )
-    return sized_trace_region(sum(probe.virtual.trace_region.live.values()))
+def plan(
+    spec: ModelSpec,
+    board: DeviceSpec,
+    opts: TTOptions,
+    ops_out: IO[str] | None = None,
+    *,
+    place: Placement | None = None,
+) -> Plan:
+    """Run the startup and a short workload on the shape-only model of ``board`` as ``opts``
+    describe them (``place``: the start's placement, worked out here when not given).
 
-
-def plan(spec: ModelSpec, req: PlanRequest, ops_out: IO[str] | None = None) -> Plan:
-    """Run the startup and a short workload on the shape-only model of ``req.device``
-    (``req.trace_region_size`` 0: sized from the captured traces first)."""
-    dev = device_spec(req.device)
-    precision = Precision.named(req.precision)
+    At most two shape-only builds: where the trace region or the KV pool is to be sized
+    (``trace_region_size`` or ``kv_blocks`` 0), a probe with a ``probe_blocks`` pool and no
+    trace region measures the traces and the rest of the start, then the start itself runs
+    with the sizes chosen (the verdict and every figure reported); both given, that run alone."""
     result = Plan(
         ok=False,
-        device=dev.name,
-        chips=dev.num_chips,
-        chip=dev.chip.arch,
-        precision=req.precision,
-        trace_configured=req.trace_region_size,
+        device=board.name,
+        chips=board.num_chips,
+        chip=board.chip.arch,
+        precision=opts.precision,
+        trace_configured=opts.trace_region_size,
     )
-    mesh = _mesh(req, dev)
-    tp = _tp(spec, req, dev)
+    mesh = opts.mesh or board.mesh
+    try:
+        place = place or Placement.of(spec, board, opts)
+        split: str | None = None
+        tp = place.tp
+    except ValueError as exc:  # reported below, after the weights
+        split, tp = str(exc), TensorParallel(spec, 1)
     result.chips = mesh[0] * mesh[1]
     if result.chips > 1 and mesh[0] == 1:
         result.notes.append(
@@ -609,52 +577,58 @@ def plan(spec: ModelSpec, req: PlanRequest, ops_out: IO[str] | None = None) -> P
             "rows; embedding and norms replicated; both axes' collectives and staging buffers "
             "count in the peak"
         )
-    no_region = DramBudget(dev.chip)
-    result.weights, result.weight_dtypes = _weight_bytes(spec, precision, no_region, tp)
+    no_region = DramBudget(board.chip)
+    result.weights, result.weight_dtypes = _weight_bytes(spec, opts.weights, no_region, tp)
     result.dram_total = no_region.bank_bytes * no_region.banks
-    per_seq = _table_blocks(spec, req)
+    per_seq = _table_blocks(spec, opts)
     try:
-        if req.trace_region_size == 0:
-            region = trace_region_for(spec, req)
-            req = replace(req, trace_region_size=region)
-            result.trace_configured, result.trace_auto = region, True
-            result.notes.append(
-                f"trace region sized from the captured traces: {region >> 20} MiB "
-                f"({TRACE_HEADROOM}x the estimate, whole {TRACE_REGION_STEP >> 20} MiB; "
-                "--trace-region-size sets it)"
-            )
-        kv_blocks = req.kv_blocks
-        if kv_blocks == 0:
-            kv_blocks = _size_kv(spec, req, dev)
-            if kv_blocks < TABLE_ALIGN:
-                raise PlanError(
-                    "dram.capacity",
-                    "no DRAM is left for a KV pool after weights, states, snapshots, "
-                    "activations and the trace region",
+        if split is not None:
+            raise PlanError("tp.split", split)
+        assert place is not None
+        if opts.trace_region_size == 0 or opts.kv_blocks == 0:
+            probe = _run(spec, opts, place, probe_blocks(opts), OpLog(None))
+            if opts.trace_region_size == 0:
+                region = sized_trace_region(sum(probe.virtual.trace_region.live.values()))
+                opts = opts.replace(trace_region_size=region)
+                result.trace_configured, result.trace_auto = region, True
+                result.notes.append(
+                    f"trace region sized from the captured traces: {region >> 20} MiB "
+                    f"({TRACE_HEADROOM}x the estimate, whole {TRACE_REGION_STEP >> 20} MiB; "
+                    "--trace-region-size sets it)"
                 )
-            result.notes.append(
-                f"KV pool sized from DRAM: {kv_blocks} blocks, keeping "
-                f"{SAFETY_FRACTION:.0%} of the chip's DRAM free"
-            )
+            if opts.kv_blocks == 0:
+                kv_blocks = _size_kv(spec, opts, place, probe)
+                if kv_blocks < TABLE_ALIGN:
+                    raise PlanError(
+                        "dram.capacity",
+                        "no DRAM is left for a KV pool after weights, states, snapshots, "
+                        "activations and the trace region",
+                    )
+                opts = opts.replace(kv_blocks=kv_blocks)
+                result.notes.append(
+                    f"KV pool sized from DRAM: {kv_blocks} blocks, keeping "
+                    f"{SAFETY_FRACTION:.0%} of the chip's DRAM free"
+                )
+        kv_blocks = opts.kv_blocks
         log = OpLog(ops_out)
-        run = _run(spec, req, dev, kv_blocks, log)
+        run = _run(spec, opts, place, kv_blocks, log)
     except PlanError as exc:
         result.limit_rule, result.limit_message = exc.rule, exc.message
         result.hint = _hint(exc.rule)
-        dram = DramBudget(dev.chip, trace_region_size=req.trace_region_size)
+        dram = DramBudget(board.chip, trace_region_size=opts.trace_region_size)
         weights, room = sum(result.weights.values()), dram.bank_bytes * dram.banks
         if exc.rule == "dram.capacity" and weights > room:
             smaller = "use --precision mixed or bfp4-mlp (block-float weights), "
             after = (
-                f"after a {req.trace_region_size >> 20} MiB trace region (split over the "
+                f"after a {opts.trace_region_size >> 20} MiB trace region (split over the "
                 "DRAM banks)"
-                if req.trace_region_size
+                if opts.trace_region_size
                 else "before any trace region"
             )
             result.hint = (
-                f"the weights alone ({weights / 1e9:.2f} GB as {req.precision}) exceed the "
+                f"the weights alone ({weights / 1e9:.2f} GB as {opts.precision}) exceed the "
                 f"{room / 1e9:.2f} GB this chip has {after}: "
-                + (smaller if req.precision == "bfloat16" else "")
+                + (smaller if opts.precision == "bfloat16" else "")
                 + "a device with more DRAM per chip (p150: 32 GB), or more chips (tensor "
                 "parallel: --device n300, t3k, p150x4)"
             )
@@ -664,11 +638,15 @@ def plan(spec: ModelSpec, req: PlanRequest, ops_out: IO[str] | None = None) -> P
     pools, banks = be.pools, fake.dram.banks
     result.ok = True
     result.pools = PoolPlan(
-        kv_blocks, req.block_size, req.max_batch_size, req.snapshot_slots, req.trace_region_size
+        kv_blocks,
+        opts.block_size,
+        opts.max_batch_size,
+        opts.snapshot_slots,
+        opts.trace_region_size,
     )
     result.kv_blocks = kv_blocks
-    result.kv_tokens = (kv_blocks - 1) * req.block_size
-    kv_chip = _kv_bytes(fake.dram, spec, precision, req.block_size, kv_blocks, tp.kv_heads)
+    result.kv_tokens = (kv_blocks - 1) * opts.block_size
+    kv_chip = _kv_bytes(fake.dram, spec, opts, kv_blocks, tp.kv_heads)
     result.kv_bytes = kv_chip * banks
 
     def pool_bytes(ts: list[Any]) -> int:
@@ -681,12 +659,12 @@ def plan(spec: ModelSpec, req: PlanRequest, ops_out: IO[str] | None = None) -> P
     result.dram_used = fake.dram.used_per_bank * banks
     result.dram_peak = fake.dram_peak_per_bank * banks
     result.dram_left = fake.dram.bank_bytes * banks - result.dram_peak
-    result.trace_reserved = req.trace_region_size
-    result.max_context = min(result.kv_tokens, per_seq * req.block_size)
+    result.trace_reserved = opts.trace_region_size
+    result.max_context = min(result.kv_tokens, per_seq * opts.block_size)
     result.readback = dict(run.readback)
     enough = sized_trace_region(result.trace_needed)
-    if enough < req.trace_region_size and not result.trace_auto:
-        freed = req.trace_region_size - enough
+    if enough < opts.trace_region_size and not result.trace_auto:
+        freed = opts.trace_region_size - enough
         result.notes.append(
             f"the traces need {result.trace_needed >> 20} MiB (an estimate, memory.trace_bytes): "
             f"--trace-region-size {enough} (or 0: sized from the traces) would free "
@@ -695,23 +673,22 @@ def plan(spec: ModelSpec, req: PlanRequest, ops_out: IO[str] | None = None) -> P
     return result
 
 
-def smallest_mesh(spec: ModelSpec, req: PlanRequest, candidates: list[str]) -> Plan | None:
+def smallest_mesh(spec: ModelSpec, opts: TTOptions, candidates: list[str]) -> Plan | None:
     """The plan on the first device of ``candidates`` (order them smallest first, e.g.
-    ``["p150", "p300", "p150x4", "p150x8"]``) whose plan fits ``req`` (its ``device`` and
-    ``mesh`` are replaced: each candidate runs on its own mesh); None when none fits."""
+    ``["p150", "p300", "p150x4", "p150x8"]``) whose plan fits ``opts`` (its ``mesh`` is
+    replaced: each candidate runs on its own mesh); None when none fits."""
     for name in candidates:
-        p = plan(spec, replace(req, device=name, mesh=None))
+        p = plan(spec, device_spec(name), opts.replace(mesh=None))
         if p.ok:
             return p
     return None
 
 
-def max_batch_that_fits(spec: ModelSpec, req: PlanRequest, top: int = 32) -> int:
+def max_batch_that_fits(spec: ModelSpec, board: DeviceSpec, opts: TTOptions, top: int = 32) -> int:
     """The largest max_batch (1..top) whose plan succeeds, by bisection (0: none)."""
-    from dataclasses import replace
 
     def ok(b: int) -> bool:
-        return plan(spec, replace(req, max_batch_size=b)).ok
+        return plan(spec, board, opts.replace(max_batch_size=b)).ok
 
     if not ok(1):
         return 0

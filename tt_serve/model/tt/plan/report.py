@@ -4,17 +4,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
 from typing import Any
 
 from tt_serve.model.spec import ModelSpec
-from tt_serve.model.tt.plan.planner import (
-    Plan,
-    PlanRequest,
-    max_batch_that_fits,
-    plan,
-    probe_blocks,
-)
+from tt_serve.model.tt.contract.boards import DeviceSpec
+from tt_serve.model.tt.options import TTOptions
+from tt_serve.model.tt.plan.planner import Plan, max_batch_that_fits, plan, probe_blocks
 
 
 def _gb(n: int) -> str:
@@ -27,7 +22,7 @@ def _size(n: int) -> str:
     )
 
 
-def format_plan(p: Plan, req: PlanRequest) -> Iterator[str]:
+def format_plan(p: Plan, req: TTOptions) -> Iterator[str]:
     yield (
         f"plan: {p.device} ({p.chips} chip{'s' if p.chips > 1 else ''}, {p.chip}), precision "
         f"{p.precision}, max_batch {req.max_batch_size}, prefill_chunk {req.prefill_chunk}, "
@@ -114,7 +109,8 @@ def format_mock(p: Plan) -> Iterator[str]:
 
 def main(
     spec: ModelSpec,
-    req: PlanRequest,
+    board: DeviceSpec,
+    req: TTOptions,
     *,
     as_json: bool,
     ops_file: str | None,
@@ -128,17 +124,18 @@ def main(
     ``mock`` decides (or both must fit)."""
     out = open(ops_file, "w") if ops_file else None  # noqa: SIM115
     try:
-        p = plan(spec, req, out)
+        p = plan(spec, board, req, out)
     finally:
         if out is not None:
             out.close()
     if p.ok and search_batch:
-        p.max_batch = max_batch_that_fits(spec, req)
+        p.max_batch = max_batch_that_fits(spec, board, req)
     if checker in ("mock", "both"):
         from tt_serve.model.tt.plan import mock
 
         assert config is not None
-        verdict = mock.check(config, mock_request(req, p), p.kv_blocks or probe_blocks(req))
+        blocks = p.kv_blocks or probe_blocks(req)
+        verdict = mock.check(config, board.name, mock_options(req, p), blocks)
         p.mock = verdict.to_json()
         p.checker = verdict.checker if checker == "mock" else f"{verdict.checker} + virtual device"
         if not verdict.ok:
@@ -162,12 +159,10 @@ def main(
     return 0 if p.ok else 3
 
 
-def mock_request(req: PlanRequest, p: Plan) -> dict[str, Any]:
-    """The request tt-metal runs: the virtual plan's trace region (it cannot capture traces
-    under mock, so the region is sized here and only reserved there)."""
-    r = asdict(req)
-    r["trace_region_size"] = p.trace_configured or req.trace_region_size
-    return r
+def mock_options(req: TTOptions, p: Plan) -> TTOptions:
+    """The start tt-metal runs: the virtual plan's trace region (a mock trace has no kernel
+    binaries, so the region is sized here and only reserved there)."""
+    return req.replace(trace_region_size=p.trace_configured or req.trace_region_size)
 
 
 def mock_hint(message: str) -> str:

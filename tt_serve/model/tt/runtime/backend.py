@@ -36,7 +36,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import TypedDict, Unpack
 
 import numpy as np
 
@@ -44,6 +43,7 @@ from tt_serve.model.buckets import choose_bucket, prefill_buckets
 from tt_serve.model.interface import StateCopy, StepBatch, StepOutput, StepRow, check_rows
 from tt_serve.model.resident import ResidentSlots
 from tt_serve.model.tt.ops import Ops
+from tt_serve.model.tt.options import TTOptions
 from tt_serve.model.tt.runtime.buffers import InputBuffers
 from tt_serve.model.tt.runtime.inputs import (
     DecodeValues,
@@ -57,8 +57,6 @@ from tt_serve.model.tt.runtime.pools import DevicePools
 from tt_serve.model.tt.runtime.programs import TracePrograms
 from tt_serve.model.tt.runtime.sampling import CANDIDATES
 
-DEFAULT_PREFILL_CHUNK = 2048
-
 
 class StateCopyError(RuntimeError):
     """A snapshot save/restore/reset failed on the device (on a mesh: on some chip, the others
@@ -69,17 +67,11 @@ class StateCopyError(RuntimeError):
 TABLE_ALIGN = 8  # page-table entries per 32-byte int32 stick
 
 
-class RuntimeOptions(TypedDict, total=False):
-    """How the backend runs its programs, all optional (defaults in brackets); what the model
-    is built from (precision, links, weight cache, MoE dispatch) is ``launch.ModelOptions``."""
-
-    traced_decode: bool  # [True] replay the captured decode trace (False: eager, for debugging)
-    traced_prefill: bool  # [True] replay captured prefill traces (False: run them eagerly)
-    device_resident: bool  # [False] picked ids stay on the device for fed rows
-    max_prefill_chunk: int  # [DEFAULT_PREFILL_CHUNK] the largest prefill bucket
-    max_model_len: int | None  # [None: the model's own] sizes the traces' page tables
-    # [None] called once when the programs are captured (the planner tags its op log with it)
-    on_capture: Callable[[], None] | None
+def table_width(num_kv_blocks: int, per_seq: int) -> int:
+    """The page tables' width for a pool of ``num_kv_blocks`` and sequences of ``per_seq``
+    blocks: whole ``TABLE_ALIGN`` sticks, no wider than the pool."""
+    per_seq_row = -(-per_seq // TABLE_ALIGN) * TABLE_ALIGN
+    return min(per_seq_row, num_kv_blocks // TABLE_ALIGN * TABLE_ALIGN)
 
 
 class TTBackend:
@@ -90,19 +82,29 @@ class TTBackend:
     # k <= 32); the engine picks other sampling rows on the host.
     max_device_top_k = CANDIDATES
 
-    def __init__(self, model: TTModel, *, ops: Ops, **options: Unpack[RuntimeOptions]) -> None:
-        """A backend over a built model (``launch.build_backend`` builds both: tensor parallel,
-        weight layout and upload, model); nothing is allocated until :meth:`allocate`."""
+    def __init__(
+        self,
+        model: TTModel,
+        *,
+        ops: Ops,
+        options: TTOptions,
+        on_capture: Callable[[], None] | None = None,
+    ) -> None:
+        """A backend over a built model (``runtime/build.build_backend`` builds both: weight
+        layout and upload, model), run as ``options`` say (prefill buckets up to
+        ``prefill_chunk``, tracing, residency, the page tables' context); ``on_capture`` is
+        called once when the programs are captured. Nothing is allocated until
+        :meth:`allocate`."""
         self.spec, self.ops, self.model = model.spec, ops, model
         self.precision, self.tp = model.precision, model.tp
-        self.device_resident = options.get("device_resident", False)
-        self.max_prefill_chunk = options.get("max_prefill_chunk", DEFAULT_PREFILL_CHUNK)
-        self.max_model_len = options.get("max_model_len")
-        self.programs = TracePrograms(ops, on_capture=options.get("on_capture"))
+        self.device_resident = options.device_resident
+        self.max_prefill_chunk = options.prefill_chunk
+        self.max_model_len = options.max_model_len or None
+        self.programs = TracePrograms(ops, on_capture=on_capture)
         # Decode is always traced on a device (an eager step dispatches ~1.5-2k ops from the
         # host); prefill tracing is the ``--traced-prefill`` choice.
-        self.traced_decode = options.get("traced_decode", True)
-        self.traced_prefill = options.get("traced_prefill", True)
+        self.traced_decode = options.traced_decode
+        self.traced_prefill = options.traced_prefill
         self.pools: DevicePools | None = None
         self.prefill_bufs: dict[int, InputBuffers] = {}
         self.decode_bufs: InputBuffers | None = None
@@ -148,8 +150,7 @@ class TTBackend:
                 f"the ttnn backend needs at least {TABLE_ALIGN} KV blocks (got {num_kv_blocks}): "
                 "a page-table row is a whole 32-byte stick of int32 block ids"
             )
-        per_seq_row = -(-per_seq // TABLE_ALIGN) * TABLE_ALIGN
-        self.width = min(per_seq_row, num_kv_blocks // TABLE_ALIGN * TABLE_ALIGN)
+        self.width = table_width(num_kv_blocks, per_seq)
         self.buckets = prefill_buckets(self.max_prefill_chunk, block_size, unit="block_size")
         self.model.upload_rope(self.width * block_size, self.precision.activations)
         act, vocab = self.precision.activations, self.tp.vocab  # out_logits: the chip's shard
