@@ -1,8 +1,8 @@
 """The torch backend's LM-head kernel, side by side: ``F.linear(x, W)`` on the checkpoint's
 [vocab, H] weight, ``x @ W_t`` on a contiguous [H, vocab] copy, the weight reordered once
-into oneDNN's blocked layout (``ref/model.py`` ``LmHead`` on the CPU), and the int8 screen
-(``ref/screen.py``: a greedy pick, and a top-20 draw, from the candidates alone, with its int8
-GEMV in the C kernel of ``ref/native.c`` where it is compiled and on oneDNN; the packed
+into oneDNN's blocked layout (``torch/model.py`` ``LmHead`` on the CPU), and the int8 screen
+(``torch/screen.py``: a greedy pick, and a top-20 draw, from the candidates alone, with its int8
+GEMV in the C kernel of ``kernels/native.c`` where it is compiled and on oneDNN; the packed
 arm's time is what the full head costs such a pick before its argmax or draw), at the row
 counts a decode step has, interleaved over rounds in one process. The screen's picks are
 checked equal to the packed head's first. One ledger line to
@@ -23,10 +23,10 @@ import torch.nn.functional as F
 from bench.provenance import REPO_ROOT, append_ledger, arguments
 from bench.timing import interleaved_ms
 from tt_serve.model.interface import RowSampling, StepRow
-from tt_serve.model.ref import screen as screen_mod
-from tt_serve.model.ref.model import LmHead
-from tt_serve.model.ref.outputs import pick_on_device, pick_screened
-from tt_serve.model.ref.screen import ScreenedHead
+from tt_serve.model.torch import screen as screen_mod
+from tt_serve.model.torch.model import LmHead
+from tt_serve.model.torch.outputs import pick_on_device, pick_screened
+from tt_serve.model.torch.screen import ScreenedHead
 
 LEDGER = REPO_ROOT / "bench" / "runs" / "lm-head-layout.jsonl"
 

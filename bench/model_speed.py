@@ -17,7 +17,7 @@ import torch
 
 from tests import tiny_models as tm
 from tt_serve.model.interface import StepBatch, StepRow
-from tt_serve.model.torch_backend import TorchBackend
+from tt_serve.model.torch.backend import TorchBackend
 
 BLOCK = 64
 

@@ -27,7 +27,7 @@ import torch
 from bench.provenance import REPO_ROOT, append_ledger
 from tt_serve.demo import ensure_demo_model
 from tt_serve.model.interface import StateCopy, StepBatch, StepRow
-from tt_serve.model.torch_backend import TorchBackend
+from tt_serve.model.torch.backend import TorchBackend
 
 LEDGER = REPO_ROOT / "bench" / "runs" / "precision-drift.jsonl"
 BLOCK = 64

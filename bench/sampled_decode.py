@@ -28,7 +28,7 @@ from typing import Any
 from bench.provenance import REPO_ROOT, append_ledger
 from tt_serve import LLM
 from tt_serve.demo import ensure_demo_model
-from tt_serve.model.torch_backend import TorchBackend
+from tt_serve.model.torch.backend import TorchBackend
 from tt_serve.sequence import SamplingParams
 
 LEDGER = REPO_ROOT / "bench" / "runs" / "sampled-decode.jsonl"

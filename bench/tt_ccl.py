@@ -53,8 +53,8 @@ import numpy as np
 from bench.provenance import REPO_ROOT, append_ledger
 from tt_serve.model.tt.launch import DEFAULT_L1_SMALL
 from tt_serve.model.tt.ops import Ops, Tensor
+from tt_serve.model.tt.options import DEFAULT_CCL_LINKS
 from tt_serve.model.tt.probe import NoDeviceError, probe_devices
-from tt_serve.model.tt.runtime.build import DEFAULT_CCL_LINKS
 from tt_serve.model.tt.runtime.ccl import TensorParallelCCL
 
 LEDGER = REPO_ROOT / "bench" / "runs" / "ccl.jsonl"

@@ -64,7 +64,7 @@ let
       inherit ttnn unit;
       runtimeRoot = cfg.package.ttnnRuntimeRoot or null;
     } // cfg.environment;
-    # The torch backend on a CPU compiles its C kernels (tt_serve/model/ref/native.c) at the
+    # The torch backend on a CPU compiles its C kernels (tt_serve/model/kernels/native.c) at the
     # first start with the machine's own compiler, -march=native, into the cache directory
     # (XDG_CACHE_HOME); without one in PATH it logs that and runs the slower torch ops.
     path = optionals (!ttnn && !cuda) [ pkgs.stdenv.cc pkgs.binutils ];

@@ -373,9 +373,9 @@ def check_mock_mode(host: Host) -> Check:
 
 
 def check_native() -> Check:
-    """The CPU path's C kernels (model/ref/native.c): compiled here, or why not (a warning:
+    """The CPU path's C kernels (model/kernels/native.c): compiled here, or why not (a warning:
     the torch ops run instead, slower)."""
-    from tt_serve.model.ref import native
+    from tt_serve.model.kernels import native
 
     k = native.kernels()
     if k is None:

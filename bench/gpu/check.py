@@ -36,7 +36,7 @@ from tt_serve.engine.engine import Engine, EngineConfig
 from tt_serve.engine.scheduler import SchedulerConfig
 from tt_serve.model.interface import StepBatch, StepRow
 from tt_serve.model.spec import ModelSpec
-from tt_serve.model.torch_backend import TorchBackend
+from tt_serve.model.torch.backend import TorchBackend
 from tt_serve.sequence import SamplingParams
 
 # About 0.75 B parameters (tied embeddings): the Qwen3.5-0.8B shape.

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from tt_serve.model.interface import PAD_BLOCK, StepBatch, StepRow
-from tt_serve.model.torch_backend import TorchBackend
+from tt_serve.model.torch.backend import TorchBackend
 
 BLOCK = 16
 WIDTH = 48  # block-table width: 768 positions

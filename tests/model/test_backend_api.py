@@ -11,7 +11,7 @@ import torch
 from tests import numerics as nm
 from tests.model import driver as d
 from tt_serve.model.interface import Backend, StateCopy, StepBatch
-from tt_serve.model.torch_backend import TorchBackend
+from tt_serve.model.torch.backend import TorchBackend
 
 
 def test_output_kinds_and_logprobs(dense_dir: Path) -> None:

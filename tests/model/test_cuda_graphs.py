@@ -22,14 +22,14 @@ from tt_serve.config import GDN_CHUNK
 from tt_serve.engine.engine import Engine, EngineConfig
 from tt_serve.engine.scheduler import SchedulerConfig
 from tt_serve.model.buckets import NoBucket, choose_bucket, prefill_buckets
-from tt_serve.model.cuda.buffers import FlatInputs, decode_shapes
-from tt_serve.model.cuda.inputs import (
+from tt_serve.model.interface import PAD_BLOCK, StateCopy, StepBatch, StepOutput, StepRow
+from tt_serve.model.torch.backend import TorchBackend
+from tt_serve.model.torch.cuda.buffers import FlatInputs, decode_shapes
+from tt_serve.model.torch.cuda.inputs import (
     decode_buckets,
     decode_values,
     prefill_values,
 )
-from tt_serve.model.interface import PAD_BLOCK, StateCopy, StepBatch, StepOutput, StepRow
-from tt_serve.model.torch_backend import TorchBackend
 from tt_serve.sequence import SamplingParams
 
 CUDA = torch.cuda.is_available()

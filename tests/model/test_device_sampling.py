@@ -24,9 +24,9 @@ from tt_serve.engine.engine import Engine, EngineConfig
 from tt_serve.engine.scheduler import SchedulerConfig
 from tt_serve.model import draw as model_draw
 from tt_serve.model.interface import RowSampling
-from tt_serve.model.ref.outputs import greedy_ids
-from tt_serve.model.ref.sampling import draw_rows, largest
-from tt_serve.model.torch_backend import TorchBackend
+from tt_serve.model.torch.backend import TorchBackend
+from tt_serve.model.torch.outputs import greedy_ids
+from tt_serve.model.torch.sampling import draw_rows, largest
 from tt_serve.sequence import SamplingParams
 
 SETTINGS: list[dict[str, Any]] = [
@@ -66,7 +66,7 @@ def test_bf16_ties_at_the_kth_value_stay_on_the_candidate_path() -> None:
     """Logits rounded to bf16 over a Qwen-size vocabulary tie at the k-th value for most rows;
     the ties fit in TIE_ROOM extra candidates, so the rows are drawn there (not over the whole
     vocabulary), with the kept set's ties included: the host reference's token every time."""
-    from tt_serve.model.ref import sampling as rs
+    from tt_serve.model.torch import sampling as rs
 
     rng = np.random.default_rng(11)
     logits = torch.from_numpy(rng.standard_normal((16, 248320)).astype(np.float32) * 2.0)

@@ -17,7 +17,7 @@ from tests.model import driver as d
 from tt_serve.model.interface import StepBatch
 from tt_serve.model.ref import attention as attn_mod
 from tt_serve.model.ref.plan import StepPlan
-from tt_serve.model.torch_backend import TorchBackend
+from tt_serve.model.torch.backend import TorchBackend
 
 
 @pytest.fixture(scope="module")

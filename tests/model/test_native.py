@@ -1,7 +1,7 @@
-"""The torch backend's C kernels (``ref/native.py``, ``ref/native.c``): the screen GEMV equals
-its torch reference bit for bit, the block layout is what the kernel reads, and a machine
-without a compiler (or with the kernels switched off) gets None and a logged reason, never an
-error."""
+"""The torch backend's C kernels (``kernels/native.py``, ``kernels/native.c``): the screen
+GEMV equals its torch reference bit for bit, the block layout is what the kernel reads, and a
+machine without a compiler (or with the kernels switched off) gets None and a logged reason,
+never an error."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tt_serve.model.ref import native
+from tt_serve.model.kernels import native
 
 
 def _kernels() -> native.NativeKernels:

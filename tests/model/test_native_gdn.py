@@ -1,7 +1,8 @@
-"""The fused GDN layer (``tt_gdn`` in ref/native.c, ``gdn.fused_core``) against the torch kernels
-of gdn.py (which test_gdn_kernels checks against HF's): outputs and states to rounding order,
-the conv history bit for bit, the same bits whatever the cut of a prompt into chunks (what
-warm == cold rests on), and a step whose rows point outside the state pools writes nothing."""
+"""The fused GDN layer (``tt_gdn`` in kernels/native.c, ``gdn.fused_core``) against the torch
+kernels of gdn.py (which test_gdn_kernels checks against HF's): outputs and states to rounding
+order, the conv history bit for bit, the same bits whatever the cut of a prompt into chunks
+(what warm == cold rests on), and a step whose rows point outside the state pools writes
+nothing."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 
 from tests import numerics as nm
 from tt_serve.model.interface import StepBatch, StepRow
-from tt_serve.model.ref import native
+from tt_serve.model.kernels import native
 from tt_serve.model.ref.gdn import GdnWeights, fused_core, fused_kernels, gdn_forward
 from tt_serve.model.ref.plan import StepPlan
 

@@ -1,4 +1,4 @@
-"""The int8 screen of the LM head (``ref/screen.py``): its bound holds for every token, its picks
+"""The int8 screen of the LM head (``torch/screen.py``): its bound holds for every token, its picks
 (argmax, top-k draws with top-p and min-p) are the full fp32 head's, a candidate's logit has the
 same bits whatever shares the call, and the rows it cannot serve go back to the full head."""
 
@@ -11,11 +11,11 @@ import torch
 
 from tests.model import driver as d
 from tt_serve.model.interface import RowSampling, StepRow
-from tt_serve.model.ref import screen as sc
 from tt_serve.model.ref.layers import cpu_bf16
-from tt_serve.model.ref.model import LmHead
-from tt_serve.model.ref.outputs import pick_on_device, pick_screened, screens
-from tt_serve.model.torch_backend import TorchBackend
+from tt_serve.model.torch import screen as sc
+from tt_serve.model.torch.backend import TorchBackend
+from tt_serve.model.torch.model import LmHead
+from tt_serve.model.torch.outputs import pick_on_device, pick_screened, screens
 
 pytestmark = pytest.mark.skipif(not sc.available(), reason="no exact int8 GEMM on this CPU")
 

@@ -13,7 +13,7 @@ from tests import tiny_models as tm
 from tests.model import driver as d
 from tt_serve.config import GDN_CHUNK
 from tt_serve.model.interface import StateCopy, StepBatch
-from tt_serve.model.torch_backend import TorchBackend
+from tt_serve.model.torch.backend import TorchBackend
 
 PROMPT = d.prompt(512, seed=5)
 

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tt_serve.model.spec import ModelSpec, UnsupportedModelError
-from tt_serve.model.torch_backend import TorchBackend
+from tt_serve.model.torch.backend import TorchBackend
 from tt_serve.model.weights import CheckpointError, load_weights
 
 

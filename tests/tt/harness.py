@@ -11,7 +11,7 @@ from tt_serve.engine.engine import Engine, EngineConfig
 from tt_serve.engine.scheduler import SchedulerConfig
 from tt_serve.model.interface import Backend
 from tt_serve.model.spec import ModelSpec
-from tt_serve.model.torch_backend import TorchBackend
+from tt_serve.model.torch.backend import TorchBackend
 from tt_serve.model.tt.contract.virtual_mesh import VirtualMeshTTNN
 from tt_serve.model.tt.contract.virtual_ttnn import VirtualTTNN
 from tt_serve.model.tt.ops import Ops

@@ -39,7 +39,7 @@ from tt_serve.model.ref.gdn import gdn_forward
 from tt_serve.model.ref.layers import rope_cos_sin
 from tt_serve.model.ref.plan import StepPlan
 from tt_serve.model.spec import ModelSpec
-from tt_serve.model.torch_backend import TorchBackend
+from tt_serve.model.torch.backend import TorchBackend
 from tt_serve.model.tt.launch import DEFAULT_L1_SMALL, launch
 from tt_serve.model.tt.ops import Ops
 from tt_serve.model.tt.runtime.attention import AttentionWeights, attention_decode

@@ -18,7 +18,7 @@ from tests.tt import harness as h
 from tt_serve.model.interface import StateCopy, StepBatch, StepRow
 from tt_serve.model.ref.plan import StepPlan
 from tt_serve.model.spec import ModelSpec
-from tt_serve.model.torch_backend import TorchBackend
+from tt_serve.model.torch.backend import TorchBackend
 from tt_serve.model.tt.runtime.backend import TTBackend
 from tt_serve.model.weights import load_weights
 

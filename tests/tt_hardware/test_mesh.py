@@ -18,9 +18,9 @@ from bench import tt_ccl
 from tests.tt import harness as h
 from tt_serve.model.interface import StateCopy, StepBatch, StepRow
 from tt_serve.model.spec import ModelSpec
-from tt_serve.model.torch_backend import TorchBackend
+from tt_serve.model.torch.backend import TorchBackend
+from tt_serve.model.tt.options import DEFAULT_CCL_LINKS
 from tt_serve.model.tt.runtime.backend import TTBackend
-from tt_serve.model.tt.runtime.build import DEFAULT_CCL_LINKS
 from tt_serve.model.weights import load_weights
 
 pytestmark = pytest.mark.tt_hardware

@@ -86,7 +86,7 @@ def test_torch_cpu_is_ready() -> None:
 def test_torch_cpu_names_its_c_kernels_and_why_they_are_off() -> None:
     """The C kernels are a speed-up, never a requirement: compiled, OK; off, a warning naming
     why, and the server is still ready."""
-    from tt_serve.model.ref import native
+    from tt_serve.model.kernels import native
 
     want = OK if native.kernels() is not None else WARN
     checks = json.loads(doctor("--backend", "torch", "--json").stdout)["checks"]

@@ -50,6 +50,10 @@ def _offenders(package: str, forbidden: tuple[str, ...]) -> list[str]:
         ("engine", ("tt_serve.server", "tt_serve.llm", "tt_serve.cli")),
         ("server", ("tt_serve.llm", "tt_serve.cli")),
         ("config", ("tt_serve.engine", "tt_serve.model", "tt_serve.server", "tt_serve.llm")),
+        # torch: the backend (model/torch) -> the reference numerics (model/ref) -> the compiled
+        # kernels (model/kernels), and model/torch -> model/kernels; never back up.
+        ("model/ref", ("tt_serve.model.torch", "tt_serve.model.launch")),
+        ("model/kernels", ("tt_serve.model",)),
         ("logprobs", ("tt_serve.engine", "tt_serve.model", "torch")),
         # ttnn: the device program knows neither the device model nor the planner, and the
         # numpy layout knows no device program (launch -> plan -> {runtime, contract};
@@ -148,6 +152,20 @@ def test_no_import_circles() -> None:
     assert circles == []
 
 
+def test_kernels_are_a_leaf() -> None:
+    """``model/kernels`` (the compiled kernels both the reference numerics and the torch backend
+    call) imports nothing of tt_serve but ``tt_serve.user_cache``."""
+    bad = [
+        f"{path.relative_to(ROOT.parent)} imports {name}"
+        for path in _files("model/kernels")
+        for name in sorted(_imports(path))
+        if name.split(".")[0] == "tt_serve"
+        and name != "tt_serve.user_cache"
+        and not name.startswith("tt_serve.user_cache.")
+    ]
+    assert _files("model/kernels") and bad == []
+
+
 def test_backend_types_stay_inside_model() -> None:
     """Outside ``model/`` no code tells one backend from another by its concrete type (a
     protocol's capability check, such as ``PipelinedBackend``, is fine): the engine factory
@@ -194,6 +212,8 @@ def test_bookkeeping_and_server_import_no_torch_at_module_level() -> None:
                     f"{path.name}: {m}"
                     for m in mods
                     if m.split(".")[0] in ("torch", "ttnn")
-                    or m.startswith(("tt_serve.model.ref", "tt_serve.model.torch_backend"))
+                    or m.startswith(
+                        ("tt_serve.model.ref", "tt_serve.model.torch", "tt_serve.model.kernels")
+                    )
                 ]
     assert bad == []

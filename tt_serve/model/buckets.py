@@ -1,6 +1,6 @@
-"""Fixed shapes shared by the traced backends (CUDA graphs in ``cuda/``, ttnn traces in ``tt/``):
-a captured program has fixed shapes, so every step is fitted into the smallest bucket that holds
-it, and every block table is padded to one fixed width. No torch, no ttnn."""
+"""Fixed shapes shared by the traced backends (CUDA graphs in ``torch/cuda/``, ttnn traces in
+``tt/``): a captured program has fixed shapes, so every step is fitted into the smallest bucket
+that holds it, and every block table is padded to one fixed width. No torch, no ttnn."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """The draw of a sampled token: the definition every device draw equals (numpy only).
 
 ``draw(logits, RowSampling)`` is what the host sampler (``engine/sampler.py``) picks with, and
-what the torch backend's device draws (``ref/sampling.py``) and its screened LM head
-(``ref/outputs.py``, over a row's candidate logits) are tested equal to.
+what the torch backend's device draws (``torch/sampling.py``) and its screened LM head
+(``torch/outputs.py``, over a row's candidate logits) are tested equal to.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The backend boundary: what the engine hands a backend and what it gets back.
 
-A backend (torch reference in ``model/ref``, ttnn in ``model/tt``) owns every device tensor:
+A backend (torch in ``model/torch``, ttnn in ``model/tt``) owns every device tensor:
 the paged KV pool, the GDN state slots and the GDN snapshot slots. The engine owns every
 decision: which rows run, which blocks and slots they use, when snapshots are saved or
 restored. Everything crossing this boundary is plain Python data (ints, tuples, numpy arrays

@@ -1,6 +1,6 @@
 """Programs: the fixed-shape programs of a traced backend, keyed by (phase, bucket), captured up
 front and replayed. No torch, no ttnn: how a program is captured and replayed is the backend's
-(``cuda/programs.py``: CUDA graphs; ``tt/runtime/programs.py``: ttnn traces).
+(``torch/cuda/programs.py``: CUDA graphs; ``tt/runtime/programs.py``: ttnn traces).
 
 A program is a closure over persistent input buffers and the pools, registered once under its
 key. The rules, kept here for both backends: capture everything up front, after every pool and

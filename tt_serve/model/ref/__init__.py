@@ -1,4 +1,5 @@
-"""The torch reference: one eager forward of the hybrid model (layers, GDN, attention, MoE,
-pools, sampling, the screened LM head and its C kernels), the numerical reference every other
-path is tested against. ``model/torch_backend.py`` drives it (and ``model/cuda`` when graphs are
-on); nothing here imports either."""
+"""The reference numerics of the hybrid model: per-layer math equal to HF (layers, GDN,
+attention, MoE) and ``StepPlan``, the step geometry those functions read; every other path is
+tested against them. They call the compiled kernels of ``model/kernels`` where available. The
+torch backend (``model/torch``) and the ttnn contract build on them; nothing here imports
+either."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tt_serve.model.ref import native
+from tt_serve.model.kernels import native
 from tt_serve.model.ref.layers import Linear, apply_partial_rope, rms_norm
 from tt_serve.model.ref.plan import StepPlan, as_index
 

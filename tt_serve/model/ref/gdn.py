@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from tt_serve.config.serve_config import GDN_CHUNK
 from tt_serve.model.interface import StepBatch, StepRow
-from tt_serve.model.ref import native
+from tt_serve.model.kernels import native
 from tt_serve.model.ref.layers import Linear, fused, l2norm, rms_norm_gated
 from tt_serve.model.ref.plan import StepPlan, as_index
 

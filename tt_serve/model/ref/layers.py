@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tt_serve.model.ref import native
+from tt_serve.model.kernels import native
 
 
 def norm_scale(weight: torch.Tensor) -> torch.Tensor:

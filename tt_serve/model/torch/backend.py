@@ -3,7 +3,7 @@
 Default: every step runs eagerly through ``StepPlan`` (any shape, any mix of rows). Opt-in
 (off by default so CPU behaviour is unchanged): ``cuda_graphs`` runs decode rows through
 per-batch-bucket programs and ``traced_prefill`` runs prefill chunks through per-length bucket
-programs (``model/cuda``), both captured as CUDA graphs after the pools are allocated (on CPU
+programs (``torch/cuda``), both captured as CUDA graphs after the pools are allocated (on CPU
 the same programs run eagerly through the same buffers: the testable twin); ``device_resident``
 keeps each slot's last greedy id on the device for fed rows (``model/interface.py``). Rows no
 bucket holds run eagerly in the same step. ``capture_graphs=False`` runs the bucketed programs
@@ -22,17 +22,17 @@ import torch
 from tt_serve.model.dtypes import torch_dtype
 from tt_serve.model.interface import StateCopy, StepBatch, StepOutput, StepRow, check_rows
 from tt_serve.model.ref.layers import cpu_bf16
-from tt_serve.model.ref.model import HybridModel
-from tt_serve.model.ref.outputs import fill_logprobs, pick_on_device, pick_screened, screens
-from tt_serve.model.ref.pending import PendingStep
 from tt_serve.model.ref.plan import StepPlan
-from tt_serve.model.ref.pools import Pools
 from tt_serve.model.resident import ResidentSlots
 from tt_serve.model.spec import ModelSpec
+from tt_serve.model.torch.model import HybridModel
+from tt_serve.model.torch.outputs import fill_logprobs, pick_on_device, pick_screened, screens
+from tt_serve.model.torch.pending import PendingStep
+from tt_serve.model.torch.pools import Pools
 
 if TYPE_CHECKING:
     from tt_serve.config.serve_config import ServeConfig
-    from tt_serve.model.cuda.steps import StaticSteps
+    from tt_serve.model.torch.cuda.steps import StaticSteps
 
 log = logging.getLogger(__name__)
 DEFAULT_PREFILL_CHUNK = 256
@@ -55,7 +55,7 @@ class TorchOptions(TypedDict, total=False):
 class TorchBackend:
     """Runs ``StepBatch``es on torch tensors; owns the KV pool and GDN state/snapshot slots.
 
-    Tokens are picked on the device (argmax, or a ``RowSampling`` draw: ``ref/sampling.py``)
+    Tokens are picked on the device (argmax, or a ``RowSampling`` draw: ``torch/sampling.py``)
     and only the ids cross to the host; logits leave the device only for rows that ask for them
     (host sampling). ``host_bytes`` counts what crossed (ids, logprobs, logits).
     """
@@ -159,9 +159,9 @@ class TorchBackend:
         # The graph path builds on this package, so it is imported only when enabled.
         from tt_serve.config import GDN_CHUNK
         from tt_serve.model.buckets import prefill_buckets
-        from tt_serve.model.cuda.inputs import decode_buckets
-        from tt_serve.model.cuda.programs import GraphPrograms
-        from tt_serve.model.cuda.steps import StaticSteps
+        from tt_serve.model.torch.cuda.inputs import decode_buckets
+        from tt_serve.model.torch.cuda.programs import GraphPrograms
+        from tt_serve.model.torch.cuda.steps import StaticSteps
 
         spec = self.spec
         max_len = min(

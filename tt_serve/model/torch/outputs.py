@@ -8,8 +8,8 @@ import torch
 
 from tt_serve.model.draw import draw
 from tt_serve.model.interface import RowSampling, StepOutput, StepRow
-from tt_serve.model.ref.sampling import draw_rows, sliced
-from tt_serve.model.ref.screen import MAX_TOP_K, ScreenedHead
+from tt_serve.model.torch.sampling import draw_rows, sliced
+from tt_serve.model.torch.screen import MAX_TOP_K, ScreenedHead
 
 
 def greedy_ids(logits: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Persistent input buffers of the static-shape programs (as ``tt/buffers``).
+"""Persistent input buffers of the static-shape programs (as ``tt/runtime/buffers``).
 
 Each (phase, bucket) owns one ``FlatInputs``: a single long tensor on the device whose named
 views are the program's inputs, refreshed in place from the host with one copy per replay (the
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from tt_serve.model.cuda.inputs import DecodeValues, PrefillValues
+from tt_serve.model.torch.cuda.inputs import DecodeValues, PrefillValues
 
 
 class FlatInputs:

@@ -24,10 +24,10 @@ from tt_serve.model.ref.layers import (
 )
 from tt_serve.model.ref.moe import MoeWeights, moe_forward
 from tt_serve.model.ref.plan import StepPlan, as_index
-from tt_serve.model.ref.pools import Pools
-from tt_serve.model.ref.screen import ScreenedHead
-from tt_serve.model.ref.screen import available as screen_available
 from tt_serve.model.spec import FULL_ATTENTION, ModelSpec
+from tt_serve.model.torch.pools import Pools
+from tt_serve.model.torch.screen import ScreenedHead
+from tt_serve.model.torch.screen import available as screen_available
 
 
 class GdnMixer(Protocol):
@@ -223,7 +223,7 @@ class LmHead:
     (<= 1e-4 on the logits). A tied model keeps the embedding too (one more [vocab, H] copy).
 
     ``screened`` (fp32, or bf16 where the CPU multiplies bf16 natively, on a CPU with an exact
-    int8 GEMM, unless ``screen=False``): the int8 screen of ``ref/screen.py`` that greedy and
+    int8 GEMM, unless ``screen=False``): the int8 screen of ``torch/screen.py`` that greedy and
     top-k rows are picked through, the same tokens at about a third of the read (a half in
     bf16). It keeps the plain weight (the embedding itself when tied: no
     copy; one more fp32 copy when not) and an int8 one (a quarter of its size)."""

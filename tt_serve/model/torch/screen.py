@@ -42,8 +42,8 @@ from dataclasses import dataclass
 
 import torch
 
-from tt_serve.model.ref import native
-from tt_serve.model.ref.sampling import largest, sliced
+from tt_serve.model.kernels import native
+from tt_serve.model.torch.sampling import largest, sliced
 
 # Rows one int8 GEMM takes at once (2 cores, demo head, the GEMM alone: 2.5 ms at 1 row, 3.3 at
 # 16, 4.5-5.4 at 32, against 8.8 / 10.8 / 13.5 ms for the packed fp32 head; whole picks:

@@ -1,7 +1,7 @@
 """PendingStep: a step the torch backend has submitted; ``result`` waits for its greedy ids.
 
 Rows of the eager path are finished before ``submit`` returns (``done``). Rows the bucketed
-programs ran (``model/cuda``) leave their ids in a non-blocking device-to-host copy whose event
+programs ran (``torch/cuda``) leave their ids in a non-blocking device-to-host copy whose event
 ``result`` waits on, and the logits of the rows that asked for them on the device.
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tt_serve.model.interface import StepOutput, StepRow
-from tt_serve.model.ref.outputs import fill_logprobs
+from tt_serve.model.torch.outputs import fill_logprobs
 
 
 @dataclass

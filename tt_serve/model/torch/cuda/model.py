@@ -1,4 +1,4 @@
-"""The decode and prefill programs of the static-shape path (as ``tt/model``'s decode/prefill).
+"""The decode and prefill programs of the static-shape path (as ``tt/runtime/model``'s).
 
 Each program reads only its persistent inputs (``buffers.FlatInputs``) and the pools, and ends
 with a device argmax, returning (logits, ids); with ``slot_ids`` (deviceResident) it also
@@ -13,15 +13,15 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from tt_serve.model.cuda.buffers import FlatInputs
-from tt_serve.model.cuda.masked import PrefillRow, masked_attention, masked_gdn
-from tt_serve.model.cuda.programs import Program
 from tt_serve.model.ref.attention import AttentionWeights
 from tt_serve.model.ref.gdn import GdnWeights
 from tt_serve.model.ref.layers import rope_cos_sin
-from tt_serve.model.ref.model import HybridModel
 from tt_serve.model.ref.plan import StepPlan
-from tt_serve.model.ref.pools import Pools
+from tt_serve.model.torch.cuda.buffers import FlatInputs
+from tt_serve.model.torch.cuda.masked import PrefillRow, masked_attention, masked_gdn
+from tt_serve.model.torch.cuda.programs import Program
+from tt_serve.model.torch.model import HybridModel
+from tt_serve.model.torch.pools import Pools
 
 
 def decode_program(

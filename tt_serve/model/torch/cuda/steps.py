@@ -7,7 +7,7 @@ eager path. ``launch`` only enqueues device work and starts a non-blocking copy 
 ids into (pinned) host memory; ``PendingStep.result`` waits on an event for it.
 
 Rows with a ``RowSampling`` are drawn on the device from the program's logits right after the
-replay (``ref/sampling.py`` in its sync-free form: no host read, so the step stays in flight).
+replay (``torch/sampling.py`` in its sync-free form: no host read, so the step stays in flight).
 deviceResident: each row's picked id (argmax or draw) is left in ``slot_ids[slot]`` on the
 device, where a fed decode row (``model/interface.py``) reads its input id.
 """
@@ -17,15 +17,15 @@ from __future__ import annotations
 import torch
 
 from tt_serve.model.buckets import NoBucket, choose_bucket, fit_table
-from tt_serve.model.cuda.buffers import FlatInputs, decode_shapes, prefill_shapes
-from tt_serve.model.cuda.inputs import decode_values, prefill_values
-from tt_serve.model.cuda.model import decode_program, prefill_program
-from tt_serve.model.cuda.programs import GraphPrograms
 from tt_serve.model.interface import StepOutput, StepRow
-from tt_serve.model.ref.model import HybridModel
-from tt_serve.model.ref.pending import PendingStep
-from tt_serve.model.ref.pools import Pools
-from tt_serve.model.ref.sampling import draw_rows
+from tt_serve.model.torch.cuda.buffers import FlatInputs, decode_shapes, prefill_shapes
+from tt_serve.model.torch.cuda.inputs import decode_values, prefill_values
+from tt_serve.model.torch.cuda.model import decode_program, prefill_program
+from tt_serve.model.torch.cuda.programs import GraphPrograms
+from tt_serve.model.torch.model import HybridModel
+from tt_serve.model.torch.pending import PendingStep
+from tt_serve.model.torch.pools import Pools
+from tt_serve.model.torch.sampling import draw_rows
 
 Key = tuple[str, int]
 
