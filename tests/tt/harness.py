@@ -12,11 +12,11 @@ from tt_serve.engine.scheduler import SchedulerConfig
 from tt_serve.model.interface import Backend
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.torch_backend import TorchBackend
-from tt_serve.model.tt.contract.virtual_mesh import VirtualMeshTTNN
-from tt_serve.model.tt.contract.virtual_ttnn import VirtualTTNN
 from tt_serve.model.tt.ops import Ops
 from tt_serve.model.tt.runtime.backend import TTBackend
 from tt_serve.model.tt.runtime.build import build_backend
+from tt_serve.model.tt.virtual.device import VirtualTTNN
+from tt_serve.model.tt.virtual.mesh import VirtualMeshTTNN
 from tt_serve.model.weights import load_weights
 from tt_serve.sequence import RequestOutput, SamplingParams
 

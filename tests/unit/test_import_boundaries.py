@@ -52,12 +52,12 @@ def _offenders(package: str, forbidden: tuple[str, ...]) -> list[str]:
         ("config", ("tt_serve.engine", "tt_serve.model", "tt_serve.server", "tt_serve.llm")),
         ("logprobs", ("tt_serve.engine", "tt_serve.model", "torch")),
         # ttnn: the device program knows neither the device model nor the planner, and the
-        # numpy layout knows no device program (launch -> plan -> {runtime, contract};
-        # runtime -> layout -> ops).
+        # numpy layout knows no device program (launch -> plan -> {runtime, virtual} -> boards;
+        # runtime -> layout; runtime -> ops -> layout).
         (
             "model/tt/runtime",
             (
-                "tt_serve.model.tt.contract",
+                "tt_serve.model.tt.virtual",
                 "tt_serve.model.tt.plan",
                 "tt_serve.model.tt.launch",
                 "tt_serve.model.tt.probe",
@@ -67,19 +67,33 @@ def _offenders(package: str, forbidden: tuple[str, ...]) -> list[str]:
             "model/tt/layout",
             (
                 "tt_serve.model.tt.runtime",
-                "tt_serve.model.tt.contract",
+                "tt_serve.model.tt.virtual",
                 "tt_serve.model.tt.plan",
                 "tt_serve.model.tt.launch",
+                "tt_serve.model.tt.ops",
+                "tt_serve.model.tt.boards",
                 "ttnn",
             ),
         ),
         (
-            "model/tt/contract",
+            "model/tt/virtual",
             (
                 "tt_serve.model.tt.runtime",
                 "tt_serve.model.tt.plan",
                 "tt_serve.model.tt.launch",
                 "tt_serve.model.tt.layout",
+            ),
+        ),
+        # The board table is the real start's: it knows no device model, planner or program.
+        (
+            "model/tt/boards",
+            (
+                "tt_serve.model.tt.virtual",
+                "tt_serve.model.tt.plan",
+                "tt_serve.model.tt.runtime",
+                "tt_serve.model.tt.launch",
+                "tt_serve.model.tt.layout",
+                "tt_serve.model.tt.ops",
             ),
         ),
         ("model/tt/plan", ("tt_serve.model.tt.launch",)),
@@ -87,9 +101,9 @@ def _offenders(package: str, forbidden: tuple[str, ...]) -> list[str]:
             "model/tt/ops",
             (
                 "tt_serve.model.tt.runtime",
-                "tt_serve.model.tt.contract",
+                "tt_serve.model.tt.virtual",
                 "tt_serve.model.tt.plan",
-                "tt_serve.model.tt.layout",
+                "tt_serve.model.tt.boards",
             ),
         ),
     ],

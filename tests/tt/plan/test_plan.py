@@ -118,7 +118,7 @@ def test_a_ttnn_start_plans_once_and_builds_once(
     shape-only virtual device. The pools equal what ``tt-serve plan`` computes for the box."""
     from tests.tt import harness as h
     from tt_serve.config import ServeConfig
-    from tt_serve.model.tt.contract.boards import device_spec
+    from tt_serve.model.tt.boards import device_spec
     from tt_serve.model.tt.launch import launch
     from tt_serve.model.tt.ops import Ops
     from tt_serve.model.tt.runtime.backend import TTBackend

@@ -7,7 +7,7 @@ tt-metal source the rule models (op paths relative to ``ttnn/cpp/ttnn/operations
 that the rule is the virtual device's own.
 
 The last test pins the coverage: it reads every rule name the virtual device can raise out of
-the source of ``tt_serve/model/tt/contract/`` and every rule name a test in ``tests/tt/contract``
+the source of ``tt_serve/model/tt/virtual/`` and every rule name a test in ``tests/tt/contract``
 or ``tests/tt/runtime`` asserts, and fails when a rule has no test.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.tt.contract.test_limits import (
+from tests.tt.virtual.test_limits import (
     BLOCK,
     GDN_DIM,
     HEAD_DIM,
@@ -33,17 +33,18 @@ from tests.tt.contract.test_limits import (
     _ops,
     _trips,
 )
-from tt_serve.model.tt.contract import dram
-from tt_serve.model.tt.contract.virtual_mesh import (
+from tt_serve.model.tt.layout import ROW_MAJOR, TILE
+from tt_serve.model.tt.ops import Ops
+from tt_serve.model.tt.runtime import moe
+from tt_serve.model.tt.runtime.inputs import gdn_const_tiles
+from tt_serve.model.tt.virtual import dram
+from tt_serve.model.tt.virtual.device import P150, WORMHOLE
+from tt_serve.model.tt.virtual.mesh import (
     MeshMapper,
     MeshShape,
     PlacementShard,
     VirtualMeshTTNN,
 )
-from tt_serve.model.tt.contract.virtual_ttnn import P150, WORMHOLE
-from tt_serve.model.tt.ops import ROW_MAJOR, TILE, Ops
-from tt_serve.model.tt.runtime import moe
-from tt_serve.model.tt.runtime.inputs import gdn_const_tiles
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -344,8 +345,8 @@ def test_distributed_tensors_need_an_open_mesh(tmp_path: Path) -> None:
 
 
 # ---- coverage ----------------------------------------------------------------------------------
-CONTRACT = REPO / "tt_serve" / "model" / "tt" / "contract"
-TEST_DIRS = (REPO / "tests" / "tt" / "contract", REPO / "tests" / "tt" / "runtime")
+CONTRACT = REPO / "tt_serve" / "model" / "tt" / "virtual"
+TEST_DIRS = (REPO / "tests" / "tt" / "virtual", REPO / "tests" / "tt" / "runtime")
 RAISERS = {"_fail", "ContractViolation", "DeviceLimitError"}
 # VirtualTTNN._rules re-raises a rules.DeviceLimitError as a ContractViolation under its own name
 PASS_THROUGH = {"exc.rule"}

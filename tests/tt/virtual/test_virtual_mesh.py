@@ -8,14 +8,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tt_serve.model.tt.contract.virtual_mesh import (
+from tt_serve.model.tt.ops import Ops
+from tt_serve.model.tt.virtual.mesh import (
     GlobalSemaphore,
     MeshShape,
     MeshTensor,
     VirtualMeshTTNN,
 )
-from tt_serve.model.tt.contract.virtual_ttnn import ContractViolation
-from tt_serve.model.tt.ops import Ops
+from tt_serve.model.tt.virtual.tensors import ContractViolation
 
 
 def mesh_ops(n: int = 4, rows: int = 1, **kw: Any) -> Ops:

@@ -34,7 +34,7 @@ named instead):
   ``{wh,bh}_hal_tensix.cpp`` ``create_tensix_mem_map``: the kernel-config buffer above
   ``MEM_MAP_END`` (``default_l1_kernel_config_size``).
 * What ttnn 0.81.1 itself reports for each board, opened as a mock from
-  ``contract/cluster_desc.py`` (tests/tt/mock/test_boards.py holds this table to it): cluster
+  ``plan/cluster_desc.py`` (tests/tt/mock/test_boards.py holds this table to it): cluster
   type, chips, grid, DRAM banks and bank size, L1 banks and bank size.
 * ``tt-metal/models/tt_transformers/tt/model_config.py``: ``determine_device_name()`` (N150,
   N300, N150x4, T3K, TG; P100 (DRAM grid 7x1), P150 (8x1), P300, P150x4, P150x8, BHGLX) and the

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tt_serve.model.tt.ops import ROW_MAJOR, TILE, Ops, Tensor
+from tt_serve.model.tt.layout import ROW_MAJOR, TILE
+from tt_serve.model.tt.ops import Ops, Tensor
 from tt_serve.model.tt.runtime.inputs import DecodeValues, PrefillValues
 from tt_serve.model.tt.runtime.sampling import CANDIDATES
 

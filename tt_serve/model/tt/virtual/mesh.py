@@ -64,18 +64,17 @@ from typing import Any, TypeAlias
 import numpy as np
 import torch
 
-from tt_serve.model.tt.contract import rules
-from tt_serve.model.tt.contract.boards import ChipSpec
-from tt_serve.model.tt.contract.virtual_ttnn import (
-    P150,
+from tt_serve.model.tt.boards import ChipSpec
+from tt_serve.model.tt.virtual import rules
+from tt_serve.model.tt.virtual.device import P150, VirtualTTNN
+from tt_serve.model.tt.virtual.tensors import (
     Buffer,
     ContractViolation,
     CoreCoord,
     FakeDevice,
-    VirtualTTNN,
     tensor_payload,
 )
-from tt_serve.model.tt.contract.virtual_ttnn import Tensor as ChipTensor
+from tt_serve.model.tt.virtual.tensors import Tensor as ChipTensor
 
 
 class InjectedFault(RuntimeError):

@@ -10,7 +10,7 @@ was confirmed when its message string is present in the wheel's ``_ttnncpp.so`` 
 modelled rather than read (DRAM banks, the size of a captured trace) say how.
 
 Tensors are described by :class:`TensorInfo` (logical shape, dtype, layout, placement); the
-contract fake (``tt_serve/model/tt/contract/virtual_ttnn.py``) builds one per operand and calls these rules on
+contract fake (``tt_serve/model/tt/virtual/device.py``) builds one per operand and calls these rules on
 every op, allocation and trace capture.
 """
 
@@ -20,7 +20,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tt_serve.model.tt.contract.boards import ChipSpec
+from tt_serve.model.tt.boards import ChipSpec
 
 TILE = 32
 # bytes of one 32x32 tile (tt::tile_size): block floats share one exponent per 16 values.
