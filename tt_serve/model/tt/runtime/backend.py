@@ -71,7 +71,7 @@ TABLE_ALIGN = 8  # page-table entries per 32-byte int32 stick
 
 class RuntimeOptions(TypedDict, total=False):
     """How the backend runs its programs, all optional (defaults in brackets); what the model
-    is built from (precision, links, weight cache, MoE dispatch) is ``launch.ModelOptions``."""
+    is built from (precision, links, weight cache, MoE dispatch) is ``build.TTOptions``."""
 
     traced_decode: bool  # [True] replay the captured decode trace (False: eager, for debugging)
     traced_prefill: bool  # [True] replay captured prefill traces (False: run them eagerly)
@@ -91,7 +91,7 @@ class TTBackend:
     max_device_top_k = CANDIDATES
 
     def __init__(self, model: TTModel, *, ops: Ops, **options: Unpack[RuntimeOptions]) -> None:
-        """A backend over a built model (``launch.build_backend`` builds both: tensor parallel,
+        """A backend over a built model (``build.build_backend`` builds both: tensor parallel,
         weight layout and upload, model); nothing is allocated until :meth:`allocate`."""
         self.spec, self.ops, self.model = model.spec, ops, model
         self.precision, self.tp = model.precision, model.tp

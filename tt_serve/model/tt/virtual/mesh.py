@@ -11,7 +11,7 @@ global semaphores, and the two experimental CCLs the backend uses
 (``all_gather_async``, ``reduce_scatter_minimal_async``; the plain ``ttnn.all_gather`` is not
 modelled: it is trace-unsafe, tt-metal #48469).
 
-Mappers follow ttnn's distributed_tensor.cpp (ttnn/core/distributed/): the 1-D mappers are a
+Mappers follow ttnn's ttnn/core/distributed/distributed_tensor.cpp: the 1-D mappers are a
 ``MeshShape(num_devices)`` distribution mapped row-major onto the mesh; a 2-D config shards
 placement i's tensor dim over mesh axis i (chip (r, c) gets chunk r of the axis-0 dim and chunk
 c of the axis-1 dim), needs distinct dims ("dims must be unique") and even splits ("ND
@@ -22,7 +22,7 @@ chips that differ only in that coordinate), the other axis untouched (the 0.81.1
 docstring: "Other mesh axes run independent gathers"). Without ``cluster_axis`` the line is the
 whole mesh, which on a mesh with more than one row and column needs a 2-D fabric (FABRIC_2D*:
 tenstorrent/vllm-tt-plugin:tests/test_fabric_config.py, notes 3.2). Links are checked per axis
-(tt-metal:models/tt_transformers/tt/runtime/ccl.py ``get_num_links``: TG / BHGLX (4, 3));
+(tt-metal:models/tt_transformers/tt/ccl.py ``get_num_links``: TG / BHGLX (4, 3));
 ``Topology.Ring`` needs a ring fabric and an axis
 whose chips wrap around (``ttnn.get_usable_topology``: a ring "is demoted to linear when the
 tensor's devices along cluster_axis do not form a full wraparound"; this fake is strict and
@@ -456,7 +456,7 @@ class VirtualMeshTTNN:
         mesh_shape: tuple[int, int],
         dims: tuple[int | None, int | None],
     ) -> MeshMapper:
-        """The deprecated wrapper (ttnn/distributed/distributed.py): ``dims[i]`` None
+        """The deprecated wrapper (ttnn/ttnn/distributed/distributed.py): ``dims[i]`` None
         replicates over mesh axis i."""
         placements = [PlacementReplicate() if d is None else PlacementShard(d) for d in dims]
         return self.create_mesh_mapper(

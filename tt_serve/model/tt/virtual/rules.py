@@ -802,7 +802,7 @@ def _ccl_common(
     files cited by the callers): more than one device on the line, 0 < num_links (and the links
     a program uses are parallelised over worker rows: ``num_links <= grid.y``), aligned pages.
     ``max_links``: the Ethernet links the system has between neighbours
-    (models/tt_transformers/tt/runtime/ccl.py get_num_links: N300/T3K 1, P150x4 2, Galaxy 4/3)."""
+    (models/tt_transformers/tt/ccl.py get_num_links: N300/T3K 1, P150x4 2, Galaxy 4/3)."""
     _fail(rule + ".devices", ring > 1, f"needs more than one device on the line, got {ring}")
     _fail(rule + ".num_links", num_links > 0, f"num_links should be more than 0, got {num_links}")
     _fail(
