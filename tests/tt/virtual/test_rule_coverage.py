@@ -39,12 +39,8 @@ from tt_serve.model.tt.runtime import moe
 from tt_serve.model.tt.runtime.inputs import gdn_const_tiles
 from tt_serve.model.tt.virtual import dram
 from tt_serve.model.tt.virtual.device import P150, WORMHOLE
-from tt_serve.model.tt.virtual.mesh import (
-    MeshMapper,
-    MeshShape,
-    PlacementShard,
-    VirtualMeshTTNN,
-)
+from tt_serve.model.tt.virtual.mesh import VirtualMeshTTNN
+from tt_serve.model.tt.virtual.mesh_types import MeshMapper, MeshShape, PlacementShard
 
 REPO = Path(__file__).resolve().parents[3]
 

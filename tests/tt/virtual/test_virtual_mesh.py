@@ -9,12 +9,8 @@ import numpy as np
 import pytest
 
 from tt_serve.model.tt.ops import Ops
-from tt_serve.model.tt.virtual.mesh import (
-    GlobalSemaphore,
-    MeshShape,
-    MeshTensor,
-    VirtualMeshTTNN,
-)
+from tt_serve.model.tt.virtual.mesh import VirtualMeshTTNN
+from tt_serve.model.tt.virtual.mesh_types import GlobalSemaphore, MeshShape, MeshTensor
 from tt_serve.model.tt.virtual.tensors import ContractViolation
 
 
