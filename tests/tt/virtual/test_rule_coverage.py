@@ -7,7 +7,7 @@ tt-metal source the rule models (op paths relative to ``ttnn/cpp/ttnn/operations
 that the rule is the virtual device's own.
 
 The last test pins the coverage: it reads every rule name the virtual device can raise out of
-the source of ``tt_serve/model/tt/virtual/`` and every rule name a test in ``tests/tt/contract``
+the source of ``tt_serve/model/tt/virtual/`` and every rule name a test in ``tests/tt/virtual``
 or ``tests/tt/runtime`` asserts, and fails when a rule has no test.
 """
 
@@ -478,8 +478,8 @@ def tripped_rules() -> set[str]:
 
 
 def test_every_rule_of_the_virtual_device_is_tripped_by_a_test() -> None:
-    """A rule added to the virtual device (``rules.py``, ``virtual_ttnn.py``, ``virtual_mesh.py``,
-    ``dram.py``) without a test that asserts its name fails here, as does a test asserting a
+    """A rule added to the virtual device (any module of ``virtual/``: ``rules.py``, the op
+    families, ``mesh.py``, ``ccl.py``, ``dram.py``) without a test that asserts its name fails here, as does a test asserting a
     rule name the device no longer has."""
     defined, tripped = defined_rules(), tripped_rules()
     # the scan sees each way a rule is named: a literal, ``rule + ".x"``, a parameter (the CCLs'
