@@ -39,7 +39,7 @@ from bench.provenance import REPO_ROOT, git_info, machine_info
 from tt_serve.config import PRECISIONS, parse_mesh
 from tt_serve.model.published import SIZES, published_config
 from tt_serve.model.spec import ModelSpec
-from tt_serve.model.tt.contract.boards import device_spec
+from tt_serve.model.tt.boards import device_spec
 from tt_serve.model.tt.options import TTOptions
 from tt_serve.model.tt.plan import planner
 

@@ -68,7 +68,7 @@ def _ttnn_readback(model: str, device: str, batches: list[int]) -> dict[str, Any
     """Bytes per decode step of each kind on the shape-only plan, per max batch."""
     from tt_serve.model.published import write_published_config
     from tt_serve.model.spec import ModelSpec
-    from tt_serve.model.tt.contract.boards import device_spec
+    from tt_serve.model.tt.boards import device_spec
     from tt_serve.model.tt.options import TTOptions
     from tt_serve.model.tt.plan import planner
 

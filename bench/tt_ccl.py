@@ -255,7 +255,7 @@ def _parser() -> argparse.ArgumentParser:
 def _open(a: argparse.Namespace) -> tuple[Ops, int] | str:
     """The opened mesh and its chip count, or the one-line reason there is none."""
     if a.fake:
-        from tt_serve.model.tt.contract.virtual_mesh import VirtualMeshTTNN
+        from tt_serve.model.tt.virtual.mesh import VirtualMeshTTNN
 
         n = a.chips or 2
         ops = Ops(VirtualMeshTTNN(num_devices=n, max_links=a.links))

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tt_serve.model.spec import ModelSpec
-    from tt_serve.model.tt.contract.boards import DeviceSpec
+    from tt_serve.model.tt.boards import DeviceSpec
     from tt_serve.model.tt.options import TTOptions
 
 

@@ -43,7 +43,7 @@ STANDIN_MARK = "mock-box stand-in"
 HUGEPAGES_1G = "sys/kernel/mm/hugepages/hugepages-1048576kB"
 PROBE_TIMEOUT_S = 120
 _MARK = "TT_DOCTOR "
-# Mirrors ttnn/__init__.py: the runtime root is TT_METAL_RUNTIME_ROOT, else the package folder
+# Mirrors tt-metal's ttnn/ttnn/__init__.py: the runtime root is TT_METAL_RUNTIME_ROOT, else the package folder
 # (two levels up for an editable checkout, recognised by the path holding no site-packages).
 _TTNN_PROBE = f"""
 import importlib.metadata, json, os, sys

@@ -78,9 +78,9 @@ def build_engine(model: str, shape: EngineShape, tok: Tokenizer) -> Engine:
     spec = ModelSpec.from_hf_dir(model)
     launched = None
     if shape.backend == "ttnn-virtual":
-        from tt_serve.model.tt.contract.virtual_ttnn import VirtualTTNN
         from tt_serve.model.tt.launch import launch
         from tt_serve.model.tt.ops import Ops
+        from tt_serve.model.tt.virtual.device import VirtualTTNN
 
         max_len = min(shape.max_model_len, spec.max_position_embeddings)
         launched = launch(cfg, spec, max_model_len=max_len, ops=Ops(VirtualTTNN()))

@@ -1,4 +1,4 @@
-"""Fixtures shared by tests/tt (runtime/, contract/, plan/): tiny checkpoints and tt backends on
+"""Fixtures shared by tests/tt (runtime/, virtual/, plan/): tiny checkpoints and tt backends on
 the virtual device."""
 
 from __future__ import annotations

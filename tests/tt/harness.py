@@ -12,12 +12,12 @@ from tt_serve.engine.scheduler import SchedulerConfig
 from tt_serve.model.interface import Backend
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.torch.backend import TorchBackend
-from tt_serve.model.tt.contract.virtual_mesh import VirtualMeshTTNN
-from tt_serve.model.tt.contract.virtual_ttnn import VirtualTTNN
 from tt_serve.model.tt.ops import Ops
 from tt_serve.model.tt.options import TTOptions
 from tt_serve.model.tt.runtime.backend import TTBackend
 from tt_serve.model.tt.runtime.build import build_backend
+from tt_serve.model.tt.virtual.device import VirtualTTNN
+from tt_serve.model.tt.virtual.mesh import VirtualMeshTTNN
 from tt_serve.model.weights import load_weights
 from tt_serve.sequence import RequestOutput, SamplingParams
 
@@ -41,9 +41,10 @@ BUILD_ARGS = ("tp", "ccl_links", "weight_cache_dir", "checkpoint", "on_capture")
 def build(spec: ModelSpec, weights: Any, *, ops: Ops, **kw: Any) -> TTBackend:
     """``build_backend`` with the options as keywords: ``TTOptions`` fields and
     ``build_backend``'s own arguments (``BUILD_ARGS``); the tests' defaults are mixed weights
-    and ``CHUNK``-token prefill buckets."""
+    and traced ``CHUNK``-token prefill buckets."""
     kw.setdefault("precision", "mixed")
     kw.setdefault("prefill_chunk", CHUNK)
+    kw.setdefault("traced_prefill", True)
     args = {k: kw.pop(k) for k in BUILD_ARGS if k in kw}
     return build_backend(spec, weights, ops=ops, options=TTOptions(**kw), **args)
 

@@ -56,12 +56,12 @@ def _offenders(package: str, forbidden: tuple[str, ...]) -> list[str]:
         ("model/kernels", ("tt_serve.model",)),
         ("logprobs", ("tt_serve.engine", "tt_serve.model", "torch")),
         # ttnn: the device program knows neither the device model nor the planner, and the
-        # numpy layout knows no device program (launch -> plan -> {runtime, contract};
-        # runtime -> layout -> ops).
+        # numpy layout knows no device program (launch -> plan -> {runtime, virtual} -> boards;
+        # runtime -> layout; runtime -> ops -> layout).
         (
             "model/tt/runtime",
             (
-                "tt_serve.model.tt.contract",
+                "tt_serve.model.tt.virtual",
                 "tt_serve.model.tt.plan",
                 "tt_serve.model.tt.launch",
                 "tt_serve.model.tt.probe",
@@ -71,19 +71,33 @@ def _offenders(package: str, forbidden: tuple[str, ...]) -> list[str]:
             "model/tt/layout",
             (
                 "tt_serve.model.tt.runtime",
-                "tt_serve.model.tt.contract",
+                "tt_serve.model.tt.virtual",
                 "tt_serve.model.tt.plan",
                 "tt_serve.model.tt.launch",
+                "tt_serve.model.tt.ops",
+                "tt_serve.model.tt.boards",
                 "ttnn",
             ),
         ),
         (
-            "model/tt/contract",
+            "model/tt/virtual",
             (
                 "tt_serve.model.tt.runtime",
                 "tt_serve.model.tt.plan",
                 "tt_serve.model.tt.launch",
                 "tt_serve.model.tt.layout",
+            ),
+        ),
+        # The board table is the real start's: it knows no device model, planner or program.
+        (
+            "model/tt/boards",
+            (
+                "tt_serve.model.tt.virtual",
+                "tt_serve.model.tt.plan",
+                "tt_serve.model.tt.runtime",
+                "tt_serve.model.tt.launch",
+                "tt_serve.model.tt.layout",
+                "tt_serve.model.tt.ops",
             ),
         ),
         ("model/tt/plan", ("tt_serve.model.tt.launch",)),
@@ -91,9 +105,9 @@ def _offenders(package: str, forbidden: tuple[str, ...]) -> list[str]:
             "model/tt/ops",
             (
                 "tt_serve.model.tt.runtime",
-                "tt_serve.model.tt.contract",
+                "tt_serve.model.tt.virtual",
                 "tt_serve.model.tt.plan",
-                "tt_serve.model.tt.layout",
+                "tt_serve.model.tt.boards",
             ),
         ),
     ],

@@ -1,11 +1,11 @@
-"""``tt-serve plan --mesh``: the shapes a device opens as (contract/boards.py), and the per-axis links."""
+"""``tt-serve plan --mesh``: the shapes a device opens as (model/tt/boards.py), and the per-axis links."""
 
 from __future__ import annotations
 
 import pytest
 
 from tt_serve.cli import _plan_mesh
-from tt_serve.model.tt.contract.boards import device_spec
+from tt_serve.model.tt.boards import device_spec
 
 
 def test_plan_mesh_takes_the_shapes_tt_metal_opens() -> None:

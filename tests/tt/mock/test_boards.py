@@ -3,7 +3,7 @@ held to what tt-metal reports for it.
 
 For each board (and each mesh shape tt-metal opens it as), ``probe_board.py`` runs in the ttnn
 venv (Python 3.12) in a subprocess, under ``TT_METAL_MOCK_CLUSTER_DESC_PATH`` pointing at the
-cluster descriptor ``contract/cluster_desc.py`` writes from the table, and reports the cluster
+cluster descriptor ``plan/cluster_desc.py`` writes from the table, and reports the cluster
 type, the chips, the compute grid and the allocator's DRAM / L1 / trace banks. Without the venv
 (``ROOT/.venv-ttnn`` or ``$TTNN_VENV``), or without an SFPI compiler where ttnn looks for one
 (0.81.1 JIT-builds firmware even for a mock device), these tests skip with the reason printed,
@@ -32,14 +32,14 @@ from typing import Any
 
 import pytest
 
-from tt_serve.model.tt.contract.boards import DEVICES, DeviceSpec
-from tt_serve.model.tt.contract.cluster_desc import (
+from tt_serve.model.tt.boards import DEVICES, DeviceSpec
+from tt_serve.model.tt.plan.cluster_desc import (
     MOCK_BOARDS,
     cluster_descriptor,
     mock_boards,
     write_cluster_descriptor,
 )
-from tt_serve.model.tt.contract.dram import DramBudget
+from tt_serve.model.tt.virtual.dram import DramBudget
 
 ROOT = Path(__file__).resolve().parents[3]
 HERE = Path(__file__).resolve().parent
@@ -163,7 +163,7 @@ def test_table_matches_what_ttnn_reports(probe: Probe, name: str, mesh: tuple[in
 
 
 def test_dram_budget_without_a_trace_region_is_the_allocators_bank(probe: Probe) -> None:
-    """contract/dram.py's bank (what the planner fills) is the allocator's, to the byte."""
+    """virtual/dram.py's bank (what the planner fills) is the allocator's, to the byte."""
     for name in ("n150", "p100", "p150"):
         out = probe(name, DEVICES[name].mesh)
         got = DramBudget(DEVICES[name].chip).bank_bytes

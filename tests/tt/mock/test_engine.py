@@ -12,7 +12,7 @@ accepted, not their tokens (the virtual device's tests check tokens).
 * real sizes through ``tt-serve plan``'s mock checker: test_plan.py.
 
 Two rules the virtual device lacked came from here: chunked SDPA's page-table stick of a multiple
-of 32 bytes (tests/tt/contract/test_limits.py) and the trace region split over the DRAM banks
+of 32 bytes (tests/tt/virtual/test_limits.py) and the trace region split over the DRAM banks
 (test_boards.py).
 """
 
@@ -26,9 +26,9 @@ from typing import Any
 
 import pytest
 
-from tt_serve.model.tt.contract.boards import DEVICES
-from tt_serve.model.tt.contract.cluster_desc import write_cluster_descriptor
+from tt_serve.model.tt.boards import DEVICES
 from tt_serve.model.tt.plan import mock
+from tt_serve.model.tt.plan.cluster_desc import write_cluster_descriptor
 
 ROOT = Path(__file__).resolve().parents[3]
 HERE = Path(__file__).resolve().parent

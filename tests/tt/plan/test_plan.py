@@ -13,7 +13,7 @@ import pytest
 
 from tt_serve.model.published import write_published_config
 from tt_serve.model.spec import ModelSpec
-from tt_serve.model.tt.contract.boards import device_spec
+from tt_serve.model.tt.boards import device_spec
 from tt_serve.model.tt.options import TTOptions
 from tt_serve.model.tt.plan import planner
 from tt_serve.model.tt.precision import Precision
@@ -122,7 +122,7 @@ def test_a_ttnn_start_plans_once_and_builds_once(
     shape-only virtual device. The pools equal what ``tt-serve plan`` computes for the box."""
     from tests.tt import harness as h
     from tt_serve.config import ServeConfig
-    from tt_serve.model.tt.contract.boards import device_spec
+    from tt_serve.model.tt.boards import device_spec
     from tt_serve.model.tt.launch import launch
     from tt_serve.model.tt.ops import Ops
     from tt_serve.model.tt.runtime.backend import TTBackend

@@ -19,14 +19,14 @@ from tt_serve.model.draw import _kept, draw
 from tt_serve.model.interface import RowSampling, StateCopy, StepBatch, StepOutput, StepRow
 from tt_serve.model.published import write_published_config
 from tt_serve.model.spec import ModelSpec
-from tt_serve.model.tt.contract.boards import device_spec
-from tt_serve.model.tt.contract.virtual_ttnn import VirtualTTNN
+from tt_serve.model.tt.boards import device_spec
 from tt_serve.model.tt.layout.host import shape_only_weights
 from tt_serve.model.tt.ops import Ops
 from tt_serve.model.tt.options import TTOptions
 from tt_serve.model.tt.plan import planner
 from tt_serve.model.tt.runtime import sampling
 from tt_serve.model.tt.runtime.backend import TTBackend
+from tt_serve.model.tt.virtual.device import VirtualTTNN
 
 VOCAB, ROWS = 4096, 32
 EPS32 = float(np.finfo(np.float32).eps)

@@ -17,16 +17,18 @@ import torch.nn.functional as F
 
 from tt_serve.model.published import write_published_config
 from tt_serve.model.spec import ModelSpec
-from tt_serve.model.tt.contract import rules
-from tt_serve.model.tt.contract.boards import device_spec
-from tt_serve.model.tt.contract.rules import DeviceLimitError, TensorInfo
-from tt_serve.model.tt.contract.virtual_ttnn import ContractViolation, VirtualTTNN
+from tt_serve.model.tt.boards import device_spec
+from tt_serve.model.tt.layout import TILE
 from tt_serve.model.tt.layout import experts as expert_layout
 from tt_serve.model.tt.layout.transforms import linear_t, stacked_experts
-from tt_serve.model.tt.ops import TILE, Ops
+from tt_serve.model.tt.ops import Ops
 from tt_serve.model.tt.options import TTOptions
 from tt_serve.model.tt.plan import planner
 from tt_serve.model.tt.runtime import moe
+from tt_serve.model.tt.virtual import rules
+from tt_serve.model.tt.virtual.device import VirtualTTNN
+from tt_serve.model.tt.virtual.rules import DeviceLimitError, TensorInfo
+from tt_serve.model.tt.virtual.tensors import ContractViolation
 
 H, INTER, TOKENS, TOP_K = 64, 32, 5, 2
 

@@ -1,6 +1,6 @@
 """The real-size hardware checks (``tests/tt_hardware/real_size.py``) on the numeric contract
 fake, so that ``make test`` runs them at Qwen3.5-9B head counts, head dims, hidden size and GDN
-state rows ([rows, 32, 128, 128] fp32), with every device rule of ``contract/rules.py`` checked at those
+state rows ([rows, 32, 128, 128] fp32), with every device rule of ``virtual/rules.py`` checked at those
 shapes.
 
 Shrunk for CI (2 cores), only where no device rule looks: vocabulary 4096 (the card: 248320, an
@@ -20,10 +20,10 @@ from tests import tiny_models as tm
 from tests.tt_hardware import real_size as rs
 from tt_serve.model.published import published_config
 from tt_serve.model.spec import ModelSpec
-from tt_serve.model.tt.contract.boards import ChipSpec
-from tt_serve.model.tt.contract.virtual_ttnn import P150, WORMHOLE, VirtualTTNN
+from tt_serve.model.tt.boards import ChipSpec
 from tt_serve.model.tt.ops import Ops
 from tt_serve.model.tt.runtime import weight_cache
+from tt_serve.model.tt.virtual.device import P150, WORMHOLE, VirtualTTNN
 
 pytestmark = pytest.mark.slow
 

@@ -1,7 +1,7 @@
 """Shape-only mode of the contract fake: real-size Qwen3.5-9B on the P150 description.
 
 Backend startup (every pool, every trace), prefill chunks, decode steps and one snapshot
-save/restore/reset run with every rule of contract/rules.py / contract/dram.py enforced, without data and
+save/restore/reset run with every rule of virtual/rules.py / virtual/dram.py enforced, without data and
 without weights (a folder holding only config.json)."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import pytest
 
 from tt_serve.model.published import write_published_config
 from tt_serve.model.spec import ModelSpec
-from tt_serve.model.tt.contract.boards import device_spec
-from tt_serve.model.tt.contract.virtual_ttnn import VirtualTTNN
+from tt_serve.model.tt.boards import device_spec
 from tt_serve.model.tt.layout.host import is_shape_only, shape_only_weights
 from tt_serve.model.tt.options import TTOptions
 from tt_serve.model.tt.plan import planner
+from tt_serve.model.tt.virtual.device import VirtualTTNN
 
 
 @pytest.fixture(scope="module")

@@ -14,11 +14,11 @@ from tests import numerics as nm
 from tests.tt import harness as h
 from tt_serve.model.interface import RowSampling, StateCopy, StepBatch, StepRow
 from tt_serve.model.spec import ModelSpec
-from tt_serve.model.tt.contract.virtual_mesh import VirtualMeshTTNN
 from tt_serve.model.tt.launch import identify, launch
 from tt_serve.model.tt.ops import Ops
 from tt_serve.model.tt.runtime.backend import StateCopyError
 from tt_serve.model.tt.runtime.moe import SparseExperts
+from tt_serve.model.tt.virtual.mesh import VirtualMeshTTNN
 from tt_serve.sequence import SamplingParams
 
 

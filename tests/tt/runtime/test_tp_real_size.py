@@ -10,7 +10,7 @@ import pytest
 
 from tt_serve.model.published import write_published_config
 from tt_serve.model.spec import ModelSpec
-from tt_serve.model.tt.contract.boards import device_spec
+from tt_serve.model.tt.boards import device_spec
 from tt_serve.model.tt.options import TTOptions
 from tt_serve.model.tt.plan import planner
 

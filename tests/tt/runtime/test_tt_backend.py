@@ -18,7 +18,7 @@ from tt_serve.model.interface import (
     StepRow,
 )
 from tt_serve.model.spec import ModelSpec
-from tt_serve.model.tt.contract.boards import device_spec
+from tt_serve.model.tt.boards import device_spec
 from tt_serve.model.tt.launch import launch, open_backend
 from tt_serve.model.tt.options import Placement, TTOptions
 

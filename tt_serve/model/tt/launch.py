@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from tt_serve.model.interface import Launched
 from tt_serve.model.spec import ModelSpec
-from tt_serve.model.tt.contract.boards import DeviceSpec, board_for_cluster
+from tt_serve.model.tt.boards import DeviceSpec, board_for_cluster
 from tt_serve.model.tt.layout.host import to_numpy
 from tt_serve.model.tt.ops import DEFAULT_L1_SMALL, Ops
 from tt_serve.model.tt.options import Placement, TTOptions

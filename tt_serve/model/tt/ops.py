@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from tt_serve.model.tt.layout import TILE
+
 Tensor = Any
-TILE = "tile"
-ROW_MAJOR = "row_major"
 # bytes per element of what a read copies (float tensors are typecast to float32 first)
 READ_ELEMENT_BYTES = {"float32": 4, "uint32": 4, "int32": 4, "uint16": 2}
 
@@ -79,7 +79,7 @@ class Ops:
 
     def cluster_type(self) -> str:
         """The box's ClusterType name ("P150", "N300", "T3K", ...), known before any device
-        opens: what the launch identifies the hardware by (``contract/boards.py``)."""
+        opens: what the launch identifies the hardware by (``model/tt/boards.py``)."""
         t = self.ttnn.cluster.get_cluster_type()
         return str(getattr(t, "name", t))
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tt_serve.config.serve_config import DEFAULT_BATCH, ServeConfig, mesh_shape
-from tt_serve.model.tt.contract.boards import DeviceSpec
+from tt_serve.model.tt.boards import DeviceSpec
 from tt_serve.model.tt.layout.experts import MoeDispatch
 from tt_serve.model.tt.layout.parallel import TensorParallel
 from tt_serve.model.tt.precision import Precision

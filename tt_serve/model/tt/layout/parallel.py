@@ -2,7 +2,7 @@
 chips.
 
 On a 1 x N mesh the split is the one tt-metal's multi-chip models use (models/demos/blackhole/
-qwen36/tt/tp_common.py ``shard_w``, models/tt_transformers/tt/runtime/attention.py and mlp.py):
+qwen36/tt/tp_common.py ``shard_w``, models/tt_transformers/tt/attention.py and mlp.py):
 
 * attention: q/k/v projections column-parallel by heads (column c holds query heads
   [c·nh/C, (c+1)·nh/C) and their KV head group; when C exceeds the KV heads each KV head is
@@ -32,7 +32,7 @@ split over the rows (``cluster_axis=0``), so each chip holds 1/(R·C) of each pr
   row-major chip order: ``shard_tensor_to_mesh_mapper``), so the down projection leaves partial
   sums on every chip, reduced over both axes: reduce-scatter on axis 1, reduce-scatter on
   axis 0, all-gather on axis 0, all-gather on axis 1 (tt_transformers' ``tt_all_reduce`` with
-  ``use_composite``, once per axis, models/tt_transformers/tt/runtime/ccl.py);
+  ``use_composite``, once per axis, models/tt_transformers/tt/ccl.py);
 * the small per-head vectors (GDN b/a gates, dt_bias, -exp(A_log), conv taps) split over the
   columns and are replicated over the rows, ``ShardTensor2dMesh(dims=(None, -1))``; norms and
   the embedding are replicated;

@@ -23,10 +23,10 @@ from typing import Any, Literal
 import numpy as np
 
 from tt_serve.model.spec import FULL_ATTENTION, ModelSpec
+from tt_serve.model.tt.layout import ROW_MAJOR, TILE
 from tt_serve.model.tt.layout import transforms as tf
 from tt_serve.model.tt.layout.experts import DISPATCHES, MoeDispatch, expert_groups
 from tt_serve.model.tt.layout.host import concat_rows
-from tt_serve.model.tt.ops import ROW_MAJOR, TILE
 from tt_serve.model.tt.precision import Precision
 
 # (checkpoint arrays in ``keys`` order, the model, the index j of a ``{j}`` name) -> host array

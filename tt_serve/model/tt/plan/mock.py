@@ -1,12 +1,12 @@
 """tt-metal's own verdict on a plan: the backend's startup, pools and workload run by the real
 ttnn 0.81.1 on a *mock* box of the planned board (no card; ``TT_METAL_MOCK_CLUSTER_DESC_PATH``
-names a cluster descriptor written from our board table, ``contract/cluster_desc.py``).
+names a cluster descriptor written from our board table, ``plan/cluster_desc.py``).
 
 Under mock tt-metal runs every op's own validation, lays out its circular buffers in L1 and
 allocates every buffer in the real DRAM and L1 banks; only the math is missing (reads return
 zeros), and kernels are built by a stand-in compiler that builds nothing (``scripts/mock-sfpi``,
 installed in the ttnn venv only). So "this configuration starts on this box" is shown by
-tt-metal's code, not by our model of it (``contract/``).
+tt-metal's code, not by our model of it (``virtual/``).
 
 What differs from a card, said in the verdict:
 
@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tt_serve.model.tt.contract.boards import device_spec
+from tt_serve.model.tt.boards import device_spec
 from tt_serve.model.tt.options import TTOptions
 
 MOCK_ENV = "TT_METAL_MOCK_CLUSTER_DESC_PATH"
@@ -131,7 +131,7 @@ def check(
     ``device``, in a child
     ``python`` (default: :func:`ttnn_python`); traced as on a card where the venv has the trace
     shim and ``traces`` is left on, else every program eager."""
-    from tt_serve.model.tt.contract.cluster_desc import write_cluster_descriptor
+    from tt_serve.model.tt.plan.cluster_desc import write_cluster_descriptor
 
     board = device_spec(device)
     python = python or ttnn_python() or sys.executable

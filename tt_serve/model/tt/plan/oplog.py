@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the virtual device holds torch tensors: imported only when a log is written
-    from tt_serve.model.tt.contract.virtual_ttnn import Tensor
+    from tt_serve.model.tt.virtual.tensors import Tensor
 
 
 def _tensor_json(t: Tensor) -> dict[str, Any]:
@@ -24,7 +24,7 @@ def _tensor_json(t: Tensor) -> dict[str, Any]:
 
 
 def _value_json(v: Any) -> Any:
-    from tt_serve.model.tt.contract.virtual_ttnn import Tensor
+    from tt_serve.model.tt.virtual.tensors import Tensor
 
     if v is None or isinstance(v, (bool, int, float, str)):
         return v
@@ -49,7 +49,7 @@ class OpLog:
         self.count += 1
         if self.out is None:
             return
-        from tt_serve.model.tt.contract.virtual_ttnn import Tensor  # torch: only when writing
+        from tt_serve.model.tt.virtual.tensors import Tensor  # torch: only when writing
 
         tensors: dict[str, Any] = {}
         rest: dict[str, Any] = {}

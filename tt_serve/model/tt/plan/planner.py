@@ -4,7 +4,7 @@ the shape-only device model (``VirtualTTNN(shape_only=True)``), no device and no
 The plan runs what ``serve`` would run: the weights converted by the normal weight path (device
 tensors of the profile's dtypes, from shape-only arrays), every pool and persistent buffer
 allocated, every trace captured, then prefill chunks, decode steps and one snapshot
-save/restore/reset. Every rule of ``contract/rules.py`` and ``contract/dram.py`` applies at real size: a
+save/restore/reset. Every rule of ``virtual/rules.py`` and ``virtual/dram.py`` applies at real size: a
 ``DeviceLimitError`` (``dram.capacity``, ``trace.region``, an op's core-grid rule, ...) is the
 verdict, reported with its rule and what to change.
 
@@ -31,23 +31,24 @@ from typing import IO, TYPE_CHECKING, Any
 from tt_serve.model.buckets import prefill_buckets
 from tt_serve.model.interface import RowSampling, StateCopy, StepBatch, StepRow
 from tt_serve.model.spec import ModelSpec
-from tt_serve.model.tt.contract.boards import DeviceSpec, device_spec
-from tt_serve.model.tt.contract.dram import DramBudget
-from tt_serve.model.tt.contract.rules import TensorInfo
+from tt_serve.model.tt.boards import DeviceSpec, device_spec
+from tt_serve.model.tt.layout import ROW_MAJOR
 from tt_serve.model.tt.layout.checkpoint import layout_weights
 from tt_serve.model.tt.layout.host import shape_only_weights
 from tt_serve.model.tt.layout.parallel import TensorParallel
 from tt_serve.model.tt.layout.table import slot
-from tt_serve.model.tt.ops import DEFAULT_L1_SMALL, ROW_MAJOR, Ops
+from tt_serve.model.tt.ops import DEFAULT_L1_SMALL, Ops
 from tt_serve.model.tt.options import Placement, TTOptions
 from tt_serve.model.tt.plan.oplog import OpLog, Recorder
 from tt_serve.model.tt.precision import Precision
 from tt_serve.model.tt.runtime.backend import TABLE_ALIGN, TTBackend, table_width
 from tt_serve.model.tt.runtime.build import build_backend
+from tt_serve.model.tt.virtual.dram import DramBudget
+from tt_serve.model.tt.virtual.rules import TensorInfo
 
 if TYPE_CHECKING:  # the virtual devices hold torch tensors; a mock run (plan/mock.py) has no torch
-    from tt_serve.model.tt.contract.virtual_mesh import VirtualMeshTTNN
-    from tt_serve.model.tt.contract.virtual_ttnn import VirtualTTNN
+    from tt_serve.model.tt.virtual.device import VirtualTTNN
+    from tt_serve.model.tt.virtual.mesh import VirtualMeshTTNN
 
 SAFETY_FRACTION = 0.02
 """DRAM kept free when the KV pool is sized from memory (allocator fragmentation, buffers the
@@ -264,8 +265,9 @@ def _run(
         except RuntimeError as exc:
             raise PlanError("tt-metal", str(exc)) from None
         return real
-    from tt_serve.model.tt.contract.virtual_mesh import VirtualMeshTTNN
-    from tt_serve.model.tt.contract.virtual_ttnn import ContractViolation, VirtualTTNN
+    from tt_serve.model.tt.virtual.device import VirtualTTNN
+    from tt_serve.model.tt.virtual.mesh import VirtualMeshTTNN
+    from tt_serve.model.tt.virtual.tensors import ContractViolation
 
     fake: VirtualTTNN | VirtualMeshTTNN
     if place.mesh == (1, 1):
@@ -434,11 +436,11 @@ def _hint(rule: str) -> str:
     for key, hint in HINTS.items():
         if rule.startswith(key):
             return hint
-    return "see the rule in tt_serve/model/tt/contract/rules.py; change the shapes that trip it"
+    return "see the rule in tt_serve/model/tt/virtual/rules.py; change the shapes that trip it"
 
 
 def _chips(fake: VirtualTTNN | VirtualMeshTTNN) -> list[VirtualTTNN]:
-    from tt_serve.model.tt.contract.virtual_mesh import VirtualMeshTTNN
+    from tt_serve.model.tt.virtual.mesh import VirtualMeshTTNN
 
     return list(fake.chips) if isinstance(fake, VirtualMeshTTNN) else [fake]
 

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from tt_serve.model.spec import ModelSpec
-from tt_serve.model.tt.contract.boards import DeviceSpec
+from tt_serve.model.tt.boards import DeviceSpec
 from tt_serve.model.tt.options import TTOptions
 from tt_serve.model.tt.plan.planner import Plan, max_batch_that_fits, plan, probe_blocks
 

@@ -1,4 +1,4 @@
-"""TTBackend: the Backend protocol on a Tenstorrent device through ttnn (mirrors ``model/torch_backend.py``).
+"""TTBackend: the Backend protocol on a Tenstorrent device through ttnn (mirrors ``model/torch/backend.py``).
 
 ``allocate`` creates every pool and persistent buffer, then warms and captures one prefill trace
 per bucket and one decode trace, before any request runs: a prefix hit (a warm tail of any

@@ -1,5 +1,5 @@
 """Persistent device buffers: the fixed-address inputs and outputs of each traced program (as
-``cuda/buffers``).
+``torch/cuda/buffers``).
 
 Allocated once, before any capture; refreshed in place with ``copy_host_to_device_tensor``
 before every replay, never rebound (a trace keeps reading the addresses it was captured with).
@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tt_serve.model.tt.ops import ROW_MAJOR, TILE, Ops, Tensor
+from tt_serve.model.tt.layout import ROW_MAJOR, TILE
+from tt_serve.model.tt.ops import Ops, Tensor
 from tt_serve.model.tt.runtime.inputs import DecodeValues, PrefillValues
 from tt_serve.model.tt.runtime.sampling import CANDIDATES
 

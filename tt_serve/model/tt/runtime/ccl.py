@@ -3,7 +3,7 @@ each layer splits; this says how the pieces are put back together).
 
 Every collective runs along one mesh axis (``cluster_axis`` 0: the rows' direction, down a
 column; 1: along a row), independently on every line of that axis, as tt-metal's 2-D models
-call them (models/tt_transformers/tt/runtime/ccl.py ``tt_all_reduce`` / ``tt_all_gather`` with
+call them (models/tt_transformers/tt/ccl.py ``tt_all_reduce`` / ``tt_all_gather`` with
 ``cluster_axis``; models/demos/llama3_70b_galaxy/tt/llama_ccl.py). An axis of one chip has no
 collective: the call is the identity, as ``tt_all_reduce`` skips it. Link counts are per axis
 (tt_transformers ``get_num_links``: TG / BHGLX (4, 3), every other system the same on both).

@@ -1,4 +1,4 @@
-"""The hybrid decoder stack on the device (mirrors ``ref/model.py``).
+"""The hybrid decoder stack on the device (mirrors ``torch/model.py``).
 
 Two programs, each a pure function of persistent buffers so it can be captured as a trace:
 ``prefill`` runs one row of a bucket through every layer (state in the working buffers) and
@@ -18,9 +18,10 @@ from typing import Any
 import numpy as np
 
 from tt_serve.model.spec import FULL_ATTENTION, ModelSpec
+from tt_serve.model.tt.layout import ROW_MAJOR
 from tt_serve.model.tt.layout.experts import MoeDispatch, expert_groups
 from tt_serve.model.tt.layout.parallel import TensorParallel
-from tt_serve.model.tt.ops import ROW_MAJOR, Ops, Tensor
+from tt_serve.model.tt.ops import Ops, Tensor
 from tt_serve.model.tt.precision import FIDELITY, Precision
 from tt_serve.model.tt.runtime.attention import (
     AttentionWeights,

@@ -4,7 +4,7 @@ expert. Two expert paths, chosen by ``MoeDispatch`` (a backend option, default `
 **sparse** (the default): only the routed experts are read and computed, with
 ``ttnn.sparse_matmul`` in its scan mode, as tt-metal's MoE models call it
 (tt-metal:models/demos/gpt_oss/tt/experts_throughput/decode.py, the per-tile prefill path of
-tt-metal:models/demos/qwen3_6_a3b/tt/): the
+tt-metal:models/demos/blackhole/qwen36/tt/moe/prefill.py): the
 tokens go in blocks of at most BLOCK_ROWS = 256 rows (a decode batch and a prefill chunk of up to
 256 tokens are one block), and a block computes expert e when some row of the block routes to
 it. Per layer:

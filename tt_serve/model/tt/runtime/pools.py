@@ -1,4 +1,4 @@
-"""Device pools owned by the ttnn backend (mirrors ``ref/pools.py``), allocated before any trace.
+"""Device pools owned by the ttnn backend (mirrors ``torch/pools.py``), allocated before any trace.
 
 Per attention layer paged K and V ``[blocks, kv_heads, block_size, head_dim]`` (TILE, block 0 is
 the padding block); per GDN layer conv history ``[slots, 1, K-1, C]`` and recurrent state
@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 from tt_serve.model.interface import CopyKind, StateCopy
 from tt_serve.model.spec import ModelSpec
+from tt_serve.model.tt.layout import ROW_MAJOR
 from tt_serve.model.tt.layout.parallel import TensorParallel
-from tt_serve.model.tt.ops import ROW_MAJOR, Ops, Tensor
+from tt_serve.model.tt.ops import Ops, Tensor
 from tt_serve.model.tt.precision import Precision
 
 

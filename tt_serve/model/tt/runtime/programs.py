@@ -1,5 +1,5 @@
 """TracePrograms: the bucketed programs (``model/programs.py``: the registry and its rules)
-replayed as ttnn traces (as ``cuda/programs``).
+replayed as ttnn traces (as ``torch/cuda/programs``).
 
 tt-metal's own rules on top: the uncaptured run before a capture is the compile run (every kernel
 must be in the program cache), a trace captures only device ops (the program never touches the

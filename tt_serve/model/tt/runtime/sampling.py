@@ -1,4 +1,4 @@
-"""Device draws and logprobs of the ttnn backend (mirrors ``ref/sampling``): the token a
+"""Device draws and logprobs of the ttnn backend (mirrors ``torch/sampling``): the token a
 ``RowSampling`` row gets is ``engine.sampler.draw`` of its logits and uniform, computed inside the
 traced program so that a fed row can take a drawn id with no host round trip.
 

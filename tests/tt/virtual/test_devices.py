@@ -1,4 +1,4 @@
-"""Device descriptions (tt_serve.model.tt.contract.boards): the registry users pick from, and the numbers
+"""Device descriptions (tt_serve.model.tt.boards): the registry users pick from, and the numbers
 the planner relies on, pinned to what tt-metal states (see the citations in boards.py)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from tt_serve.model.tt.contract import boards
-from tt_serve.model.tt.contract.boards import DEVICES, DeviceSpec, device_spec
+from tt_serve.model.tt import boards
+from tt_serve.model.tt.boards import DEVICES, DeviceSpec, device_spec
 
 GIB = 1 << 30
 
@@ -135,7 +135,7 @@ def test_module_imports_without_ttnn() -> None:
     code = (
         "import sys\n"
         "sys.modules['ttnn'] = None\n"
-        "import tt_serve.model.tt.contract.boards as d\n"
+        "import tt_serve.model.tt.boards as d\n"
         "assert 'ttnn' not in {m.split('.')[0] for m in sys.modules if sys.modules[m]}\n"
         "print(len(d.DEVICES))\n"
     )
@@ -149,7 +149,7 @@ def test_module_imports_without_ttnn() -> None:
 def test_a_cluster_type_names_its_box_and_links() -> None:
     """How a start identifies its hardware: the ClusterType ttnn reports before anything
     opens names one box, whose links the collectives use; an unknown type is refused by name."""
-    from tt_serve.model.tt.contract.boards import DEVICES, board_for_cluster
+    from tt_serve.model.tt.boards import DEVICES, board_for_cluster
 
     assert board_for_cluster("P150_X4").name == "p150x4"
     assert board_for_cluster("P300").name == "p300"

@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 
 from tests.tt_host.ops_calls import extract
-from tt_serve.model.tt.contract.virtual_ttnn import ContractViolation, VirtualTTNN
-from tt_serve.model.tt.ops import ROW_MAJOR, TILE, Ops
+from tt_serve.model.tt.layout import ROW_MAJOR, TILE
+from tt_serve.model.tt.ops import Ops
 from tt_serve.model.tt.runtime.inputs import gdn_const_tiles
+from tt_serve.model.tt.virtual.device import VirtualTTNN
+from tt_serve.model.tt.virtual.tensors import ContractViolation
 
 
 @pytest.fixture
@@ -37,7 +39,7 @@ def _captured(ops: Ops, program: Callable[[], None]) -> object:
 
 def test_fake_implements_every_ttnn_name_ops_uses() -> None:
     """The mesh fake (a VirtualTTNN per chip plus the mesh and CCL names) has every name."""
-    from tt_serve.model.tt.contract.virtual_mesh import VirtualMeshTTNN
+    from tt_serve.model.tt.virtual.mesh import VirtualMeshTTNN
 
     fake = VirtualMeshTTNN(num_devices=2)
     calls, attrs = extract()

@@ -8,12 +8,13 @@ Sources, all public GitHub; paths are repository-relative (read in tt-metal and 
 snapshots from 2025-2026; line numbers drift, so the key or define that states each number is
 named instead):
 
-* ``tt-metal/tt_metal/core_descriptors/{wormhole_b0_80_arch,wormhole_b0_80_arch_eth_dispatch,
-  blackhole_140_arch}.yaml``: ``compute_with_storage_grid_range`` per product (``nebula_x1`` =
-  1 harvested tensix row, ``nebula_x2`` = 2 rows, ``galaxy`` = 0 rows on Wormhole;
-  ``unharvested`` / ``1xharvested`` / ``2xharvested`` tensix columns on Blackhole), per
-  dispatch axis (``row`` / ``col``) and dispatch core type (tensix or ethernet). This is what
-  ``device.compute_with_storage_grid_size()`` returns.
+* ``tt_metal/core_descriptors/wormhole_b0_80_arch.yaml``,
+  ``tt_metal/core_descriptors/wormhole_b0_80_arch_eth_dispatch.yaml`` and
+  ``tt_metal/core_descriptors/blackhole_140_arch.yaml``: ``compute_with_storage_grid_range``
+  per product (``nebula_x1`` = 1 harvested tensix row, ``nebula_x2`` = 2 rows, ``galaxy`` = 0
+  rows on Wormhole; ``unharvested`` / ``1xharvested`` / ``2xharvested`` tensix columns on
+  Blackhole), per dispatch axis (``row`` / ``col``) and dispatch core type (tensix or
+  ethernet). This is what ``device.compute_with_storage_grid_size()`` returns.
 * ``tt-umd/device/api/umd/device/types/cluster_descriptor_types.hpp``:
   ``expected_tensix_harvested_units_map`` (which product each board is: N150 1, N300 2, P100 2,
   P150 2, P300 2, UBB (Wormhole Galaxy) 0, UBB_BLACKHOLE 1) and
@@ -24,17 +25,18 @@ named instead):
   grid these specs record.
 * ``tt-metal/tt_metal/hw/inc/internal/tt-1xx/{wormhole,blackhole}/dev_mem_map.h``:
   ``MEM_L1_SIZE``, ``MEM_DRAM_SIZE`` (per DRAM bank), ``MEM_MAP_END`` (firmware-reserved L1,
-  evaluated from the header the 0.81.1 wheel ships); cross-checked against ``tt-metal/tt_metal/
-  soc_descriptors/{wormhole_b0_80_arch,blackhole_140_arch}.yaml`` (``worker_l1_size``,
+  evaluated from the header the 0.81.1 wheel ships); cross-checked against
+  ``tt_metal/soc_descriptors/{wormhole_b0_80_arch,blackhole_140_arch}.yaml`` (``worker_l1_size``,
   ``dram_view_size``, ``dram_bank_size``, ``dram``/``dram_views`` lists).
-* ``tt-metal/tt_metal/llrt/hal/tt-1xx/{wormhole,blackhole}/{wh,bh}_hal.cpp``: the HAL's DRAM
-  regions at the bottom of every bank (``HalDramMemAddrType``): ``DRAM_BARRIER_SIZE`` (one
-  ``DRAM_ALIGNMENT``, 32 B on Wormhole, 64 B on Blackhole), a profiler region in Tracy builds
-  only, and in 0.81.1 the ``DEVICE_PRINT_DISPATCH`` region (see ``WH_DRAM_RESERVED_PER_BANK``).
+* ``tt_metal/llrt/hal/tt-1xx/wormhole/wh_hal.cpp`` and
+  ``tt_metal/llrt/hal/tt-1xx/blackhole/bh_hal.cpp``: the HAL's DRAM regions at the bottom of
+  every bank (``HalDramMemAddrType``): ``DRAM_BARRIER_SIZE`` (one ``DRAM_ALIGNMENT``, 32 B on
+  Wormhole, 64 B on Blackhole), a profiler region in Tracy builds only, and in 0.81.1 the
+  ``DEVICE_PRINT_DISPATCH`` region (see ``WH_DRAM_RESERVED_PER_BANK``).
   ``{wh,bh}_hal_tensix.cpp`` ``create_tensix_mem_map``: the kernel-config buffer above
   ``MEM_MAP_END`` (``default_l1_kernel_config_size``).
 * What ttnn 0.81.1 itself reports for each board, opened as a mock from
-  ``contract/cluster_desc.py`` (tests/tt/mock/test_boards.py holds this table to it): cluster
+  ``plan/cluster_desc.py`` (tests/tt/mock/test_boards.py holds this table to it): cluster
   type, chips, grid, DRAM banks and bank size, L1 banks and bank size.
 * ``tt-metal/models/tt_transformers/tt/model_config.py``: ``determine_device_name()`` (N150,
   N300, N150x4, T3K, TG; P100 (DRAM grid 7x1), P150 (8x1), P300, P150x4, P150x8, BHGLX) and the
@@ -108,7 +110,7 @@ class DeviceSpec:
     other_meshes: tuple[tuple[int, int], ...] = field(default=())  # other shapes tt-metal opens
     description: str = ""
     # Ethernet links a collective uses between neighbours, per mesh axis (axis 0, axis 1)
-    # (models/tt_transformers/tt/runtime/ccl.py get_num_links: N300/T3K (1, 1), P150x4/P150x8/P300
+    # (models/tt_transformers/tt/ccl.py get_num_links: N300/T3K (1, 1), P150x4/P150x8/P300
     # (2, 2), TG/BHGLX (4, 3); (0, 0): no ethernet collectives)
     ccl_links: tuple[int, int] = (0, 0)
     # ``ttnn.cluster.get_cluster_type()``'s ClusterType member names this box reports, known
@@ -148,8 +150,9 @@ WH_L1_BYTES = 1464 * 1024  # 1_499_136
 WH_L1_FIRMWARE_RESERVED = 35_168
 # Kernel-config buffer (runtime args, CB configs, kernel text) between MEM_MAP_END and the
 # allocator's L1 base, both architectures: 69 KiB.
-#   tt_metal/llrt/hal/tt-1xx/{wormhole,blackhole}/{wh,bh}_hal_tensix.cpp create_tensix_mem_map:
-#   `default_l1_kernel_config_size = 69 * 1024`, KERNEL_CONFIG base MEM_MAP_END,
+#   tt_metal/llrt/hal/tt-1xx/wormhole/wh_hal_tensix.cpp (and blackhole/bh_hal_tensix.cpp)
+#   create_tensix_mem_map: `default_l1_kernel_config_size = 69 * 1024`, KERNEL_CONFIG base
+#   MEM_MAP_END,
 #   DEFAULT_UNRESERVED base = align_up(MEM_MAP_END + 69 KiB, max(DRAM_ALIGNMENT, L1_ALIGNMENT));
 #   a device opened with worker_l1_size 0 (ttnn's DEFAULT_WORKER_L1_SIZE) gets DEFAULT_UNRESERVED.
 L1_KERNEL_CONFIG_BYTES = 69 * 1024

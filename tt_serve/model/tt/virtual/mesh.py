@@ -11,7 +11,7 @@ global semaphores, and the two experimental CCLs the backend uses
 (``all_gather_async``, ``reduce_scatter_minimal_async``; the plain ``ttnn.all_gather`` is not
 modelled: it is trace-unsafe, tt-metal #48469).
 
-Mappers follow ttnn's distributed_tensor.cpp (ttnn/core/distributed/): the 1-D mappers are a
+Mappers follow ttnn's ttnn/core/distributed/distributed_tensor.cpp: the 1-D mappers are a
 ``MeshShape(num_devices)`` distribution mapped row-major onto the mesh; a 2-D config shards
 placement i's tensor dim over mesh axis i (chip (r, c) gets chunk r of the axis-0 dim and chunk
 c of the axis-1 dim), needs distinct dims ("dims must be unique") and even splits ("ND
@@ -22,7 +22,7 @@ chips that differ only in that coordinate), the other axis untouched (the 0.81.1
 docstring: "Other mesh axes run independent gathers"). Without ``cluster_axis`` the line is the
 whole mesh, which on a mesh with more than one row and column needs a 2-D fabric (FABRIC_2D*:
 tenstorrent/vllm-tt-plugin:tests/test_fabric_config.py, notes 3.2). Links are checked per axis
-(tt-metal:models/tt_transformers/tt/runtime/ccl.py ``get_num_links``: TG / BHGLX (4, 3));
+(tt-metal:models/tt_transformers/tt/ccl.py ``get_num_links``: TG / BHGLX (4, 3));
 ``Topology.Ring`` needs a ring fabric and an axis
 whose chips wrap around (``ttnn.get_usable_topology``: a ring "is demoted to linear when the
 tensor's devices along cluster_axis do not form a full wraparound"; this fake is strict and
@@ -55,192 +55,37 @@ from __future__ import annotations
 
 import itertools
 import pickle
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from enum import Enum
 from pathlib import Path
 from typing import Any, TypeAlias
 
 import numpy as np
-import torch
 
-from tt_serve.model.tt.contract import rules
-from tt_serve.model.tt.contract.boards import ChipSpec
-from tt_serve.model.tt.contract.virtual_ttnn import (
-    P150,
-    Buffer,
-    ContractViolation,
-    CoreCoord,
-    FakeDevice,
-    VirtualTTNN,
-    tensor_payload,
+from tt_serve.model.tt.boards import ChipSpec
+from tt_serve.model.tt.virtual.ccl import CclOps
+from tt_serve.model.tt.virtual.device import P150, VirtualTTNN
+from tt_serve.model.tt.virtual.mesh_types import (
+    FabricConfig,
+    FakeMeshDevice,
+    InjectedFault,
+    MeshComposer,
+    MeshMapper,
+    MeshMapperConfig,
+    MeshShape,
+    MeshTensor,
+    PlacementReplicate,
+    PlacementShard,
+    Topology,
+    at_chip,
+    distribute,
+    gather_results,
+    has_mesh,
+    mirrored,
+    owner_chip,
 )
-from tt_serve.model.tt.contract.virtual_ttnn import Tensor as ChipTensor
-
-
-class InjectedFault(RuntimeError):
-    """A device error the test injected (``VirtualMeshTTNN.inject_fault``)."""
-
-
-class FabricConfig(Enum):
-    DISABLED = "disabled"
-    FABRIC_1D = "fabric_1d"
-    FABRIC_1D_RING = "fabric_1d_ring"
-    FABRIC_2D = "fabric_2d"
-    FABRIC_2D_TORUS_XY = "fabric_2d_torus_xy"
-
-
-TWO_D_FABRICS = (FabricConfig.FABRIC_2D, FabricConfig.FABRIC_2D_TORUS_XY)
-RING_FABRICS = (FabricConfig.FABRIC_1D_RING, FabricConfig.FABRIC_2D_TORUS_XY)
-
-
-class Topology(Enum):
-    Ring = "ring"
-    Linear = "linear"
-
-
-class MeshShape:
-    """``ttnn.MeshShape(s0, s1)`` or ``MeshShape(sequence)``; no ``y=``/``x=`` kwargs (0.81.1)."""
-
-    def __init__(self, *dims: Any) -> None:
-        vals = tuple(dims[0]) if len(dims) == 1 and not isinstance(dims[0], int) else dims
-        self._dims = tuple(int(d) for d in vals)
-
-    def dims(self) -> int:
-        return len(self._dims)
-
-    def mesh_size(self) -> int:
-        return int(np.prod(self._dims))
-
-    def __getitem__(self, i: int) -> int:
-        return self._dims[i]
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._dims)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, MeshShape) and other._dims == self._dims
-
-    def __hash__(self) -> int:
-        return hash(self._dims)
-
-    def __repr__(self) -> str:
-        return f"MeshShape({list(self._dims)})"
-
-
-@dataclass(frozen=True)
-class PlacementShard:
-    """``ttnn.PlacementShard(dim)``: split tensor dim ``dim`` over one mesh axis."""
-
-    dim: int
-
-
-@dataclass(frozen=True)
-class PlacementReplicate:
-    """``ttnn.PlacementReplicate()``: a full copy on every chip of one mesh axis."""
-
-
-Placement: TypeAlias = PlacementShard | PlacementReplicate
-
-
-@dataclass(frozen=True)
-class MeshMapperConfig:
-    """``ttnn.MeshMapperConfig(placements, mesh_shape_override=None)``: one placement per
-    dimension of the distribution shape (the mesh's own shape unless overridden)."""
-
-    placements: Sequence[Placement]
-    mesh_shape_override: MeshShape | None = None
-
-
-@dataclass(frozen=True)
-class MeshMapper:
-    """A ``CppTensorToMesh``: a distribution ``shape`` (row-major onto the mesh) and one
-    placement per distribution dim."""
-
-    shape: tuple[int, ...]
-    placements: tuple[Placement, ...]
-
-    @property
-    def num_devices(self) -> int:
-        return int(np.prod(self.shape))
-
-
-@dataclass(frozen=True)
-class MeshComposer:
-    """A ``CppMeshToTensor`` concatenating the shards along ``dim`` in mesh-coordinate order."""
-
-    dim: int
-
-
-@dataclass(frozen=True)
-class PerChip:
-    """A value that differs per chip (device handles, events): chip i gets ``values[i]``."""
-
-    values: tuple[Any, ...]
-
-
-@dataclass(frozen=True)
-class GlobalSemaphore:
-    """``ttnn.create_global_semaphore``: one L1 word on the given cores of every chip."""
-
-    serial: int
-
-
-class MeshTensor:
-    """One shard per chip (row-major mesh order); ``shape`` is the per-chip shard shape."""
-
-    def __init__(self, shards: list[ChipTensor]) -> None:
-        self.shards = shards
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self.shards[0].shape
-
-    @property
-    def padded_shape(self) -> tuple[int, ...]:
-        return self.shards[0].padded_shape
-
-    @property
-    def dtype(self) -> Any:
-        return self.shards[0].dtype
-
-    @property
-    def layout(self) -> Any:
-        return self.shards[0].layout
-
-    @property
-    def buffer(self) -> Buffer:
-        """Chip 0's buffer (what a test pokes; per-chip buffers are in ``shards``)."""
-        return self.shards[0].buffer
-
-    def info(self) -> rules.TensorInfo:
-        return self.shards[0].info()
-
-    def to_numpy(self, mesh_composer: MeshComposer | None = None) -> np.ndarray:
-        if mesh_composer is None:
-            raise ContractViolation(
-                "mesh.compose",
-                f"Can't convert a tensor distributed on {len(self.shards)} chips to a row-major "
-                "logical tensor. Supply a mesh composer (or read get_device_tensors(t)[0])",
-            )
-        return np.concatenate([s.to_numpy() for s in self.shards], mesh_composer.dim)
-
-
-class FakeMeshDevice:
-    """``ttnn.MeshDevice``: ``shape``, ``get_num_devices``, ``get_device_ids`` (no
-    ``get_devices``, absent in 0.81.1)."""
-
-    def __init__(self, shape: MeshShape, chips: list[FakeDevice], ids: list[int]) -> None:
-        self.shape, self.chips, self._ids = shape, chips, ids
-
-    def get_num_devices(self) -> int:
-        return len(self.chips)
-
-    def get_device_ids(self) -> list[int]:
-        return list(self._ids)
-
-    def compute_with_storage_grid_size(self) -> CoreCoord:
-        return self.chips[0].compute_with_storage_grid_size()
+from tt_serve.model.tt.virtual.tensors import ContractViolation, CoreCoord, tensor_payload
+from tt_serve.model.tt.virtual.tensors import Tensor as ChipTensor
 
 
 class _Namespace:
@@ -270,13 +115,11 @@ class _Namespace:
 
 # The module's types under other names: the class re-exports them as ttnn attributes.
 _Fabric: TypeAlias = FabricConfig
-_Topology: TypeAlias = Topology
 _Shape: TypeAlias = MeshShape
-_Coord: TypeAlias = CoreCoord
 _MapperConfig: TypeAlias = MeshMapperConfig
 
 
-class VirtualMeshTTNN:
+class VirtualMeshTTNN(CclOps):
     """The fake ttnn module for a mesh of ``num_devices`` identical chips."""
 
     FabricConfig = FabricConfig
@@ -364,20 +207,20 @@ class VirtualMeshTTNN:
     ) -> Any:
         """Run ``name`` on every chip with that chip's shards; a call with only plain (one-chip)
         tensors runs on their chip alone (``get_device_tensors(t)[0]`` reads)."""
-        if self._n == 1 or not _has_mesh(args, kw):
-            owner = _owner(args, kw, self.chips)
+        if self._n == 1 or not has_mesh(args, kw):
+            owner = owner_chip(args, kw, self.chips)
             if owner is not None or self._n == 1:
                 idx = owner or 0
                 self._fault(idx, name)
-                return resolve(self.chips[idx])(*_at(args, idx), **_at(kw, idx))
+                return resolve(self.chips[idx])(*at_chip(args, idx), **at_chip(kw, idx))
         if self.mirror:
             self._fault(0, name)
-            return _mirrored(resolve(self.chips[0])(*_at(args, 0), **_at(kw, 0)), self._n)
+            return mirrored(resolve(self.chips[0])(*at_chip(args, 0), **at_chip(kw, 0)), self._n)
         results = []
         for i, chip in enumerate(self.chips):
             self._fault(i, name)
-            results.append(resolve(chip)(*_at(args, i), **_at(kw, i)))
-        return _gather(results)
+            results.append(resolve(chip)(*at_chip(args, i), **at_chip(kw, i)))
+        return gather_results(results)
 
     def _fault(self, chip: int, op: str) -> None:
         if self._faults.pop((chip, op), 0):
@@ -457,7 +300,7 @@ class VirtualMeshTTNN:
         mesh_shape: tuple[int, int],
         dims: tuple[int | None, int | None],
     ) -> MeshMapper:
-        """The deprecated wrapper (ttnn/distributed/distributed.py): ``dims[i]`` None
+        """The deprecated wrapper (ttnn/ttnn/distributed/distributed.py): ``dims[i]`` None
         replicates over mesh axis i."""
         placements = [PlacementReplicate() if d is None else PlacementShard(d) for d in dims]
         return self.create_mesh_mapper(
@@ -484,7 +327,7 @@ class VirtualMeshTTNN:
             return self.chips[0].Tensor(array, data_type=data_type, layout=layout)
         arr = np.asarray(array)
         n = mesh_mapper.num_devices
-        parts = _distribute(arr, mesh_mapper)
+        parts = distribute(arr, mesh_mapper)
         return MeshTensor(
             [
                 c.Tensor(np.ascontiguousarray(p), data_type=data_type, layout=layout)
@@ -564,296 +407,19 @@ class VirtualMeshTTNN:
         if self._n > 1:
             shared: list[Any] = []  # every chip's ops (and the CCLs) in call order
             for i, c in enumerate(self.chips):
-                c._traces[_at(tid, i)].steps = shared
+                c._traces[at_chip(tid, i)].steps = shared
         return tid
 
     def execute_trace(
         self, device: Any, trace_id: Any, *, cq_id: int = 0, blocking: bool = True
     ) -> None:
         if self._n == 1:
-            self.chips[0].execute_trace(_at(device, 0), trace_id, cq_id=cq_id, blocking=blocking)
+            self.chips[0].execute_trace(
+                at_chip(device, 0), trace_id, cq_id=cq_id, blocking=blocking
+            )
             return
-        traces = [c.check_replay(_at(trace_id, i)) for i, c in enumerate(self.chips)]
+        traces = [c.check_replay(at_chip(trace_id, i)) for i, c in enumerate(self.chips)]
         if self.shape_only:
             return
         for replay, _ in traces[0].steps:
             replay()
-
-    # ---- semaphores and collectives --------------------------------------------------------
-    def CoreRange(self, start: _Coord, end: _Coord) -> tuple[_Coord, _Coord]:
-        return (start, end)
-
-    def CoreRangeSet(self, ranges: Sequence[Any]) -> tuple[Any, ...]:
-        return tuple(ranges)
-
-    def create_global_semaphore(
-        self, mesh_device: Any, cores: Any, initial_value: int, buffer_type: Any = None
-    ) -> GlobalSemaphore:
-        """A host write: not allowed while a trace is being captured (notes 3.6)."""
-        if self.capturing:
-            raise ContractViolation("host_io", "create_global_semaphore while capturing a trace")
-        return GlobalSemaphore(next(self._semaphores))
-
-    def _mesh_shape(self) -> tuple[int, int]:
-        if self.device is None:
-            raise ContractViolation("mesh.open", "a collective before open_mesh_device")
-        rows, cols = tuple(self.device.shape)
-        return rows, cols
-
-    def _lines(self, name: str, cluster_axis: int | None) -> list[list[int]]:
-        """The chips (row-major indices) of every independent line of the collective."""
-        rows, cols = self._mesh_shape()
-        if cluster_axis is None:
-            if rows > 1 and cols > 1 and self.fabric not in TWO_D_FABRICS:
-                raise ContractViolation(
-                    "ccl.cluster_axis",
-                    f"{name} without cluster_axis on the {rows} x {cols} mesh needs a 2-D fabric "
-                    f"(FABRIC_2D), not {self.fabric.name}: pass cluster_axis=0 or 1",
-                )
-            return [list(range(rows * cols))]
-        if cluster_axis not in (0, 1):
-            raise ContractViolation("ccl.cluster_axis", f"{name}: cluster_axis {cluster_axis}")
-        if cluster_axis == 1:
-            return [[r * cols + c for c in range(cols)] for r in range(rows)]
-        return [[r * cols + c for r in range(rows)] for c in range(cols)]
-
-    def _links_on(self, cluster_axis: int | None) -> int:
-        rows, cols = self._mesh_shape()
-        if cluster_axis is None:  # get_num_links(cluster_axis=None): the minimum over axes
-            used = [self.max_links[a] for a, n in enumerate((rows, cols)) if n > 1]
-            return min(used) if used else 0
-        return self.max_links[cluster_axis]
-
-    def _ccl_checks(self, name: str, topology: _Topology | None, cluster_axis: int | None) -> str:
-        if self.fabric is FabricConfig.DISABLED:
-            raise ContractViolation(
-                "ccl.fabric", f"{name} without a fabric: set_fabric_config before open_mesh_device"
-            )
-        topo = topology or Topology.Ring  # the experimental ops' default (notes 3.3)
-        if topo is Topology.Ring and self.fabric not in RING_FABRICS:
-            raise ContractViolation(
-                "ccl.topology",
-                f"{name} with Topology.Ring on {self.fabric.name}: pass Topology.Linear on a "
-                "FABRIC_1D system (the experimental CCLs default to Ring)",
-            )
-        rows, cols = self._mesh_shape()
-        axes = [a for a, n in enumerate((rows, cols)) if n > 1]
-        along = axes if cluster_axis is None else [cluster_axis]
-        if topo is Topology.Ring and any(a not in self.ring_axes for a in along):
-            raise ContractViolation(
-                "ccl.topology",
-                f"{name} with Topology.Ring along mesh axis {along} of {rows} x {cols}, whose "
-                "chips do not wrap around (get_usable_topology demotes it to Linear): pass "
-                "Topology.Linear",
-            )
-        return topo.value
-
-    def _all_gather_async(
-        self,
-        input_tensor: MeshTensor,
-        dim: int,
-        multi_device_global_semaphore: Any,
-        *,
-        persistent_output_buffer: Any = None,
-        num_links: int | None = None,
-        memory_config: Any = None,
-        topology: _Topology | None = None,
-        subdevice_id: Any = None,
-        cluster_axis: int | None = None,
-        barrier_semaphore: GlobalSemaphore | None = None,
-        chunks_per_sync: int | None = None,
-        num_workers_per_link: int | None = None,
-        num_buffers_per_channel: int | None = None,
-    ) -> MeshTensor:
-        """Concatenation of the shards of every chip on a line of ``cluster_axis`` along
-        ``dim`` in mesh order, on every chip of that line (each line independently)."""
-        name = "all_gather_async"
-        topo = self._ccl_checks(name, topology, cluster_axis)
-        sems = _semaphores(multi_device_global_semaphore)
-        x = _mesh_input(name, input_tensor, self._n)
-        lines = self._lines(name, cluster_axis)
-        line_of = {i: line for line in lines for i in line}
-        with self.chips[0]._rules():
-            out_shape = rules.all_gather_async(
-                self.chip,
-                x.info(),
-                dim,
-                len(lines[0]),
-                len(sems),
-                1 if num_links is None else num_links,
-                self._links_on(cluster_axis),
-                capturing=self.capturing,
-            )
-        self.ccl_calls.append((name, x.shape, topo, cluster_axis))
-        bufs = [s.buffer for s in x.shards]
-
-        def gather(i: int) -> torch.Tensor:
-            if bufs[0].data.is_meta:
-                return torch.empty(out_shape, device="meta")
-            return torch.cat([bufs[j].data for j in line_of[i]], dim)
-
-        return self._collective("all_gather_async", x, gather)
-
-    def _reduce_scatter(
-        self,
-        input_tensor: MeshTensor,
-        persistent_output_buffers: Any = None,
-        dim: int = 3,
-        multi_device_global_semaphore: Any = None,
-        *,
-        barrier_semaphore: GlobalSemaphore | None = None,
-        num_links: int | None = None,
-        memory_config: Any = None,
-        intermediate_memory_config: Any = None,
-        topology: _Topology | None = None,
-        subdevice_id: Any = None,
-        cluster_axis: int | None = None,
-        chunks_per_sync: int | None = None,
-        num_workers_per_link: int | None = None,
-        num_buffers_per_channel: int | None = None,
-        compute_kernel_config: Any = None,
-    ) -> MeshTensor:
-        """The sum over each line of ``cluster_axis``, chunk i of ``dim`` to the line's chip i
-        (fp32 in line order; each line independently). Its intermediate DRAM buffer is
-        allocated on every chip for the op's duration."""
-        name = "reduce_scatter_minimal_async"
-        topo = self._ccl_checks(name, topology, cluster_axis)
-        sems = _semaphores(multi_device_global_semaphore)
-        x = _mesh_input(name, input_tensor, self._n)
-        lines = self._lines(name, cluster_axis)
-        n = len(lines[0])
-        place = {i: (line, k) for line in lines for k, i in enumerate(line)}
-        with self.chips[0]._rules():
-            inter, out_shape = rules.reduce_scatter_minimal_async(
-                self.chip,
-                x.info(),
-                dim,
-                n,
-                len(sems),
-                1 if num_links is None else num_links,
-                self._links_on(cluster_axis),
-                topo,
-            )
-        self.ccl_calls.append((name, x.shape, topo, cluster_axis))
-        for c in self.chips:  # the staging buffer: charged while the op runs
-            key = -(1 << 40) - c.dram.used_per_bank
-            with c._rules():
-                c.dram.allocate(key, rules.TensorInfo(inter, x.dtype.value, x.layout.value))
-            c.dram_peak_per_bank = max(c.dram_peak_per_bank, c.dram.used_per_bank)
-            c.dram.free(key)
-        bufs = [s.buffer for s in x.shards]
-        d = dim % len(x.shape)
-
-        def scatter(i: int) -> torch.Tensor:
-            if bufs[0].data.is_meta:
-                return torch.empty(out_shape, device="meta")
-            line, k = place[i]
-            total = bufs[line[0]].data.clone()
-            for j in line[1:]:
-                total = total + bufs[j].data
-            return torch.chunk(total, n, d)[k].contiguous()
-
-        return self._collective("reduce_scatter_minimal_async", x, scatter)
-
-    def _collective(
-        self, name: str, x: MeshTensor, part: Callable[[int], torch.Tensor]
-    ) -> MeshTensor:
-        """Chip i's output = ``part(i)``, recorded on chip i (replays read every chip's input
-        buffers: they were written by earlier steps of the shared step list)."""
-        outs = []
-        for i, c in enumerate(self.chips):
-            self._fault(i, name)
-
-            def run(i: int = i) -> torch.Tensor:
-                return part(i)
-
-            outs.append(c._single(name, [x.shards[i]], run, x.dtype, x.layout))
-        return MeshTensor(outs * self._n if self.mirror else outs)
-
-
-def _distribute(arr: np.ndarray, mapper: MeshMapper) -> list[np.ndarray]:
-    """The host shards ``mapper`` gives, in row-major order of its distribution shape."""
-    dims = [p.dim % arr.ndim for p in mapper.placements if isinstance(p, PlacementShard)]
-    if len(dims) != len(set(dims)):
-        raise ContractViolation("mesh.mapper", f"dims must be unique: {list(mapper.placements)}")
-    pieces = [arr]
-    for ways, placement in zip(mapper.shape, mapper.placements, strict=True):
-        if isinstance(placement, PlacementReplicate):
-            pieces = [p for p in pieces for _ in range(ways)]
-            continue
-        d = placement.dim
-        if arr.shape[d] % ways:
-            rule = "mesh.shard_uneven"
-            if len(mapper.shape) > 1:
-                raise ContractViolation(
-                    rule,
-                    f"ND sharding requires the number of chunks to match the mesh dimension size "
-                    f"{ways}: dim {d} of {arr.shape}",
-                )
-            raise ContractViolation(rule, f"dim {d} of {arr.shape} over {ways} chips")
-        pieces = [q for p in pieces for q in np.split(p, ways, axis=d)]
-    return pieces
-
-
-def _semaphores(value: Any) -> list[Any]:
-    return list(value) if isinstance(value, (list, tuple)) else [value]
-
-
-def _mesh_input(name: str, x: Any, n: int) -> MeshTensor:
-    if not isinstance(x, MeshTensor) or len(x.shards) != n:
-        raise ContractViolation("ccl.input", f"{name} of a tensor that is not on the whole mesh")
-    return x
-
-
-def _has_mesh(args: Any, kw: dict) -> bool:
-    def walk(v: Any) -> bool:
-        if isinstance(v, (MeshTensor, PerChip, FakeMeshDevice)):
-            return True
-        if isinstance(v, (list, tuple)):
-            return any(walk(x) for x in v)
-        return False
-
-    return walk(args) or walk(tuple(kw.values()))
-
-
-def _owner(args: Any, kw: dict, chips: list[VirtualTTNN]) -> int | None:
-    """The chip of the first plain tensor among the arguments."""
-    for v in itertools.chain(args, kw.values()):
-        for t in v if isinstance(v, (list, tuple)) else (v,):
-            if isinstance(t, ChipTensor):
-                return next(i for i, c in enumerate(chips) if c is t._fake)
-    return None
-
-
-def _at(v: Any, i: int) -> Any:
-    if isinstance(v, MeshTensor):
-        return v.shards[i]
-    if isinstance(v, PerChip):
-        return v.values[i]
-    if isinstance(v, FakeMeshDevice):
-        return v.chips[i]
-    if isinstance(v, dict):
-        return {k: _at(x, i) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return type(v)(_at(x, i) for x in v)
-    return v
-
-
-def _mirrored(result: Any, n: int) -> Any:
-    """One chip's result standing for all ``n`` (``mirror``)."""
-    if isinstance(result, ChipTensor):
-        return MeshTensor([result] * n)
-    if isinstance(result, (list, tuple)):
-        return type(result)(_mirrored(r, n) for r in result)
-    return result
-
-
-def _gather(results: list[Any]) -> Any:
-    first = results[0]
-    if isinstance(first, ChipTensor):
-        return MeshTensor(list(results))
-    if isinstance(first, (list, tuple)):
-        return type(first)(_gather(list(col)) for col in zip(*results, strict=True))
-    if all(r == first for r in results[1:]):
-        return first
-    return PerChip(tuple(results))

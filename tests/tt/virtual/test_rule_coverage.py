@@ -7,7 +7,7 @@ tt-metal source the rule models (op paths relative to ``ttnn/cpp/ttnn/operations
 that the rule is the virtual device's own.
 
 The last test pins the coverage: it reads every rule name the virtual device can raise out of
-the source of ``tt_serve/model/tt/contract/`` and every rule name a test in ``tests/tt/contract``
+the source of ``tt_serve/model/tt/virtual/`` and every rule name a test in ``tests/tt/virtual``
 or ``tests/tt/runtime`` asserts, and fails when a rule has no test.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.tt.contract.test_limits import (
+from tests.tt.virtual.test_limits import (
     BLOCK,
     GDN_DIM,
     HEAD_DIM,
@@ -33,17 +33,14 @@ from tests.tt.contract.test_limits import (
     _ops,
     _trips,
 )
-from tt_serve.model.tt.contract import dram
-from tt_serve.model.tt.contract.virtual_mesh import (
-    MeshMapper,
-    MeshShape,
-    PlacementShard,
-    VirtualMeshTTNN,
-)
-from tt_serve.model.tt.contract.virtual_ttnn import P150, WORMHOLE
-from tt_serve.model.tt.ops import ROW_MAJOR, TILE, Ops
+from tt_serve.model.tt.layout import ROW_MAJOR, TILE
+from tt_serve.model.tt.ops import Ops
 from tt_serve.model.tt.runtime import moe
 from tt_serve.model.tt.runtime.inputs import gdn_const_tiles
+from tt_serve.model.tt.virtual import dram
+from tt_serve.model.tt.virtual.device import P150, WORMHOLE
+from tt_serve.model.tt.virtual.mesh import VirtualMeshTTNN
+from tt_serve.model.tt.virtual.mesh_types import MeshMapper, MeshShape, PlacementShard
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -344,8 +341,8 @@ def test_distributed_tensors_need_an_open_mesh(tmp_path: Path) -> None:
 
 
 # ---- coverage ----------------------------------------------------------------------------------
-CONTRACT = REPO / "tt_serve" / "model" / "tt" / "contract"
-TEST_DIRS = (REPO / "tests" / "tt" / "contract", REPO / "tests" / "tt" / "runtime")
+CONTRACT = REPO / "tt_serve" / "model" / "tt" / "virtual"
+TEST_DIRS = (REPO / "tests" / "tt" / "virtual", REPO / "tests" / "tt" / "runtime")
 RAISERS = {"_fail", "ContractViolation", "DeviceLimitError"}
 # VirtualTTNN._rules re-raises a rules.DeviceLimitError as a ContractViolation under its own name
 PASS_THROUGH = {"exc.rule"}
@@ -481,8 +478,8 @@ def tripped_rules() -> set[str]:
 
 
 def test_every_rule_of_the_virtual_device_is_tripped_by_a_test() -> None:
-    """A rule added to the virtual device (``rules.py``, ``virtual_ttnn.py``, ``virtual_mesh.py``,
-    ``dram.py``) without a test that asserts its name fails here, as does a test asserting a
+    """A rule added to the virtual device (any module of ``virtual/``: ``rules.py``, the op
+    families, ``mesh.py``, ``ccl.py``, ``dram.py``) without a test that asserts its name fails here, as does a test asserting a
     rule name the device no longer has."""
     defined, tripped = defined_rules(), tripped_rules()
     # the scan sees each way a rule is named: a literal, ``rule + ".x"``, a parameter (the CCLs'

@@ -8,14 +8,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tt_serve.model.tt.contract.virtual_mesh import (
-    GlobalSemaphore,
-    MeshShape,
-    MeshTensor,
-    VirtualMeshTTNN,
-)
-from tt_serve.model.tt.contract.virtual_ttnn import ContractViolation
 from tt_serve.model.tt.ops import Ops
+from tt_serve.model.tt.virtual.mesh import VirtualMeshTTNN
+from tt_serve.model.tt.virtual.mesh_types import GlobalSemaphore, MeshShape, MeshTensor
+from tt_serve.model.tt.virtual.tensors import ContractViolation
 
 
 def mesh_ops(n: int = 4, rows: int = 1, **kw: Any) -> Ops:

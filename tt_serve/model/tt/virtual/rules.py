@@ -10,7 +10,7 @@ was confirmed when its message string is present in the wheel's ``_ttnncpp.so`` 
 modelled rather than read (DRAM banks, the size of a captured trace) say how.
 
 Tensors are described by :class:`TensorInfo` (logical shape, dtype, layout, placement); the
-contract fake (``tt_serve/model/tt/contract/virtual_ttnn.py``) builds one per operand and calls these rules on
+contract fake (``tt_serve/model/tt/virtual/device.py``) builds one per operand and calls these rules on
 every op, allocation and trace capture.
 """
 
@@ -20,7 +20,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tt_serve.model.tt.contract.boards import ChipSpec
+from tt_serve.model.tt.boards import ChipSpec
 
 TILE = 32
 # bytes of one 32x32 tile (tt::tile_size): block floats share one exponent per 16 values.
@@ -802,7 +802,7 @@ def _ccl_common(
     files cited by the callers): more than one device on the line, 0 < num_links (and the links
     a program uses are parallelised over worker rows: ``num_links <= grid.y``), aligned pages.
     ``max_links``: the Ethernet links the system has between neighbours
-    (models/tt_transformers/tt/runtime/ccl.py get_num_links: N300/T3K 1, P150x4 2, Galaxy 4/3)."""
+    (models/tt_transformers/tt/ccl.py get_num_links: N300/T3K 1, P150x4 2, Galaxy 4/3)."""
     _fail(rule + ".devices", ring > 1, f"needs more than one device on the line, got {ring}")
     _fail(rule + ".num_links", num_links > 0, f"num_links should be more than 0, got {num_links}")
     _fail(

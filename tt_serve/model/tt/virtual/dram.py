@@ -1,6 +1,6 @@
 """DRAM and trace-region accounting of one chip (pure Python), as tt-metal's allocator does it.
 
-The op rules live in ``contract/rules.py``; this module keeps the books: every device buffer charged
+The op rules live in ``virtual/rules.py``; this module keeps the books: every device buffer charged
 per DRAM bank (an allocation past the chip fails), and every captured trace charged against the
 trace region (a capture past ``trace_region_size`` fails at ``end_trace_capture``).
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tt_serve.model.tt.contract.boards import ChipSpec
-from tt_serve.model.tt.contract.rules import DeviceLimitError, TensorInfo, round_up
+from tt_serve.model.tt.boards import ChipSpec
+from tt_serve.model.tt.virtual.rules import DeviceLimitError, TensorInfo, round_up
 
 # DRAM geometry per arch (banks, bytes per bank, alignment) when the ChipSpec does not give it,
 # from the 0.81.1 wheel: soc_descriptors/wormhole_b0_80_arch.yaml has 12 dram_views of

@@ -52,7 +52,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tt_serve.model.tt.contract.boards import DEVICES, DeviceSpec
+from tt_serve.model.tt.boards import DEVICES, DeviceSpec
 
 # Boards tt-metal 0.81.1 opens as a mock from ``cluster_descriptor`` (tests/tt/mock/test_boards.py).
 MOCK_BOARDS: tuple[str, ...] = ("n150", "n300", "t3k", "p100", "p150", "p300", "p150x4", "p150x8")

@@ -1,4 +1,4 @@
-"""The device rules of ``tt_serve/model/tt/contract/rules.py`` at Qwen3.5-9B dims, on a Wormhole N150 chip
+"""The device rules of ``tt_serve/model/tt/virtual/rules.py`` at Qwen3.5-9B dims, on a Wormhole N150 chip
 (8x8 = 64 workers, 12 GiB) and a Blackhole P150 (11x10 = 110 workers, 8 x 4 GiB - 16 MiB banks).
 
 Every rule trips with the shapes ``design/reviews/ttnn-backend.md`` names and passes just inside
@@ -17,11 +17,13 @@ import pytest
 
 from tests.tt import harness as h
 from tt_serve.model.spec import ModelSpec
-from tt_serve.model.tt.contract import dram, rules
-from tt_serve.model.tt.contract.boards import ChipSpec
-from tt_serve.model.tt.contract.rules import DeviceLimitError, Shard, TensorInfo
-from tt_serve.model.tt.contract.virtual_ttnn import P150, WORMHOLE, ContractViolation, VirtualTTNN
-from tt_serve.model.tt.ops import ROW_MAJOR, Ops
+from tt_serve.model.tt.boards import ChipSpec
+from tt_serve.model.tt.layout import ROW_MAJOR
+from tt_serve.model.tt.ops import Ops
+from tt_serve.model.tt.virtual import dram, rules
+from tt_serve.model.tt.virtual.device import P150, WORMHOLE, VirtualTTNN
+from tt_serve.model.tt.virtual.rules import DeviceLimitError, Shard, TensorInfo
+from tt_serve.model.tt.virtual.tensors import ContractViolation
 from tt_serve.model.weights import load_weights
 
 # Qwen3.5-9B (tt-metal models/demos/blackhole/qwen36/README-N300-9B.md; HF text_config)
