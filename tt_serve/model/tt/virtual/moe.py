@@ -16,6 +16,8 @@ from tt_serve.model.tt.virtual.tensors import (
 
 
 class MoeOps(DeviceBase):
+    """Sparse matmul for MoE experts."""
+
     def MatmulMultiCoreReuseMultiCast1DProgramConfig(
         self,
         *,
