@@ -21,6 +21,8 @@ from tt_serve.model.tt.virtual.tensors import (
 
 
 class AttentionOps(DeviceBase):
+    """Paged KV caches and SDPA."""
+
     def SDPAProgramConfig(
         self,
         *,

@@ -22,6 +22,8 @@ from tt_serve.model.tt.virtual.tensors import (
 
 
 class EltwiseOps(DeviceBase):
+    """Elementwise math, reductions, topk, argmax, embedding."""
+
     def embedding(self, ids: Tensor, weight: Tensor, *, layout: Layout | None = None) -> Tensor:
         if ids.dtype is not DataType.UINT32 or ids.layout is not Layout.ROW_MAJOR:
             raise ContractViolation(

@@ -24,6 +24,8 @@ from tt_serve.model.tt.virtual.tensors import (
 
 
 class GdnOps(DeviceBase):
+    """Gated DeltaNet: conv and the gated delta rules."""
+
     def QkvCausalConv1dSiluProgramConfig(self, *, channel_chunk_size: int) -> Any:
         return SimpleNamespace(channel_chunk_size=channel_chunk_size)
 

@@ -26,6 +26,8 @@ from tt_serve.model.tt.virtual.tensors import (
 
 
 class HostOps(DeviceBase):
+    """Host tensors, uploads, reads and tensor files."""
+
     def _host_tensor(
         self, array: Any, data_type: DataType | None = None, layout: Layout | None = None
     ) -> Tensor:

@@ -15,7 +15,8 @@ from tt_serve.model.tt.virtual.tensors import (
 
 
 class MatmulOps(DeviceBase):
-    bfloat4_b = DataType.BFLOAT4_B
+    """Matmuls and their compute kernel config."""
+
     MathFidelity = SimpleNamespace(LoFi="LoFi", HiFi2="HiFi2", HiFi3="HiFi3", HiFi4="HiFi4")
 
     def WormholeComputeKernelConfig(

@@ -16,6 +16,8 @@ from tt_serve.model.tt.virtual.tensors import (
 
 
 class MoeOps(DeviceBase):
+    """Sparse matmul for MoE experts."""
+
     def MatmulMultiCoreReuseMultiCast1DProgramConfig(
         self,
         *,
@@ -39,8 +41,8 @@ class MoeOps(DeviceBase):
     ) -> rules.Matmul1DConfig:
         """ttnn.MatmulMultiCoreReuseMultiCast1DProgramConfig (the 0.81.1 signature); unset
         out_block_h / out_block_w are per_core_M / per_core_N, as tt-metal defaults them
-        (matmul/device/config/matmul_program_config_types.hpp). Fused activations, gathered in0,
-        untilized output and streamed in1 are not modelled."""
+        (ttnn/cpp/ttnn/operations/matmul/device/config/matmul_program_config_types.hpp).
+        Fused activations, gathered in0, untilized output and streamed in1 are not modelled."""
         if fused_activation is not None or gather_in0 or untilize_out or stream_in1:
             raise ContractViolation(
                 "not_modelled", "1D program config: fused_activation / gather_in0 / untilize_out"

@@ -23,6 +23,8 @@ from tt_serve.model.tt.virtual.tensors import (
 
 
 class MovementOps(DeviceBase):
+    """Data movement and L1 sharding."""
+
     def num_cores_to_corerangeset(self, n: int, grid: Any, row_wise: bool) -> Any:
         with self._rules():
             rules.num_cores_to_corerangeset(self.chip, n)
@@ -49,7 +51,6 @@ class MovementOps(DeviceBase):
         self.dram.free(out.buffer.serial)
         return out
 
-    # ---- data movement ------------------------------------------------------------------------
     def reshape(self, x: Tensor, shape: Sequence[int]) -> Tensor:
         if int(np.prod(list(shape))) != x.buffer.data.numel():
             raise ContractViolation("dtype", f"reshape {x.shape} -> {list(shape)}")

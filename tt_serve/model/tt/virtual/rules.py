@@ -4,13 +4,14 @@ Each function mirrors the host-side validation of one device operation (``TT_FAT
 ``validate_on_program_cache_miss`` or program factory) and raises :class:`DeviceLimitError`
 with a dotted rule name (``<op>.<check>``) and a message that names the limit, the numbers and
 what to change. The source is cited next to each check: paths are in ``tenstorrent/tt-metal``
-(op paths relative to ``ttnn/cpp/ttnn/operations/``), read at recent commits. For ttnn 0.81.1 (the pinned wheel) a check
-was confirmed when its message string is present in the wheel's ``_ttnncpp.so`` / ``libtt_metal.so``
-(noted "0.81.1: present"); where the wheel differs from the sources, it says so. Limits that are
-modelled rather than read (DRAM banks, the size of a captured trace) say how.
+(a bare file name is a file under the op's folder), read at recent commits. For ttnn 0.81.1
+(the pinned wheel) a check was confirmed when its message string is present in the wheel's
+``_ttnncpp.so`` / ``libtt_metal.so`` (noted "0.81.1: present"); where the wheel differs from
+the sources, it says so. Limits that are modelled rather than read (DRAM banks, the size of a
+captured trace) say how.
 
 Tensors are described by :class:`TensorInfo` (logical shape, dtype, layout, placement); the
-contract fake (``tt_serve/model/tt/virtual/device.py``) builds one per operand and calls these rules on
+virtual device (``tt_serve/model/tt/virtual/``) builds one per operand and calls these rules on
 every op, allocation and trace capture.
 """
 
@@ -139,7 +140,8 @@ MATMUL_DTYPES = ("bfloat16", "bfloat8_b", "bfloat4_b", "float32")
 
 
 def matmul(a: TensorInfo, b: TensorInfo) -> tuple[int, ...]:
-    """matmul/device/matmul_device_operation.cpp validate_on_program_cache_miss (every message
+    """ttnn/cpp/ttnn/operations/matmul/device/matmul_device_operation.cpp
+    validate_on_program_cache_miss (every message
     present in 0.81.1), with ``program_config`` None (the backend never passes one): both
     operands TILE ("Inputs to matmul must be tilized") and float (the 0.81.1 docstring: BFLOAT8_B,
     BFLOAT4_B, BFLOAT16, FLOAT32); B rank >= 2; "The width of the first tensor must be equal to
@@ -194,7 +196,8 @@ def matmul(a: TensorInfo, b: TensorInfo) -> tuple[int, ...]:
 
 
 def permute(x: TensorInfo, dims: Sequence[int]) -> tuple[int, ...]:
-    """data_movement/permute/device/permute_device_operation.cpp: "Permute dimensions must match
+    """ttnn/cpp/ttnn/operations/data_movement/permute/device/permute_device_operation.cpp:
+    "Permute dimensions must match
     input tensor rank" (0.81.1: present); ``dims`` a permutation of 0..rank-1 (negative dims
     normalised). TILE inputs take the tiled program factories (MultiCoreTileInvariant,
     MultiCoreTileRowInvariant, MultiCoreTiledGeneric, all in 0.81.1), so any permutation of a
@@ -214,9 +217,11 @@ def nlp_create_qkv_heads(
     x: TensorInfo, num_heads: int, num_kv_heads: int, transpose_k_heads: bool
 ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
     """A fused [B, 1, S, (nh + 2 nkv) hd] projection -> q [B, nh, S, hd], k, v [B, nkv, S, hd]
-    (k [B, nkv, hd, S] when transposed). experimental/transformer/nlp_create_qkv_heads/
-    nlp_create_qkv_heads.cpp: "Unsupported input shape" unless the padded width divides by
-    nh + 2 nkv (that quotient is head_dim); device/nlp_create_qkv_heads_device_operation.cpp
+    (k [B, nkv, hd, S] when transposed).
+    ttnn/cpp/ttnn/operations/experimental/transformer/nlp_create_qkv_heads/nlp_create_qkv_heads.cpp:
+    "Unsupported input shape" unless the padded width divides by nh + 2 nkv (that quotient is
+    head_dim);
+    ttnn/cpp/ttnn/operations/experimental/transformer/nlp_create_qkv_heads/device/nlp_create_qkv_heads_device_operation.cpp
     validate_on_program_cache_miss (interleaved input): dtype FLOAT32, BFLOAT16 or BFLOAT8_B,
     TILE, "Unsupported input height {} is not tile aligned" (padded shape[2] % 32), "Unsupported
     input sequence length {} is not equal to 1" (shape[1] == 1). Q, K, V sit in that order
@@ -333,7 +338,8 @@ def chunk_gated_delta_rule(
 
 # ---- caches ----------------------------------------------------------------------------------
 def fill_cache(cache: TensorInfo, x: TensorInfo, batch_idx: int, update_idx: int = 0) -> None:
-    """kv_cache/device/update_cache_device_operation.cpp, FILL branch (all present in 0.81.1):
+    """ttnn/cpp/ttnn/operations/kv_cache/device/update_cache_device_operation.cpp, FILL branch (all present
+    in 0.81.1):
     TILE operands, dtypes fp32/bf16/bfp8 and equal, equal padded width and dim 1, input dim 0 = 1,
     interleaved cache, batch_idx < cache rows, update_idx % 32 == 0 and input height <= cache
     height - update_idx.
@@ -372,7 +378,8 @@ def paged_update_cache(
     update_idxs: TensorInfo,
     page_table: TensorInfo,
 ) -> None:
-    """experimental/paged_cache/device/update_cache/paged_update_cache_device_operation.cpp (every
+    """ttnn/cpp/ttnn/operations/experimental/paged_cache/device/update_cache/paged_update_cache_device_operation.cpp
+    (every
     message present in 0.81.1): input TILE, fp32/bf16, dim 0 = 1, height-sharded (not width),
     ROW_MAJOR orientation, shard width = last dim, one shard per user ("Input tensor shard grid must
     have num_cores ({}) equal to the number of users / batch ({})"); cache TILE, interleaved, same
@@ -440,7 +447,8 @@ def paged_update_cache(
 def paged_fill_cache(
     cache: TensorInfo, x: TensorInfo, page_table: TensorInfo, batch_idx: int
 ) -> None:
-    """experimental/paged_cache/device/fill_cache/paged_fill_cache_device_operation.cpp (0.81.1:
+    """ttnn/cpp/ttnn/operations/experimental/paged_cache/device/fill_cache/paged_fill_cache_device_operation.cpp
+    (0.81.1:
     present): cache fp32/bf16/bfp8/bfp4, input dtype == cache dtype (no conversion), input and
     page table interleaved, page table INT32, batch_idx < table rows, equal per-block geometry,
     head dim and block size multiples of 32, input seq_len <= block_size * table width."""
@@ -511,7 +519,7 @@ def paged_sdpa_decode(
     *,
     require_program_config: bool = False,
 ) -> SdpaDecodePlan:
-    """transformer/sdpa_decode/device/sdpa_decode_device_operation.cpp (validate) and
+    """ttnn/cpp/ttnn/operations/transformer/sdpa_decode/device/sdpa_decode_device_operation.cpp (validate) and
     sdpa_decode_program_factory.cpp (core allocation); every message present in 0.81.1.
     B = page_table.padded_shape[0]; ``TT_FATAL(num_cores_available >= B)`` where the cores are
     the program config's grid, else the whole device grid; without a config
@@ -598,7 +606,8 @@ def chunked_sdpa(
     chunk_start: TensorInfo | None,
     config: SdpaConfig | None,
 ) -> None:
-    """transformer/sdpa/device/sdpa_device_operation.cpp, validate_chunked_mode (0.81.1: present):
+    """ttnn/cpp/ttnn/operations/transformer/sdpa/device/sdpa_device_operation.cpp, validate_chunked_mode
+    (0.81.1: present):
     Q/K/V TILE, bf16/bfp8/bfp4, interleaved, no padding on batch/heads/head_dim; the start tensor
     INT32 of shape [1]; page table INT32 ROW_MAJOR with Q's batch; K/V same block size, heads
     and head dim; q heads a multiple of kv heads; chunk sizes multiples of 32; kv_length (table
@@ -680,11 +689,13 @@ def topk(
     stable: bool = False,
     l1_bytes: int | None = None,
 ) -> str:
-    """reduction/topk/device/topk_device_operation.cpp (0.81.1 messages present): TILE input,
+    """ttnn/cpp/ttnn/operations/reduction/topk/device/topk_device_operation.cpp (0.81.1 messages present):
+    TILE input,
     k != 0, reduction on the last dim, and "Input height (combined input_shape[0-3]) {} must be a
     multiple of 32" on the PADDED 4-D shape (the docstring: "All shape validations are performed
     on padded shapes"), so a TILE input always passes it: a [1, 16, E] decode routing passes.
-    dtypes per the 0.81.1 docstring: BFLOAT8, BFLOAT16, FLOAT32. reduction/topk/topk.cpp: "K
+    dtypes per the 0.81.1 docstring: BFLOAT8, BFLOAT16, FLOAT32.
+    ttnn/cpp/ttnn/operations/reduction/topk/topk.cpp: "K
     cannot be larger than the dimension size" (logical); narrower inputs than
     ``min_dim_per_core`` (64) are padded with -inf by the wrapper, so they pass.
 
@@ -750,7 +761,8 @@ BINARY_BROADCAST_RANK = 5
 
 
 def binary(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
-    """eltwise/binary_ng/device/binary_ng_device_operation.cpp (0.81.1: present): dims aligned
+    """ttnn/cpp/ttnn/operations/eltwise/binary_ng/device/binary_ng_device_operation.cpp (0.81.1: present):
+    dims aligned
     from the right must be equal or 1, "Broadcasting rule violation for rank {}, dim a: {}, dim
     b: {}"; beyond rank 5 they must be equal. A 1 in either of the last two dims is a subtile
     broadcast (row, column, scalar, or row of one and column of the other: ROW_A_COL_B /
@@ -831,7 +843,8 @@ def all_gather_async(
     *,
     capturing: bool,
 ) -> tuple[int, ...]:
-    """experimental/ccl/all_gather_async/device/all_gather_async_device_operation.cpp: "Default
+    """ttnn/cpp/ttnn/operations/experimental/ccl/all_gather_async/device/all_gather_async_device_operation.cpp:
+    "Default
     implementation requires 2 semaphores", "AllGatherAsync requires tensor of rank 2 or
     greater", "all_gather_async op will only work for num_devices > 1", "All Gather currently
     requires aligned pages", num_links > 0 and <= grid.y. Under trace capture the gather dim
@@ -871,8 +884,8 @@ def reduce_scatter_minimal_async(
     max_links: int,
     topology: str,
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """experimental/ccl/reduce_scatter_minimal_async/device/reduce_scatter_minimal_async_op_
-    device_operation.cpp: "reduce_scatter currently supports rank 2 tensors at minimum", the scatter dim (normalised to 4-D) divisible by
+    """ttnn/cpp/ttnn/operations/experimental/ccl/reduce_scatter_minimal_async/device/reduce_scatter_minimal_async_op_device_operation.cpp:
+    "reduce_scatter currently supports rank 2 tensors at minimum", the scatter dim (normalised to 4-D) divisible by
     ring_size, in tiles when it is one of the last two ("Number of tiles at dimension {} must
     be divisible by ring_size"), "Expected 3 semaphores"; dtypes BF16/BFP8/F32 (the 0.81.1
     ``ttnn.reduce_scatter`` docstring). Returns (intermediate, output) shapes: the intermediate
@@ -956,10 +969,11 @@ def sparse_matmul(
     is_input_a_sparse: bool,
     is_input_b_sparse: bool,
 ) -> SparseMatmulPlan:
-    """matmul/device/sparse/sparse_matmul_device_operation.cpp validate_on_program_cache_miss
+    """ttnn/cpp/ttnn/operations/matmul/device/sparse/sparse_matmul_device_operation.cpp
+    validate_on_program_cache_miss
     and compute_sparse_matmul_output_shape (every message below present in the 0.81.1 wheel),
     the 0.81.1 ``ttnn.sparse_matmul`` docstring and
-    matmul/device/sparse/factory/sparse_matmul_multicore_reuse_mcast_1d_optimized.cpp:
+    ttnn/cpp/ttnn/operations/matmul/device/sparse/factory/sparse_matmul_multicore_reuse_mcast_1d_optimized.cpp:
 
     * the program config is a MatmulMultiCoreReuseMultiCast1DProgramConfig with mcast_in0=True
       ("Only this config type is supported", "Only mcast_in0 is supported for sparse matmul"),

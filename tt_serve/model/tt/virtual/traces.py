@@ -18,6 +18,8 @@ from tt_serve.model.tt.virtual.tensors import (
 
 
 class TraceOps(DeviceBase):
+    """The device, events and traces of one virtual chip."""
+
     def GetNumAvailableDevices(self) -> int:
         return self._num_devices
 
