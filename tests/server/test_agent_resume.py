@@ -70,6 +70,7 @@ def next_messages(history: list[dict[str, Any]], reply: dict[str, Any], a: int, 
         history.append({"role": "user", "content": f"Agent {a}, now check turn {t + 1}."})
 
 
+@pytest.mark.slow
 def test_agents_resume_at_message_starts_and_answer_as_cold(
     servers: tuple[Served, Served],
 ) -> None:

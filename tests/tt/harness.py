@@ -12,6 +12,7 @@ from tt_serve.engine.scheduler import SchedulerConfig
 from tt_serve.model.interface import Backend
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.torch.backend import TorchBackend
+from tt_serve.model.tt.layout.parallel import TensorParallel
 from tt_serve.model.tt.ops import Ops
 from tt_serve.model.tt.options import TTOptions
 from tt_serve.model.tt.runtime.backend import TTBackend
@@ -46,6 +47,10 @@ def build(spec: ModelSpec, weights: Any, *, ops: Ops, **kw: Any) -> TTBackend:
     kw.setdefault("prefill_chunk", CHUNK)
     kw.setdefault("traced_prefill", True)
     args = {k: kw.pop(k) for k in BUILD_ARGS if k in kw}
+    if "tp" not in args:  # the split over the open mesh, as a start's Placement gives it
+        args["tp"] = (
+            TensorParallel.for_mesh(spec, ops.mesh) if ops.mesh else TensorParallel(spec, 1)
+        )
     return build_backend(spec, weights, ops=ops, options=TTOptions(**kw), **args)
 
 

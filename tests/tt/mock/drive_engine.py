@@ -30,6 +30,7 @@ from tt_serve.engine.engine import Engine, EngineConfig
 from tt_serve.engine.scheduler import SchedulerConfig
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.layout.host import shape_only_weights
+from tt_serve.model.tt.layout.parallel import TensorParallel
 from tt_serve.model.tt.ops import DEFAULT_L1_SMALL, Ops
 from tt_serve.model.tt.options import TTOptions
 from tt_serve.model.tt.plan.oplog import OpLog, Recorder
@@ -59,6 +60,7 @@ def main() -> None:
         spec,
         lambda: weights,
         ops=ops,
+        tp=TensorParallel(spec, 1),
         options=TTOptions(
             precision="mixed", prefill_chunk=CHUNK, traced_decode=traced, traced_prefill=False
         ),

@@ -107,7 +107,9 @@ def cold(eng: Engine, prompts: list[list[int]]) -> list[RequestOutput]:
 BACKENDS: dict[str, Callable[[Path], Backend]] = {"torch": h.torch_backend, "tt": h.tt_backend}
 
 
-@pytest.mark.parametrize("rerender", [False, True], ids=["verbatim", "rerendered"])
+@pytest.mark.parametrize(
+    "rerender", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["verbatim", "rerendered"]
+)
 @pytest.mark.parametrize("kind", sorted(BACKENDS))
 def test_agents_resume_at_message_starts_warm_equals_cold(
     dense_dir: Path, kind: str, rerender: bool
@@ -133,6 +135,7 @@ def test_agents_resume_at_message_starts_warm_equals_cold(
     assert len({t for o in got for t in o.token_ids}) >= 10, "degenerate output: vacuous check"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("snapshots", "cap"), [(2, 0), (16, 2)], ids=["pool-2", "cap-2"])
 def test_warm_equals_cold_under_snapshot_eviction(
     dense_dir: Path, snapshots: int, cap: int
@@ -152,7 +155,9 @@ def test_warm_equals_cold_under_snapshot_eviction(
         assert st.snapshot_cap_evictions > 0 and st.snapshots_per_conversation_peak == cap, st
 
 
-@pytest.mark.parametrize("mutate", [resume_early, restore_next_slot])
+@pytest.mark.parametrize(
+    "mutate", [resume_early, pytest.param(restore_next_slot, marks=pytest.mark.slow)]
+)
 def test_resume_bugs_are_caught(dense_dir: Path, mutate: Callable[[Scheduler], list[str]]) -> None:
     """The same conversation with admission resuming one token early, or restoring another
     snapshot slot: some answer differs from the cold run (logprobs compared, not only

@@ -361,7 +361,7 @@ def test_from_config_maps_the_serve_config(
     be.close()
     with pytest.raises(ValueError, match=r"mesh 1 x 4 needs 4 device ids"):
         options = TTOptions(trace_region_size=1 << 20, device_ids=(0, 1), mesh=(1, 4))
-        open_backend(dense_dir, options, ops=Ops(h.fake()))
+        open_backend(dense_dir, options, spec, ops=Ops(h.fake()))
 
 
 def test_sdpa_calls_carry_program_and_compute_configs(dense_dir: Path) -> None:

@@ -35,8 +35,8 @@ if TYPE_CHECKING:
 def open_backend(
     path: str | Path,
     options: TTOptions,
+    spec: ModelSpec,
     *,
-    spec: ModelSpec | None = None,
     board: DeviceSpec | None = None,
     placement: Placement | None = None,
     ops: Ops | None = None,
@@ -45,11 +45,10 @@ def open_backend(
     """Open the device (``options.device_ids`` as ``placement.mesh``) with an
     ``options.trace_region_size``-byte trace region and build the backend for a checkpoint
     folder (converted weights cached under ``weight_cache_dir``, else ``default_cache_dir()``);
-    ``spec`` is read from its config.json unless the caller has it, ``placement`` worked out
-    from ``board`` and the options unless given, ``ops`` is the real ttnn unless given."""
+    ``placement`` worked out from ``board`` and the options unless given, ``ops`` is the real
+    ttnn unless given."""
     from tt_serve.model.weights import load_weights
 
-    model_spec = spec or ModelSpec.from_hf_dir(path)
     ids = options.device_ids
     shape = placement.mesh if placement else options.mesh or (1, len(ids))
     if shape[0] * shape[1] != len(ids):
@@ -57,7 +56,7 @@ def open_backend(
             f"mesh {shape[0]} x {shape[1]} needs {shape[0] * shape[1]} device ids; got {ids}"
         )
     # A split that does not divide fails here, before the device opens.
-    place = placement or Placement.of(model_spec, board, options.replace(mesh=shape))
+    place = placement or Placement.of(spec, board, options.replace(mesh=shape))
     ops = ops or Ops.load()
     region = options.trace_region_size
     if shape == (1, 1):
@@ -67,8 +66,8 @@ def open_backend(
             shape, trace_region_size=region, l1_small_size=DEFAULT_L1_SMALL, device_ids=ids
         )
     return build_backend(
-        model_spec,
-        lambda: to_numpy(load_weights(path, model_spec)),
+        spec,
+        lambda: to_numpy(load_weights(path, spec)),
         ops=ops,
         options=options,
         tp=place.tp,
@@ -110,5 +109,5 @@ def launch(
         options = options.replace(
             trace_region_size=pools.trace_region_size, kv_blocks=pools.num_kv_blocks
         )
-    backend = open_backend(cfg.model, options, ops=ops, spec=spec, placement=place)
+    backend = open_backend(cfg.model, options, spec, ops=ops, placement=place)
     return Launched(backend, options.kv_blocks)

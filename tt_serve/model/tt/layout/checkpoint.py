@@ -17,6 +17,7 @@ import numpy as np
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.layout.experts import DISPATCHES, MoeDispatch
 from tt_serve.model.tt.layout.host import HostWeight
+from tt_serve.model.tt.layout.parallel import TensorParallel
 from tt_serve.model.tt.layout.table import slots
 from tt_serve.model.tt.precision import Precision
 
@@ -26,9 +27,11 @@ def layout_weights(
     w: dict[str, np.ndarray],
     precision: Precision,
     moe_dispatch: MoeDispatch = "sparse",
+    tp: TensorParallel | None = None,
 ) -> dict[str, HostWeight]:
     """Canonical float32 arrays -> device layouts (pure numpy), one host weight per device
-    weight the table declares for ``spec``; MoE experts as ``moe_dispatch``'s path reads them."""
+    weight the table declares for ``spec``; MoE experts as ``moe_dispatch``'s path reads them;
+    with ``tp`` over several chips, each placed (replicated or sharded) as its entry says."""
     if moe_dispatch not in DISPATCHES:
         raise ValueError(f"moe_dispatch={moe_dispatch!r}; choose one of {DISPATCHES}")
     out: dict[str, HostWeight] = {}
@@ -36,4 +39,4 @@ def layout_weights(
         d = s.weight
         array = d.transform([w[k] for k in s.checkpoint_keys()], spec, s.index)
         out[s.name] = HostWeight(array, d.dtype(precision), d.layout)
-    return out
+    return tp.layout(out) if tp is not None and tp.degree > 1 else out

@@ -28,7 +28,6 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
-from tt_serve.model.buckets import prefill_buckets
 from tt_serve.model.interface import RowSampling, StateCopy, StepBatch, StepRow
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.boards import DeviceSpec, device_spec
@@ -159,9 +158,7 @@ def _weight_bytes(
     """Weight bytes per group and per dtype on one chip (its shards and the replicated ones)."""
     groups: dict[str, int] = {}
     dtypes: dict[str, int] = {}
-    laid = layout_weights(spec, shape_only_weights(spec), precision)
-    if tp.degree > 1:
-        laid = tp.layout(laid)
+    laid = layout_weights(spec, shape_only_weights(spec), precision, tp=tp)
     for name, hw in laid.items():
         shape = tp.chip_shape(hw)
         b = _bytes(dram, shape, hw.dtype, hw.layout)
@@ -329,6 +326,9 @@ def _start(
     board = place.board
     assert board is not None
     l1_small = DEFAULT_L1_SMALL if real else 0
+    dispatch = _mock_dispatch(board) if real else None
+    # The start's own options; only a mock box without the trace shim runs every program eager.
+    built = opts if run.traced else opts.replace(traced_decode=False, traced_prefill=False)
     if place.mesh == (1, 1):
         ops.open_device(0, trace_region_size=opts.trace_region_size, l1_small_size=l1_small)
     else:
@@ -336,12 +336,10 @@ def _start(
             place.mesh,
             trace_region_size=opts.trace_region_size,
             l1_small_size=l1_small,
-            dispatch_core_type=_mock_dispatch(board) if real else None,
+            dispatch_core_type=dispatch,
         )
     run.ops = ops
     log.phase = "startup"
-    # The start's own options; only a mock box without the trace shim runs every program eager.
-    built = opts if run.traced else opts.replace(traced_decode=False, traced_prefill=False)
     be = build_backend(
         spec,
         lambda: shape_only_weights(spec),
@@ -452,13 +450,14 @@ def _kv_bytes(dram: DramBudget, spec: ModelSpec, opts: TTOptions, n: int, kv_hea
     return 2 * spec.num_attention_layers * dram.per_bank(TensorInfo(shape, kv, "tile"))
 
 
-def _width_bytes(dram: DramBudget, spec: ModelSpec, opts: TTOptions, width: int) -> int:
+def _width_bytes(
+    dram: DramBudget, spec: ModelSpec, opts: TTOptions, buckets: int, width: int
+) -> int:
     """Per bank, what follows the page-table width (``TTBackend.allocate``): the resident RoPE
     tables (cos and sin, width x block_size rows, ``TTModel.upload_rope``) and the page table of
-    every program's inputs (one row per prefill bucket, one per decode row:
-    ``runtime/inputs.py``)."""
+    every program's inputs (one row for each of the ``buckets`` prefill buckets, one per decode
+    row: ``runtime/inputs.py``)."""
     rope = TensorInfo((width * opts.block_size, spec.head_dim), opts.weights.activations, ROW_MAJOR)
-    buckets = len(prefill_buckets(opts.prefill_chunk, opts.block_size, unit="block_size"))
     tables = [TensorInfo((1, width), "int32", ROW_MAJOR)] * buckets
     tables.append(TensorInfo((opts.max_batch_size, width), "int32", ROW_MAJOR))
     return 2 * dram.per_bank(rope) + sum(dram.per_bank(t) for t in tables)
@@ -476,18 +475,23 @@ def _size_kv(spec: ModelSpec, opts: TTOptions, place: Placement, probe: _Run) ->
     assert board is not None and probe.backend is not None
     dram = DramBudget(board.chip, trace_region_size=opts.trace_region_size)
     blocks, kvh = probe_blocks(opts), place.tp.kv_heads
+    buckets = len(probe.backend.buckets)
     per_seq = _table_blocks(spec, opts)
     peak = max(c.dram.peak_less_traces for c in _chips(probe.virtual))
     rest = (
         peak
         - _kv_bytes(dram, spec, opts, blocks, kvh)
-        - _width_bytes(dram, spec, opts, probe.backend.width)
+        - _width_bytes(dram, spec, opts, buckets, probe.backend.width)
     )
     margin = int(SAFETY_FRACTION * board.chip.dram_bytes) // dram.banks
 
     def fits(n: int) -> bool:
         width = table_width(n, per_seq)
-        need = rest + _width_bytes(dram, spec, opts, width) + _kv_bytes(dram, spec, opts, n, kvh)
+        need = (
+            rest
+            + _width_bytes(dram, spec, opts, buckets, width)
+            + _kv_bytes(dram, spec, opts, n, kvh)
+        )
         return need + margin <= dram.bank_bytes
 
     lo, hi = 0, 1

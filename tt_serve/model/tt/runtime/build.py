@@ -34,7 +34,7 @@ def build_backend(
     *,
     ops: Ops,
     options: TTOptions,
-    tp: TensorParallel | None = None,
+    tp: TensorParallel,
     ccl_links: int | tuple[int, int] = DEFAULT_CCL_LINKS,
     weight_cache_dir: Path | None = None,
     checkpoint: Path | None = None,
@@ -43,15 +43,12 @@ def build_backend(
     """The backend ``options`` describe for ``spec`` on the device ``ops`` has open.
 
     ``weights``: the canonical checkpoint tensors, or a function giving them as numpy (called
-    only when the converted-weight cache misses). ``tp``: the split over ``ops.mesh`` (the
-    start's ``Placement.tp``; worked out here when not given: a split that does not divide
-    fails before any weight is converted). ``ccl_links``: Ethernet links each collective uses
+    only when the converted-weight cache misses). ``tp``: the split over ``ops.mesh``, the
+    start's ``Placement.tp`` (worked out once per start, before any device opens). ``ccl_links``: Ethernet links each collective uses
     on a mesh, one count or per axis. ``weight_cache_dir``: converted weights cached there,
     keyed on the content of ``checkpoint`` (required with it). ``on_capture``: called once when
     the programs are captured (the planner tags its op log with it)."""
     precision = options.weights
-    if tp is None:
-        tp = TensorParallel.for_mesh(spec, ops.mesh) if ops.mesh else TensorParallel(spec, 1)
     source = weights if callable(weights) else (lambda: to_numpy(weights))
     cache = _weight_cache(weight_cache_dir, checkpoint)
     moe = options.moe_dispatch

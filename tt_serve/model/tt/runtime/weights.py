@@ -32,21 +32,18 @@ def load_device_weights(
     precision: Precision,
     source: Callable[[], dict[str, np.ndarray]],
     cache: WeightCache | None,
-    tp: TensorParallel | None = None,
+    tp: TensorParallel,
     moe_dispatch: MoeDispatch = "sparse",
 ) -> dict[str, Tensor]:
     """Device weights from the cache when it holds this key, else converted from ``source()``
     (canonical checkpoint arrays) and, with a cache, written to it. With ``tp`` (a mesh) each
     weight is replicated or sharded as its table entry places it (``layout/parallel.py``).
     A cache that cannot be written (a full disk) is skipped with a warning."""
-    tp = tp or TensorParallel(spec, 1)
     entry = cache.entry(spec, precision, moe_dispatch, tp) if cache is not None else None
     names = entry.names() if entry is not None else None
     if entry is not None and names is not None:
         return {n: ops.load_tensor(entry.file(i)) for i, n in enumerate(names)}
-    laid = layout_weights(spec, source(), precision, moe_dispatch)
-    if tp.degree > 1:
-        laid = tp.layout(laid)
+    laid = layout_weights(spec, source(), precision, moe_dispatch, tp)
     if entry is None or any(is_shape_only(hw.array) for hw in laid.values()):
         # No cache, or shape-only weights (planning, mock boxes): device tensors of the same
         # shape, dtype and layout, the shape-only ones allocated with no host data or fill;
