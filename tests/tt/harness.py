@@ -47,7 +47,7 @@ def build(spec: ModelSpec, weights: Any, *, ops: Ops, **kw: Any) -> TTBackend:
     kw.setdefault("prefill_chunk", CHUNK)
     kw.setdefault("traced_prefill", True)
     args = {k: kw.pop(k) for k in BUILD_ARGS if k in kw}
-    if "tp" not in args:  # the split over the open mesh, as a start's Placement gives it
+    if "tp" not in args:  # the split over the open mesh, as a start's Target gives it
         args["tp"] = (
             TensorParallel.for_mesh(spec, ops.mesh) if ops.mesh else TensorParallel(spec, 1)
         )

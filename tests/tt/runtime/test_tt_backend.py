@@ -20,7 +20,7 @@ from tt_serve.model.interface import (
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.boards import device_spec
 from tt_serve.model.tt.launch import launch, open_backend
-from tt_serve.model.tt.options import Placement, TTOptions
+from tt_serve.model.tt.options import Target, TTOptions
 
 
 def test_engine_tokens_match_torch_with_warm_prefix_hit(
@@ -340,7 +340,7 @@ def test_from_config_maps_the_serve_config(
     # trace_region_size 0: the device opened with a region sized for this configuration's traces
     # on the shape-only model of the box its ClusterType names (a P150), before it opened.
     opts = TTOptions.from_config(cfg, max_model_len=512)
-    place = Placement.of(spec, device_spec("p150"), opts)
+    place = Target.of(spec, device_spec("p150"), opts)
     want = planner.plan_pools(spec, place, opts).trace_region_size
     assert be.ops.trace_region_size == want == fake.trace_region.size > 0
     assert be.spec is spec and be.precision == Precision.named("mixed")

@@ -2,10 +2,10 @@
 nano-vllm's ``ModelRunner.__init__`` start theirs):
 
     ServeConfig -> TTOptions (once: ``options.py``)
-    -> identify the box (its ClusterType, asked before anything opens) -> Placement (once:
+    -> identify the box (its ClusterType, asked before anything opens) -> Target (once:
        board, mesh, tensor-parallel split, CCL links)
     -> plan the trace region and the KV pool on the virtual device of that box, from the same
-       TTOptions and Placement
+       TTOptions and Target
     -> open the device or mesh with that trace region
     -> build from the same TTOptions: layout -> upload (cached) -> model -> backend
     -> hand the engine factory the backend and the pool size it allocates.
@@ -23,7 +23,7 @@ from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.boards import DeviceSpec, board_for_cluster
 from tt_serve.model.tt.layout.host import to_numpy
 from tt_serve.model.tt.ops import DEFAULT_L1_SMALL, Ops
-from tt_serve.model.tt.options import Placement, TTOptions
+from tt_serve.model.tt.options import Target, TTOptions
 from tt_serve.model.tt.runtime.backend import TTBackend
 from tt_serve.model.tt.runtime.build import build_backend
 from tt_serve.model.tt.runtime.weight_cache import default_cache_dir
@@ -38,25 +38,25 @@ def open_backend(
     spec: ModelSpec,
     *,
     board: DeviceSpec | None = None,
-    placement: Placement | None = None,
+    target: Target | None = None,
     ops: Ops | None = None,
     weight_cache_dir: Path | None = None,
 ) -> TTBackend:
-    """Open the device (``options.device_ids`` as ``placement.mesh``) with an
+    """Open the device (``options.device_ids`` as ``target.mesh``) with an
     ``options.trace_region_size``-byte trace region and build the backend for a checkpoint
     folder (converted weights cached under ``weight_cache_dir``, else ``default_cache_dir()``);
-    ``placement`` worked out from ``board`` and the options unless given, ``ops`` is the real
+    ``target`` worked out from ``board`` and the options unless given, ``ops`` is the real
     ttnn unless given."""
     from tt_serve.model.weights import load_weights
 
     ids = options.device_ids
-    shape = placement.mesh if placement else options.mesh or (1, len(ids))
+    shape = target.mesh if target else options.mesh or (1, len(ids))
     if shape[0] * shape[1] != len(ids):
         raise ValueError(
             f"mesh {shape[0]} x {shape[1]} needs {shape[0] * shape[1]} device ids; got {ids}"
         )
     # A split that does not divide fails here, before the device opens.
-    place = placement or Placement.of(spec, board, options.replace(mesh=shape))
+    place = target or Target.of(spec, board, options.replace(mesh=shape))
     ops = ops or Ops.load()
     region = options.trace_region_size
     if shape == (1, 1):
@@ -101,7 +101,7 @@ def launch(
         if needs_plan:
             raise
         board = None
-    place = Placement.of(spec, board, options)
+    place = Target.of(spec, board, options)
     if needs_plan:
         from tt_serve.model.tt.plan.planner import plan_pools
 
@@ -109,5 +109,5 @@ def launch(
         options = options.replace(
             trace_region_size=pools.trace_region_size, kv_blocks=pools.num_kv_blocks
         )
-    backend = open_backend(cfg.model, options, spec, ops=ops, placement=place)
+    backend = open_backend(cfg.model, options, spec, ops=ops, target=place)
     return Launched(backend, options.kv_blocks)

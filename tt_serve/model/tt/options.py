@@ -6,7 +6,7 @@ tracing, residency, mesh, ...). Both builds of a start take the same object: the
 shape-only build (``plan/planner.py``) and the real one (``launch.py`` -> ``runtime/build.py``),
 so an option added here reaches both or neither, and the plan cannot drift from the start.
 
-``Placement`` is where the start runs: the board, the mesh its chips form, the tensor-parallel
+``Target`` is where the start runs: the board, the mesh its chips form, the tensor-parallel
 split over that mesh and the CCL links per axis, computed once per start and handed to every
 build of it.
 """
@@ -97,7 +97,7 @@ class TTOptions:
 
 
 @dataclass(frozen=True)
-class Placement:
+class Target:
     """Where a start runs, worked out once: the board (None: an unknown box that is started
     with every size given), the mesh, the tensor-parallel split over it and the CCL links
     per axis (tt_transformers' get_num_links: 2 on P150x4 / P300, 4 and 3 on a Galaxy)."""
@@ -108,7 +108,7 @@ class Placement:
     links: int | tuple[int, int]
 
     @staticmethod
-    def of(spec: ModelSpec, board: DeviceSpec | None, opts: TTOptions) -> Placement:
+    def of(spec: ModelSpec, board: DeviceSpec | None, opts: TTOptions) -> Target:
         """``opts.mesh`` on ``board`` (None: the board's own mesh, or one chip without a
         board); ValueError when the model does not split over it."""
         mesh = opts.mesh or (board.mesh if board is not None else (1, len(opts.device_ids)))
@@ -117,4 +117,4 @@ class Placement:
             links: int | tuple[int, int] = DEFAULT_CCL_LINKS
         else:
             links = board.links_on(mesh)
-        return Placement(board, mesh, tp, links)
+        return Target(board, mesh, tp, links)

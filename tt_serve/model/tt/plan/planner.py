@@ -8,10 +8,16 @@ save/restore/reset. Every rule of ``virtual/rules.py`` and ``virtual/dram.py`` a
 ``DeviceLimitError`` (``dram.capacity``, ``trace.region``, an op's core-grid rule, ...) is the
 verdict, reported with its rule and what to change.
 
-With ``kv_blocks`` 0 the KV pool is sized from the chip's DRAM: a probe run with a minimal pool
-measures the peak DRAM of everything else (weights, states, snapshots, buffers, activations,
-trace region), then the pool takes what is left less ``SAFETY_FRACTION`` of the chip's DRAM, and
-a second run checks the result. :func:`plan_pools` is that sizing, for the server.
+A plan is at most two shape-only builds, both from the start's own ``TTOptions`` and
+``Target`` (``options.py``). Where ``trace_region_size`` or ``kv_blocks`` is 0, a probe build
+with a minimal KV pool and no trace region (tt-metal then keeps trace buffers in ordinary DRAM)
+measures the captured traces, which size the region, and the peak DRAM of everything else
+(weights, states, snapshots, buffers, activations; ``DramBudget.peak_less_traces`` is that peak
+with a region holding the traces). The KV pool then takes what is left less
+``SAFETY_FRACTION`` of the chip's DRAM, counting exactly what grows with the page-table width
+(``_width_bytes``), and the second build runs the start as sized: its verdict and figures are
+the plan. With both sizes given, that build alone. :func:`plan_pools` is that sizing, for the
+server.
 
 A multi-chip device is planned as the backend runs on it: tensor parallel over its mesh (1 x N,
 or 2-D: T3K 2x4 with ``mesh``, Galaxy 8x4; ``VirtualMeshTTNN``: every chip its own DRAM banks,
@@ -37,7 +43,7 @@ from tt_serve.model.tt.layout.host import shape_only_weights
 from tt_serve.model.tt.layout.parallel import TensorParallel
 from tt_serve.model.tt.layout.table import slot
 from tt_serve.model.tt.ops import DEFAULT_L1_SMALL, Ops
-from tt_serve.model.tt.options import Placement, TTOptions
+from tt_serve.model.tt.options import Target, TTOptions
 from tt_serve.model.tt.plan.oplog import OpLog, Recorder
 from tt_serve.model.tt.precision import Precision
 from tt_serve.model.tt.runtime.backend import TABLE_ALIGN, TTBackend, table_width
@@ -241,7 +247,7 @@ def _workload(
 def _run(
     spec: ModelSpec,
     opts: TTOptions,
-    place: Placement,
+    place: Target,
     kv_blocks: int,
     log: OpLog,
     workload: bool = True,
@@ -286,11 +292,11 @@ def _run(
     return run
 
 
-def placement(spec: ModelSpec, board: DeviceSpec, opts: TTOptions) -> Placement:
+def target(spec: ModelSpec, board: DeviceSpec, opts: TTOptions) -> Target:
     """``opts.mesh`` (None: the board's own) on ``board``; PlanError ``tp.split`` when the
     model does not split over it."""
     try:
-        return Placement.of(spec, board, opts)
+        return Target.of(spec, board, opts)
     except ValueError as exc:
         raise PlanError("tp.split", str(exc)) from None
 
@@ -308,7 +314,7 @@ def run_on_ttnn(
     """The plan's startup, pools and workload on the real ``ttnn`` module (a mock box:
     ``plan/mock.py``), traced (with the trace shim) or every program eager; tt-metal's refusal
     is the PlanError."""
-    place = placement(spec, board, opts)
+    place = target(spec, board, opts)
     return _run(spec, opts, place, kv_blocks, log, ttnn=ttnn, traced=traced)
 
 
@@ -317,7 +323,7 @@ def _start(
     ops: Ops,
     spec: ModelSpec,
     opts: TTOptions,
-    place: Placement,
+    place: Target,
     kv_blocks: int,
     log: OpLog,
     workload: bool,
@@ -463,7 +469,7 @@ def _width_bytes(
     return 2 * dram.per_bank(rope) + sum(dram.per_bank(t) for t in tables)
 
 
-def _size_kv(spec: ModelSpec, opts: TTOptions, place: Placement, probe: _Run) -> int:
+def _size_kv(spec: ModelSpec, opts: TTOptions, place: Target, probe: _Run) -> int:
     """The most KV blocks that fit beside what the probe run measured, for a start with a
     ``opts.trace_region_size`` region.
 
@@ -506,7 +512,7 @@ def _size_kv(spec: ModelSpec, opts: TTOptions, place: Placement, probe: _Run) ->
     return lo
 
 
-def plan_pools(spec: ModelSpec, place: Placement, opts: TTOptions) -> PoolPlan:
+def plan_pools(spec: ModelSpec, place: Target, opts: TTOptions) -> PoolPlan:
     """The pools the server should allocate for ``opts`` on ``place`` (KV sized from DRAM
     when ``opts.kv_blocks`` is 0, the trace region from the traces when
     ``opts.trace_region_size`` is 0). Raises PlanError naming the limit when nothing fits."""
@@ -542,10 +548,10 @@ def plan(
     opts: TTOptions,
     ops_out: IO[str] | None = None,
     *,
-    place: Placement | None = None,
+    place: Target | None = None,
 ) -> Plan:
     """Run the startup and a short workload on the shape-only model of ``board`` as ``opts``
-    describe them (``place``: the start's placement, worked out here when not given).
+    describe them (``place``: the start's target, worked out here when not given).
 
     At most two shape-only builds: where the trace region or the KV pool is to be sized
     (``trace_region_size`` or ``kv_blocks`` 0), a probe with a ``probe_blocks`` pool and no
@@ -561,7 +567,7 @@ def plan(
     )
     mesh = opts.mesh or board.mesh
     try:
-        place = place or Placement.of(spec, board, opts)
+        place = place or Target.of(spec, board, opts)
         split: str | None = None
         tp = place.tp
     except ValueError as exc:  # reported below, after the weights

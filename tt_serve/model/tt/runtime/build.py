@@ -44,7 +44,7 @@ def build_backend(
 
     ``weights``: the canonical checkpoint tensors, or a function giving them as numpy (called
     only when the converted-weight cache misses). ``tp``: the split over ``ops.mesh``, the
-    start's ``Placement.tp`` (worked out once per start, before any device opens). ``ccl_links``: Ethernet links each collective uses
+    start's ``Target.tp`` (worked out once per start, before any device opens). ``ccl_links``: Ethernet links each collective uses
     on a mesh, one count or per axis. ``weight_cache_dir``: converted weights cached there,
     keyed on the content of ``checkpoint`` (required with it). ``on_capture``: called once when
     the programs are captured (the planner tags its op log with it)."""
