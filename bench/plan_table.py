@@ -109,6 +109,7 @@ def plan_one(
         "limit_rule": p.limit_rule,
         "weights_bytes": sum(p.weights.values()),
         "kv_bytes": p.kv_bytes,
+        "kv_blocks": p.kv_blocks,
         "kv_tokens": p.kv_tokens,
         "snapshot_bytes": p.snapshot_bytes,
         "state_bytes": p.state_bytes,
@@ -147,6 +148,53 @@ def table(rows: Sequence[dict[str, Any]], batches: Sequence[int]) -> list[str]:
         cells = [cell(by_batch[b]) if b in by_batch else "-" for b in batches]
         out.append(
             f"| {model} | {device} | {precision} | {weights:.2f} GB | " + " | ".join(cells) + " |"
+        )
+    return out
+
+
+def _key(row: dict[str, Any]) -> tuple[Any, ...]:
+    q = row["request"]
+    mesh = tuple(q["mesh"]) if q.get("mesh") else None
+    return (row["model"], q["device"], mesh, q["precision"], q["max_batch_size"], q["kv_blocks"])
+
+
+def _blocks(row: dict[str, Any]) -> int:
+    """The KV pool in blocks (older ledger lines have only its tokens: blocks - 1 of them)."""
+    return int(row.get("kv_blocks") or row["kv_tokens"] // row["request"]["block_size"] + 1)
+
+
+def compare(old: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]]) -> list[str]:
+    """Row by row, each plan of ``new`` beside the last plan of the same request in ``old``:
+    the verdict, the KV pool and the DRAM left, and the 2% margin the plan means to keep."""
+    from tt_serve.model.tt.boards import device_spec
+    from tt_serve.model.tt.plan.planner import SAFETY_FRACTION
+
+    before = {_key(r): r for r in old}
+    out = [
+        "| model | device | precision | batch | verdict (old -> new) | KV blocks | DRAM left, MB | "
+        "margin, MB | old commit |",
+        "|---" * 9 + "|",
+    ]
+    for r in new:
+        q, o = r["request"], before.get(_key(r))
+        margin = SAFETY_FRACTION * device_spec(q["device"]).chip.dram_bytes / 1e6
+
+        def verdict(x: dict[str, Any]) -> str:
+            return "fits" if x["ok"] else str(x["limit_rule"])
+
+        if o is None:
+            was, blocks, left, commit = "-", "-", "-", "-"
+        else:
+            was, commit = verdict(o), o["git"]["commit"][:7]
+            blocks = f"{_blocks(o)} -> {_blocks(r)}" if o["ok"] and r["ok"] else "-"
+            left = (
+                f"{o['dram_left'] / 1e6:.1f} -> {r['dram_left'] / 1e6:.1f}"
+                if blocks != "-"
+                else "-"
+            )
+        out.append(
+            f"| {r['model']} | {q['device']} | {q['precision']} | {q['max_batch_size']} | "
+            f"{was} -> {verdict(r)} | {blocks} | {left} | {margin:.1f} | {commit} |"
         )
     return out
 
@@ -191,12 +239,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--context", type=int, default=131072, help="tokens of history per agent")
     ap.add_argument("--ledger", type=Path, default=LEDGER)
     ap.add_argument(
+        "--compare",
+        nargs=2,
+        type=Path,
+        metavar=("OLD", "NEW"),
+        help="print NEW's plans beside OLD's for the same requests (two ledgers), plan nothing",
+    )
+    ap.add_argument(
         "--checker",
         choices=("virtual", "both"),
         default="virtual",
         help="both: each plan also run by tt-metal 0.81.1 on a mock box (needs the ttnn venv)",
     )
     a = ap.parse_args(argv)
+    if a.compare:
+        old, new = ([json.loads(line) for line in p.open()] for p in a.compare)
+        print("\n".join(compare(old, new)))
+        return 0
     provenance = {"git": git_info(), "machine": machine_info(), "timestamp": time.time()}
     rows = []
     a.ledger.parent.mkdir(parents=True, exist_ok=True)

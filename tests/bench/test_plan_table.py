@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.plan_table import cell, table
+from bench.plan_table import cell, compare, table
 
 
 def _row(ok: bool, mock_ok: bool | None, **more: Any) -> dict[str, Any]:
@@ -50,3 +50,27 @@ def test_table_puts_batches_in_columns() -> None:
     assert lines[0] == "| model | device | precision | weights | b=1 | b=16 | b=32 |"
     assert lines[2].startswith("| qwen3.5-9b | n150 | mixed | 8.10 GB | fits")
     assert lines[2].split(" | ")[5] == "-"  # no batch-16 row
+
+
+def test_compare_puts_each_new_plan_beside_the_old_one() -> None:
+    def row(blocks: int, left: int, ok: bool = True, commit: str = "a" * 40) -> dict[str, Any]:
+        q = {"device": "n150", "mesh": None, "precision": "mixed", "max_batch_size": 16}
+        return {
+            "model": "qwen3.5-0.8b",
+            "request": {**q, "kv_blocks": 0, "block_size": 64},
+            "ok": ok,
+            "limit_rule": None if ok else "dram.capacity",
+            "kv_tokens": (blocks - 1) * 64,
+            "dram_left": left,
+            "git": {"commit": commit},
+        }
+
+    old, new = [row(12054, 205_600_000)], [{**row(11987, 258_000_000), "kv_blocks": 11987}]
+    lines = compare(old, new)
+    assert lines[2] == (
+        "| qwen3.5-0.8b | n150 | mixed | 16 | fits -> fits | 12054 -> 11987 | 205.6 -> 258.0 "
+        "| 257.7 | aaaaaaa |"
+    )
+    refused = compare([row(1, 0, ok=False)], [row(1, 0, ok=False)])
+    assert "dram.capacity -> dram.capacity | - | - |" in refused[2]
+    assert "| - -> fits |" in compare([], new)[2]
