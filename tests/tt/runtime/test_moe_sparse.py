@@ -296,7 +296,7 @@ def test_block_float_experts(moe_dir: Path, profile: str) -> None:
     p = [h.prompt(100, 7)]
     ref = h.generate(h.engine(h.torch_backend(moe_dir), spec), p, 4)
     prec = Precision.named(profile)
-    be = h.tt_backend(moe_dir, precision=prec)
+    be = h.tt_backend(moe_dir, precision=profile)
     assert h.generate(h.engine(be, spec), p, 4) == ref
     layer = be.model.layers[0].mlp
     assert isinstance(layer, moe.MoeWeights) and isinstance(layer.experts, moe.SparseExperts)
