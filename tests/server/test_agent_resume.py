@@ -24,6 +24,11 @@ BLOCK = 16  # engine_options()
 SYSTEM = "You are a careful agent. " * 60 + "Use the tools when they help."
 
 
+# Two servers per module (about 10 s to start): the slow run holds them; the fast loop keeps the
+# same warm == cold rule in tests/tt/runtime/test_resume_points.py.
+pytestmark = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def servers(demo_dir: Path) -> Iterator[tuple[Served, Served]]:
     with serve(demo_dir) as warm, serve(demo_dir, prefix_caching=False) as cold:
@@ -70,7 +75,6 @@ def next_messages(history: list[dict[str, Any]], reply: dict[str, Any], a: int, 
         history.append({"role": "user", "content": f"Agent {a}, now check turn {t + 1}."})
 
 
-@pytest.mark.slow
 def test_agents_resume_at_message_starts_and_answer_as_cold(
     servers: tuple[Served, Served],
 ) -> None:
