@@ -8,7 +8,7 @@ releases (the mock trace shim). The virtual device's verdict and tt-metal's must
   own words (``bank_manager.cpp:514``);
 * tensor parallel with the CCLs under mock: Qwen3.5-9B on an N300 (1x2, mixed precision),
   Qwen3.6-27B on a T3K (1x8) and Qwen3.5-2B on a T3K as a 2x4 mesh. Wormhole meshes open with tensix dispatch under mock
-  (``planner._mock_dispatch``: 0.81.1's mock validates work units against 8x7 under ethernet
+  (``startup._mock_dispatch``: 0.81.1's mock validates work units against 8x7 under ethernet
   dispatch while reporting 8x8).
 """
 

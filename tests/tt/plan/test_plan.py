@@ -15,7 +15,7 @@ from tt_serve.model.published import write_published_config
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.boards import device_spec
 from tt_serve.model.tt.options import TTOptions
-from tt_serve.model.tt.plan import planner
+from tt_serve.model.tt.plan import planner, startup
 from tt_serve.model.tt.precision import Precision
 
 pytestmark = pytest.mark.slow
@@ -101,12 +101,12 @@ def test_plan_pools_from_serve_config(q9: Path) -> None:
     spec = ModelSpec.from_hf_dir(q9)
     cfg = ServeConfig(model=str(q9), backend="ttnn", max_batch_size=1, kv_blocks=64)
     opts = TTOptions.from_config(cfg)
-    pools = planner.plan_pools(spec, planner.target(spec, device_spec("p150"), opts), opts)
+    pools = planner.plan_pools(spec, startup.target(spec, device_spec("p150"), opts), opts)
     assert pools.num_kv_blocks == 64 and pools.num_state_slots == 1
     assert pools.num_snapshot_slots == cfg.snapshot_slots
     bad = TTOptions.from_config(ServeConfig(model=str(q9), backend="ttnn", precision="bfloat16"))
     with pytest.raises(planner.PlanError, match=r"dram\.capacity"):
-        planner.plan_pools(spec, planner.target(spec, device_spec("n150"), bad), bad)
+        planner.plan_pools(spec, startup.target(spec, device_spec("n150"), bad), bad)
 
 
 @pytest.mark.parametrize(
@@ -152,7 +152,7 @@ def test_a_ttnn_start_plans_once_and_builds_once(
     assert builds.count(True) == 2, "the planner's: one probe, then the start as sized"
     assert len(builds) == 3 and builds[-1] is False, "planned first, then built"
     opts = TTOptions.from_config(cfg, max_model_len=1024)
-    want = planner.plan_pools(spec, planner.target(spec, dev, opts), opts)
+    want = planner.plan_pools(spec, startup.target(spec, dev, opts), opts)
     assert launched.num_kv_blocks == want.num_kv_blocks
     assert launched.backend.ops.trace_region_size == want.trace_region_size > 0
     assert launched.num_kv_blocks > 1000  # device DRAM, not a host-RAM quarter of a tiny model

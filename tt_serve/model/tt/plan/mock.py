@@ -196,7 +196,7 @@ def _child(job: dict[str, Any]) -> MockVerdict:
 
     from tt_serve.model.spec import ModelSpec
     from tt_serve.model.tt.plan.oplog import OpLog
-    from tt_serve.model.tt.plan.planner import PlanError, run_on_ttnn
+    from tt_serve.model.tt.plan.startup import PlanError, run_on_ttnn
 
     options = TTOptions.from_json(job["options"])
     board = device_spec(job["device"])
