@@ -37,16 +37,14 @@ def open_backend(
     options: TTOptions,
     spec: ModelSpec,
     *,
-    board: DeviceSpec | None = None,
     target: Target | None = None,
     ops: Ops | None = None,
-    weight_cache_dir: Path | None = None,
 ) -> TTBackend:
     """Open the device (``options.device_ids`` as ``target.mesh``) with an
     ``options.trace_region_size``-byte trace region and build the backend for a checkpoint
-    folder (converted weights cached under ``weight_cache_dir``, else ``default_cache_dir()``);
-    ``target`` worked out from ``board`` and the options unless given, ``ops`` is the real
-    ttnn unless given."""
+    folder (converted weights cached under ``default_cache_dir()``); ``target`` is worked out
+    from the options (no board: one CCL link per axis) unless given, ``ops`` is the real ttnn
+    unless given."""
     from tt_serve.model.weights import load_weights
 
     ids = options.device_ids
@@ -56,7 +54,7 @@ def open_backend(
             f"mesh {shape[0]} x {shape[1]} needs {shape[0] * shape[1]} device ids; got {ids}"
         )
     # A split that does not divide fails here, before the device opens.
-    place = target or Target.of(spec, board, options.replace(mesh=shape))
+    place = target or Target.of(spec, None, options)
     ops = ops or Ops.load()
     region = options.trace_region_size
     if shape == (1, 1):
@@ -72,7 +70,7 @@ def open_backend(
         options=options,
         tp=place.tp,
         ccl_links=place.links,
-        weight_cache_dir=weight_cache_dir or default_cache_dir(),
+        weight_cache_dir=default_cache_dir(),
         checkpoint=Path(path),
     )
 

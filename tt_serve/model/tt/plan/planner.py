@@ -49,8 +49,7 @@ from tt_serve.model.tt.virtual.dram import DramBudget
 from tt_serve.model.tt.virtual.rules import TensorInfo
 
 if TYPE_CHECKING:  # the virtual devices hold torch tensors; a mock run (plan/mock.py) has no torch
-    from tt_serve.model.tt.virtual.device import VirtualTTNN
-    from tt_serve.model.tt.virtual.mesh import VirtualMeshTTNN
+    pass
 
 SAFETY_FRACTION = 0.02
 """DRAM kept free when the KV pool is sized from memory (allocator fragmentation, buffers the
@@ -166,12 +165,6 @@ def _hint(rule: str) -> str:
     return "see the rule in tt_serve/model/tt/virtual/rules.py; change the shapes that trip it"
 
 
-def _chips(fake: VirtualTTNN | VirtualMeshTTNN) -> list[VirtualTTNN]:
-    from tt_serve.model.tt.virtual.mesh import VirtualMeshTTNN
-
-    return list(fake.chips) if isinstance(fake, VirtualMeshTTNN) else [fake]
-
-
 def _kv_bytes(dram: DramBudget, spec: ModelSpec, opts: TTOptions, n: int, kv_heads: int = 0) -> int:
     """One chip's KV pools of ``n`` blocks, per bank (``kv_heads``: the chip's heads; 0: all)."""
     shape = (n, kv_heads or spec.num_kv_heads, opts.block_size, spec.head_dim)
@@ -206,7 +199,7 @@ def _size_kv(spec: ModelSpec, opts: TTOptions, place: Target, probe: Run) -> int
     blocks, kvh = probe_blocks(opts), place.tp.kv_heads
     buckets = len(probe.backend.buckets)
     per_seq = _table_blocks(spec, opts)
-    peak = max(c.dram.peak_less_traces for c in _chips(probe.virtual))
+    peak = probe.virtual.dram_peak_less_traces
     rest = (
         peak
         - _kv_bytes(dram, spec, opts, blocks, kvh)

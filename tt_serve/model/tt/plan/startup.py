@@ -118,11 +118,10 @@ def run(
     place: Target,
     kv_blocks: int,
     log: OpLog,
-    workload: bool = True,
     ttnn: Any = None,
     traced: bool = True,
 ) -> Run:
-    """The backend's startup (and the workload) as ``opts`` and ``place`` describe it, on a
+    """The backend's startup and the workload as ``opts`` and ``place`` describe it, on a
     fresh shape-only chip or a mesh of them (tensor parallel): one shape-only build. ``ttnn``:
     the real module on a mock box instead (``plan/mock.py``): traced as on a card when the
     trace shim is loaded (``traced``), else every program eager, and tt-metal's own refusals
@@ -132,7 +131,7 @@ def run(
     if ttnn is not None:
         real = Run(None, traced=traced)
         try:
-            _start(real, Ops(Recorder(ttnn, log)), spec, opts, place, kv_blocks, log, workload)
+            _start(real, Ops(Recorder(ttnn, log)), spec, opts, place, kv_blocks, log)
         except RuntimeError as exc:
             raise PlanError("tt-metal", str(exc)) from None
         return real
@@ -154,7 +153,7 @@ def run(
         )
     run = Run(fake)
     try:
-        _start(run, Ops(Recorder(fake, log)), spec, opts, place, kv_blocks, log, workload)
+        _start(run, Ops(Recorder(fake, log)), spec, opts, place, kv_blocks, log)
     except ContractViolation as exc:
         raise PlanError(exc.rule, str(exc).split("] ", 1)[-1]) from None
     return run
@@ -194,7 +193,6 @@ def _start(
     place: Target,
     kv_blocks: int,
     log: OpLog,
-    workload: bool,
 ) -> None:
     real = run.fake is None
     board = place.board
@@ -244,7 +242,7 @@ def _start(
             run.peak_l1 = max(run.peak_l1, int(graph.extract_peak_L1_memory_usage(captured)))
 
         watch = watching
-    with watch() if real and run.traced and workload else nullcontext():
+    with watch() if real and run.traced else nullcontext():
         be.allocate(
             num_kv_blocks=kv_blocks,
             block_size=opts.block_size,
@@ -254,8 +252,6 @@ def _start(
     run.traces = be.programs.num_captured
     if real:
         run.after["pools"] = ops.memory_view("DRAM").allocated_per_bank
-    if not workload:
-        return
     _workload(be, log, opts.prefill_chunk, opts.max_batch_size, kv_blocks, run.readback, watch)
     if real:
         run.after["workload"] = ops.memory_view("DRAM").allocated_per_bank

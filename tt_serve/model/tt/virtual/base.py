@@ -74,6 +74,12 @@ class DeviceBase:
         self.counts: dict[str, int] = {}
 
     @property
+    def dram_peak_less_traces(self) -> int:
+        """``dram_peak_per_bank`` without the trace buffers a region-less run keeps in DRAM
+        (``DramBudget.peak_less_traces``): the peak of the same run with a trace region."""
+        return self.dram.peak_less_traces
+
+    @property
     def capturing(self) -> bool:
         return self._capturing is not None
 

@@ -192,6 +192,11 @@ class VirtualMeshTTNN(CclOps):
         return max(c.dram_peak_per_bank for c in self.chips)
 
     @property
+    def dram_peak_less_traces(self) -> int:
+        """The same over the chips, without the trace buffers (``DeviceBase``'s)."""
+        return max(c.dram_peak_less_traces for c in self.chips)
+
+    @property
     def counts(self) -> dict[str, int]:
         """Op counts of chip 0 (every chip runs the same ops)."""
         return self.chips[0].counts
