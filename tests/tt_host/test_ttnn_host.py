@@ -1,4 +1,4 @@
-"""Host tier: the real ttnn==0.81.1 wheel, in its own Python 3.12 venv (no torch, no device).
+"""Host tier: the real ttnn==0.81.1 wheel, in its own Python 3.12 venv (no device).
 
 Each test runs a small script with ``.venv-ttnn/bin/python`` in a subprocess (several ttnn entry
 points abort the process instead of raising) and asserts on its JSON output. Without the venv

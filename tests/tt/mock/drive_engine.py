@@ -1,4 +1,4 @@
-"""Run by the ttnn venv (Python 3.12, no torch) on a mock box: a tiny hybrid model through the
+"""Run by the ttnn venv (Python 3.12) on a mock box: a tiny hybrid model through the
 engine on the real ttnn 0.81.1, every op validated and allocated by tt-metal (reads are zeros, so
 tokens mean nothing here; the virtual device checks tokens).
 
