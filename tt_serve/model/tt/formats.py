@@ -36,8 +36,8 @@ FORMATS = ("float32", "bfloat16", "bfloat8_b", "bfloat4_b")
 BLOCK = 16  # values sharing one exponent: one row of a 16x16 face
 # magnitude bits kept per value, the hidden one included
 MANTISSA_BITS = {"bfloat8_b": 7, "bfloat4_b": 3}
-# rows rounded at once: bounds the int64 temporaries to ~0.5 GB for a 248k x 4096 LM head
-_CHUNK = 1 << 22
+# 16-value rows rounded at once: bounds the int64 temporaries to a few MB each
+_CHUNK = 1 << 16
 
 
 def round_to(t: torch.Tensor, dtype: str) -> torch.Tensor:
@@ -72,8 +72,29 @@ def block_float(x: torch.Tensor, bits: int) -> torch.Tensor:
     rows = flat.reshape(-1, BLOCK)
     out = torch.empty_like(rows)
     for s in range(0, rows.shape[0], _CHUNK):
-        out[s : s + _CHUNK] = _round_blocks(rows[s : s + _CHUNK], bits)
+        out[s : s + _CHUNK] = _round_blocks_fast(rows[s : s + _CHUNK], bits)
     return out.reshape(flat.shape)[:, :width].reshape(shape)
+
+
+def _round_blocks_fast(rows: torch.Tensor, bits: int) -> torch.Tensor:
+    """``_round_blocks`` in float64 arithmetic, ~4x fewer passes: with the value scaled to units
+    of the row's last kept bit (exact: a power-of-two scale), flooring at 2^-(24 - bits) is the
+    packer's truncating alignment to its 24-bit register and ``torch.round`` its ties-to-even.
+    Rows whose shared exponent is below ``bits`` read back with a wrapped exponent
+    (``_decode``); those few go through the integer path."""
+    exp = (rows.contiguous().view(torch.int32) >> 23) & 0xFF
+    shared = exp.amax(dim=1, keepdim=True)
+    x = rows.to(torch.float64)
+    unit = torch.exp2((shared - 127 - bits + 1).to(torch.float64))  # [n, 1]: the kept last bit
+    q = torch.floor(x.abs() / unit * 2.0 ** (24 - bits))
+    m = torch.round(q * 2.0 ** (bits - 24))
+    m = m.clamp_(max=(1 << bits) - 1).masked_fill_(exp == 0, 0.0)
+    out = (m * unit).copysign_(x)
+    out = out.masked_fill(m == 0, 0.0).to(torch.float32)
+    low = (shared < bits).squeeze(1)
+    if bool(low.any()):
+        out[low] = _round_blocks(rows[low], bits)
+    return out
 
 
 def _round_blocks(rows: torch.Tensor, bits: int) -> torch.Tensor:
@@ -100,9 +121,8 @@ def _decode(
     """The float32 a (sign, magnitude, shared exponent) triple reads back as: the magnitude is
     normalised to a leading one, the exponent lowered by the shift (wrapping as the packer's
     uint32 arithmetic does when the shared exponent is too small), the hidden bit dropped."""
-    lead = torch.zeros_like(mant)  # index of the highest set bit of mant (0 for mant 0)
-    for b in range(1, bits):
-        lead = torch.where(mant >> b != 0, torch.full_like(mant, b), lead)
+    # index of the highest set bit of mant (exact: mant < 2^bits is a small float32 integer)
+    lead = torch.frexp(mant.to(torch.float32)).exponent.to(torch.int64) - 1
     shift = (bits - 1) - lead
     frac = (mant << (shift + 1)) & ((1 << bits) - 1)
     e = shared - shift
