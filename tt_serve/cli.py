@@ -202,6 +202,12 @@ def _plan(argv: Sequence[str]) -> int:
     )
     p.add_argument("--search-max-batch", action="store_true", help="bisect the largest max_batch")
     p.add_argument(
+        "--compare-precisions",
+        action="store_true",
+        help="plan every precision profile and print each one's capacity (weights read per "
+        "decode step, KV blocks) beside its measured output-quality cost",
+    )
+    p.add_argument(
         "--smallest",
         default=None,
         metavar="DEV,DEV,...",
@@ -264,6 +270,11 @@ def _plan(argv: Sequence[str]) -> int:
             file=sys.stderr,
         )
         return 2
+    from tt_serve.model.tt.plan import cost_table
+
+    costs = cost_table.nearest(cost_table.load_table(), a.model, spec.hidden_size)
+    if a.compare_precisions:
+        return report.compare_precisions(spec, board, req, costs, print)
     if a.smallest:
         return _plan_smallest(spec, req, candidates)
     return report.main(
@@ -276,6 +287,7 @@ def _plan(argv: Sequence[str]) -> int:
         echo=print,
         checker=checker,
         config=_plan_config(a.model) if checker != "virtual" else None,
+        costs=costs,
     )
 
 
