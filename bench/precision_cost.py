@@ -128,8 +128,13 @@ def tt_backend(path: Path, profile: str, card_formats: bool) -> Backend:
     ops.open_device(0, trace_region_size=64 << 20, l1_small_size=0)
     spec = ModelSpec.from_hf_dir(path)
     options = TTOptions(precision=profile, prefill_chunk=CHUNK, traced_prefill=False)
+    # the checkpoint is bf16: loading it as bf16 keeps its values and halves the host copy
     be = build_backend(
-        spec, load_weights(path, spec), ops=ops, options=options, tp=TensorParallel(spec, 1)
+        spec,
+        load_weights(path, spec, dtype="bfloat16"),
+        ops=ops,
+        options=options,
+        tp=TensorParallel(spec, 1),
     )
     return _allocated(be)
 
