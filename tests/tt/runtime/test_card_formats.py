@@ -24,18 +24,21 @@ DECODE = 24
 SIGMAS = 6.0
 
 
-def _forced_logits(be: Backend, prompt: list[int], follow: list[int]) -> list[np.ndarray]:
-    """Logits after the prompt and after each of ``follow``'s tokens (teacher-forced)."""
+def _logits(
+    be: Backend, prompt: list[int], steps: int, follow: list[int] | None
+) -> list[np.ndarray]:
+    """Logits after the prompt and after each of ``steps - 1`` more tokens: ``follow``'s
+    (teacher-forced) or, without it, each step's argmax (greedy)."""
     be.allocate(num_kv_blocks=16, block_size=h.BLOCK, num_state_slots=2, num_snapshot_slots=1)
     be.copy_states([StateCopy.reset(1)])
     tab = (1, 2, 3, 4)
-    out = []
     for s in range(0, len(prompt), h.CHUNK):
         last = s + h.CHUNK >= len(prompt)
         row = StepRow(1, tuple(prompt[s : s + h.CHUNK]), s, tab, 1, last, last)
         r = be.execute(StepBatch((row,)))
-    out.append(r.logits[0])
-    for k, t in enumerate(follow[:-1]):
+    out = [r.logits[0]]
+    for k in range(steps - 1):
+        t = int(np.argmax(out[-1])) if follow is None else follow[k]
         r = be.execute(StepBatch((StepRow(1, (t,), len(prompt) + k, tab, 1, True, True),)))
         out.append(r.logits[0])
     return out
@@ -57,7 +60,7 @@ def test_every_stored_value_fits_its_dtype_and_a_float32_store_is_caught(dense_d
     for formats in (True, False):
         fake = h.fake(card_formats=formats)
         be = h.tt_backend(dense_dir, fake, precision="bfp4-mlp")
-        _forced_logits(be, prompt, h.prompt(4, 8))
+        _logits(be, prompt, 4, None)
         fits = _stored_values_fit_their_dtypes(fake)
         assert {"bfloat16", "bfloat8_b", "bfloat4_b"} <= set(fits)
         if formats:
@@ -68,13 +71,9 @@ def test_every_stored_value_fits_its_dtype_and_a_float32_store_is_caught(dense_d
 
 def test_mixed_moves_logits_but_keeps_every_clear_greedy_choice(dense_dir: Path) -> None:
     prompt = h.prompt(180, 5)
-    ref_be = h.torch_backend(dense_dir)
-    ref = _forced_logits(ref_be, prompt, [])
-    follow = []  # the reference's own greedy continuation
-    for _ in range(DECODE):
-        follow.append(int(np.argmax(ref[-1])))
-        ref = _forced_logits(ref_be, prompt, follow + [0])
-    got = _forced_logits(h.tt_backend(dense_dir, h.fake(card_formats=True)), prompt, follow + [0])
+    ref = _logits(h.torch_backend(dense_dir), prompt, DECODE + 1, None)
+    follow = [int(np.argmax(z)) for z in ref]  # the reference's own greedy continuation
+    got = _logits(h.tt_backend(dense_dir, h.fake(card_formats=True)), prompt, DECODE + 1, follow)
     assert len(got) == len(ref) == DECODE + 1
     dims = nm.model_dims(dense_dir)
     clear, moved = 0, 0.0
