@@ -19,7 +19,7 @@ tokenizer). Per prompt the reference decodes greedily; every profile then
 
     OMP_NUM_THREADS=1 python -m bench.precision_cost --shape qwen3.5-0.8b --layers 4
     python -m bench.precision_cost ... --write-table   # also refresh the planner's table
-    python -m bench.precision_cost --table-from bench/runs/precision-cost.jsonl
+    python -m bench.precision_cost --table-from bench/runs/precision-cost.jsonl --layers 4
 
 One ledger line to ``bench/runs/precision-cost.jsonl``; ``--write-table`` merges the shape's
 numbers into ``tt_serve/model/tt/precision_cost.json`` (what ``tt-serve plan`` shows).
@@ -212,8 +212,9 @@ def main(argv: list[str] | None = None) -> int:
         "--table-from", type=Path, default=None, help="only rewrite the table from a ledger"
     )
     a = ap.parse_args(argv)
-    if a.table_from:  # the newest line of each shape
+    if a.table_from:  # the newest line of each shape measured with --layers
         lines = [json.loads(s) for s in a.table_from.read_text().splitlines() if s.strip()]
+        lines = [ln for ln in lines if ln["run"]["layers"] == a.layers]
         for line in {ln["run"]["shape"]: ln for ln in lines}.values():
             write_table(line)
         return 0
