@@ -167,6 +167,7 @@ def _plan_mesh(text: str, dev: DeviceSpec) -> tuple[int, int]:
 def _plan(argv: Sequence[str]) -> int:
     from tt_serve.config.serve_config import DEFAULT_BATCH, PRECISIONS, ServeConfig
     from tt_serve.model.published import SIZES
+    from tt_serve.model.tt.plan.tiers import TARGETS, AgentShape
 
     d = ServeConfig()
     p = argparse.ArgumentParser(
@@ -215,6 +216,19 @@ def _plan(argv: Sequence[str]) -> int:
         help="the mesh to open the device as (default: its own, e.g. 1x8 on t3k, 8x4 on "
         "galaxy); one tt-metal opens it as too, e.g. 2x4 on t3k",
     )
+    p.add_argument(
+        "--agents",
+        default=",".join(f"{s.agents}x{s.context // 1024}k" for s in TARGETS),
+        metavar="NxCTX,...",
+        help="agent shapes whose conversations the plan places in the device pool and the "
+        "host and disk tiers (e.g. 8x128k,4x256k)",
+    )
+    p.add_argument(
+        "--host-cache-gb", type=float, default=0.0, help="host-memory tier for the --agents lines"
+    )
+    p.add_argument(
+        "--disk-cache-gb", type=float, default=0.0, help="disk tier for the --agents lines"
+    )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--ops", default=None, help="write every ttnn call as JSON lines to FILE")
     p.add_argument(
@@ -244,6 +258,9 @@ def _plan(argv: Sequence[str]) -> int:
             trace_region_size=a.trace_region_size,
             traced_prefill=a.traced_prefill,
         )
+        agents = [AgentShape.parse(t) for t in a.agents.split(",") if t.strip()]
+        if a.host_cache_gb < 0 or a.disk_cache_gb < 0:
+            raise ValueError("--host-cache-gb and --disk-cache-gb must be >= 0")
         candidates = a.smallest.split(",") if a.smallest else [a.device]
         for name in candidates:
             planner.device_spec(name)
@@ -276,6 +293,9 @@ def _plan(argv: Sequence[str]) -> int:
         echo=print,
         checker=checker,
         config=_plan_config(a.model) if checker != "virtual" else None,
+        agents=agents,
+        host_gb=a.host_cache_gb,
+        disk_gb=a.disk_cache_gb,
     )
 
 

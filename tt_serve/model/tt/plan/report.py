@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict
 from typing import Any
 
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.boards import DeviceSpec
-from tt_serve.model.tt.options import TTOptions
+from tt_serve.model.tt.options import Target, TTOptions
+from tt_serve.model.tt.plan import tiers
 from tt_serve.model.tt.plan.planner import Plan, max_batch_that_fits, plan, probe_blocks
 
 
@@ -118,10 +120,15 @@ def main(
     echo: Callable[[str], None],
     checker: str = "virtual",
     config: dict[str, Any] | None = None,
+    agents: Sequence[tiers.AgentShape] = tiers.TARGETS,
+    host_gb: float = 0.0,
+    disk_gb: float = 0.0,
 ) -> int:
     """Plan on the virtual device; ``checker`` "mock" (or "both") also runs the plan on a
     mock box by tt-metal itself (``config``: the model's config.json, for the child): then
-    ``mock`` decides (or both must fit)."""
+    ``mock`` decides (or both must fit). A plan that fits also says where ``agents``'
+    conversations stay warm with ``host_gb`` / ``disk_gb`` of host and disk tiers
+    (``plan/tiers.py``)."""
     out = open(ops_file, "w") if ops_file else None  # noqa: SIM115
     try:
         p = plan(spec, board, req, out)
@@ -149,10 +156,26 @@ def main(
                 "accepted the same start"
             )
             p.ok, p.limit_rule, p.limit_message, p.hint = True, None, None, None
+    fits = (
+        tiers.fits(
+            p,
+            Target.of(spec, board, req),
+            req.block_size,
+            agents,
+            host_gb=host_gb,
+            disk_gb=disk_gb,
+        )
+        if p.ok and p.kv_blocks
+        else []
+    )
     if as_json:
-        echo(json.dumps(p.to_json(), indent=2))
+        doc = p.to_json()
+        doc["tiers"] = [{**asdict(f), "agent_bytes": f.agent_bytes, "fits": f.fits} for f in fits]
+        echo(json.dumps(doc, indent=2))
     else:
         for line in format_plan(p, req):
+            echo(line)
+        for line in tiers.format_tiers(fits, board):
             echo(line)
         for line in format_mock(p):
             echo(line)
