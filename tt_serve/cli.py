@@ -199,7 +199,9 @@ def _plan(argv: Sequence[str]) -> int:
         help="bytes; 0 sizes it from the captured traces",
     )
     p.add_argument(
-        "--traced-prefill", action=argparse.BooleanOptionalAction, default=d.traced_prefill
+        "--traced-prefill",
+        action=argparse.BooleanOptionalAction,
+        default=ServeConfig(backend="ttnn").resolved_traced_prefill,
     )
     p.add_argument("--search-max-batch", action="store_true", help="bisect the largest max_batch")
     p.add_argument(

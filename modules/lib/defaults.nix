@@ -14,8 +14,9 @@
   precision = "auto"; # auto: the ttnn default profile (bfloat16 today)
   deviceArgmax = true;
   deviceSampling = true;
-  deviceResident = false;
-  tracedPrefill = false;
+  deviceResident = null; # null (auto): on for torch on CUDA, off elsewhere
+  tracedPrefill = null; # null (auto): on for torch on CUDA, off elsewhere
+  gpuMemoryUtilization = 0.9; # torch on CUDA: the fraction of GPU memory the server holds
   prefillChunk = 256;
   blockSize = 64;
   kvBlocks = 0; # 0: size the KV pool from free memory
