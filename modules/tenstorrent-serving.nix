@@ -241,6 +241,11 @@ in
       "Running requests at once; 0 = the backend's default (32 on torch, 16 on ttnn).";
     maxWaiting = opt types.int d.maxWaiting "Maximum queued requests before 503.";
     maxNumBatchedTokens = opt types.int d.maxNumBatchedTokens "Token budget per engine step.";
+    maxPrefillRows = opt types.int d.maxPrefillRows ''
+      Requests advancing their prompt in one step, the earliest admitted first (one chunk
+      each): agents whose turns arrive together get their first tokens one after another
+      instead of all at the end. 0: every prefilling request, in lockstep.
+    '';
     maxModelLen = opt types.int d.maxModelLen "Context limit in tokens; 0 = the model's own.";
     traceRegionSize = opt types.int d.traceRegionSize ''
       ttnn trace region in bytes (split over the DRAM banks); 0 sizes it from the traces

@@ -48,6 +48,7 @@ rec {
       "--max-batch-size" (toString cfg.maxBatchSize)
       "--max-waiting" (toString cfg.maxWaiting)
       "--max-num-batched-tokens" (toString cfg.maxNumBatchedTokens)
+      "--max-prefill-rows" (toString cfg.maxPrefillRows)
       "--max-model-len" (toString cfg.maxModelLen)
       "--trace-region-size" (toString cfg.traceRegionSize)
       "--log-level" cfg.logLevel

@@ -107,6 +107,8 @@ in
   (rule (cfg.maxNumBatchedTokens >= cfg.prefillChunk)
     "${p}.maxNumBatchedTokens (${s cfg.maxNumBatchedTokens}) must be at least ${p}.prefillChunk (${s cfg.prefillChunk}): one step must fit a whole chunk.")
   (rule (cfg.maxWaiting >= 0) "${p}.maxWaiting must not be negative (got ${s cfg.maxWaiting}).")
+  (rule (cfg.maxPrefillRows >= 0)
+    "${p}.maxPrefillRows must not be negative (0 = every prefilling request; got ${s cfg.maxPrefillRows}).")
   (rule (cfg.kvBlocks == 0 || cfg.kvBlocks >= 2)
     "${p}.kvBlocks must be 0 (size from memory) or at least 2 (block 0 is reserved for padding; got ${s cfg.kvBlocks}).")
   (rule (cfg.maxModelLen >= 0)

@@ -54,6 +54,8 @@ TRUTH_TABLE: list[tuple[str, dict[str, Any], bool]] = [
         True,
     ),
     ("gpu-memory-half", {"device": "cuda", "gpuMemoryUtilization": 0.5}, True),
+    ("prefill-rows-all", {"maxPrefillRows": 0}, True),
+    ("prefill-rows-negative", {"maxPrefillRows": -1}, False),
     ("gpu-memory-zero", {"device": "cuda", "gpuMemoryUtilization": 0.0}, False),
     ("gpu-memory-over-one", {"device": "cuda", "gpuMemoryUtilization": 1.5}, False),
     ("torch-batch-0", {"maxBatchSize": 0}, True),
@@ -298,6 +300,9 @@ NEW_RULE_MESSAGES = {
         "workers' ports 8100..8101."
     ],
     "drain-0": [f"{P}.drainTimeout must be at least 1 second (got 0)."],
+    "prefill-rows-negative": [
+        f"{P}.maxPrefillRows must not be negative (0 = every prefilling request; got -1)."
+    ],
     "gpu-memory-zero": [
         f"{P}.gpuMemoryUtilization must be more than 0 and at most 1 (a fraction of the GPU's "
         "memory)."

@@ -60,6 +60,7 @@ _JSON_FIELDS: dict[str, tuple[str, tuple[type, ...]]] = {
     "maxBatchSize": ("max_batch_size", (int,)),
     "maxWaiting": ("max_waiting", (int,)),
     "maxNumBatchedTokens": ("max_num_batched_tokens", (int,)),
+    "maxPrefillRows": ("max_prefill_rows", (int,)),
     "maxModelLen": ("max_model_len", (int,)),
     "traceRegionSize": ("trace_region_size", (int,)),
     "precision": ("precision", (str,)),

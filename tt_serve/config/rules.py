@@ -176,6 +176,11 @@ def validate(cfg: ServeConfig) -> list[str]:
         ),
         (cfg.max_waiting >= 0, f"{p}.maxWaiting must not be negative (got {cfg.max_waiting})."),
         (
+            cfg.max_prefill_rows >= 0,
+            f"{p}.maxPrefillRows must not be negative (0 = every prefilling request; got "
+            f"{cfg.max_prefill_rows}).",
+        ),
+        (
             cfg.kv_blocks == 0 or cfg.kv_blocks >= 2,
             f"{p}.kvBlocks must be 0 (size from memory) or at least 2 (block 0 is reserved "
             f"for padding; got {cfg.kv_blocks}).",
