@@ -95,7 +95,10 @@ def test_flat_inputs_refresh_in_place() -> None:
 
 
 def _engine(be: TorchBackend, *, caching: bool = True) -> Engine:
-    sc = SchedulerConfig(max_batch=6, max_num_batched_tokens=512, chunk=128, block_size=16)
+    # every prompt prefills in each step (lockstep), so all six decode together: bucket 6
+    sc = SchedulerConfig(
+        max_batch=6, max_num_batched_tokens=512, chunk=128, block_size=16, max_prefill_rows=0
+    )
     cfg = EngineConfig(
         scheduler=sc,
         num_kv_blocks=400,
