@@ -35,7 +35,8 @@ from tt_serve.model.tt.layout.parallel import TensorParallel
 from tt_serve.model.tt.ops import Ops
 from tt_serve.model.tt.options import TTOptions
 from tt_serve.model.tt.runtime.build import build_backend
-from tt_serve.model.tt.virtual.device import VirtualTTNN
+from tt_serve.model.tt.boards import ChipSpec
+from tt_serve.model.tt.virtual.device import P150, VirtualTTNN
 from tt_serve.model.tt.virtual.mesh import VirtualMeshTTNN
 
 EPS = 2.0**-23  # fp32 machine epsilon
@@ -106,18 +107,21 @@ def build(
     mesh: int = 1,
     precision: str = "mixed",
     rounded: bool = False,
+    chip: ChipSpec = P150,
 ) -> Harness:
     """The tt backend of ``spec`` on one chip or a 1 x ``mesh`` mesh (tensor parallel), the
     tier in ``mode``; ``rounded`` asks for the formats mode (``formats_kw``)."""
     kw = formats_kw(precision) if rounded else {}
     fake: Any
     if mesh == 1:
-        fake = VirtualTTNN(require_sdpa_program_config=True, **kw)
+        fake = VirtualTTNN(require_sdpa_program_config=True, chip=chip, **kw)
         ops = Ops(fake)
         ops.open_device(0, trace_region_size=TRACE_REGION, l1_small_size=0)
         tp = TensorParallel(spec, 1)
     else:
-        fake = VirtualMeshTTNN(num_devices=mesh, require_sdpa_program_config=True, **kw)
+        fake = VirtualMeshTTNN(
+            num_devices=mesh, chip=chip, require_sdpa_program_config=True, **kw
+        )
         ops = Ops(fake)
         ops.open_mesh((1, mesh), trace_region_size=TRACE_REGION, l1_small_size=0)
         tp = TensorParallel.for_mesh(spec, ops.mesh)

@@ -15,16 +15,23 @@ from tt_serve.model.weights import _canonicalise, expected_shapes
 
 
 def cut_spec(
-    name: str, *, layers: int, vocab: int | None = None, experts: int | None = None
+    name: str,
+    *,
+    layers: int,
+    vocab: int | None = None,
+    experts: int | None = None,
+    dims: dict[str, Any] | None = None,
 ) -> ModelSpec:
     """``name``'s release config with its first ``layers`` layers (the published pattern: three
     GDN layers then one full-attention layer), every head count, head dim, hidden and
     intermediate size kept; ``vocab`` / ``experts`` shrink the LM head and the expert count
-    (no per-layer shape depends on either; top-k stays the published one when it fits)."""
+    (no per-layer shape depends on either; top-k stays the published one when it fits);
+    ``dims`` overrides text-config keys (the tests' tiny model)."""
     cfg = published_config(name)
     text: dict[str, Any] = cfg["text_config"]
     text["num_hidden_layers"] = layers
     text["layer_types"] = text["layer_types"][:layers]
+    text.update(dims or {})
     if vocab is not None:
         text["vocab_size"] = vocab
     if experts is not None and "num_experts" in text:

@@ -1,0 +1,151 @@
+"""Run in the ttnn venv by ``test_golden.py``: the golden tier on a tiny model, each mutation
+injected on its own, and the pinned disagreements; prints one marked JSON line."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+from unittest import mock
+
+import torch
+
+from tt_serve.model.tt.golden.formats import mock_cluster_env
+
+mock_cluster_env()
+
+from tt_serve.model.tt.golden import check, e2e  # noqa: E402
+from tt_serve.model.tt.golden.model import cut_spec, draw_weights  # noqa: E402
+from tt_serve.model.tt.virtual import gdn  # noqa: E402
+from tt_serve.model.tt.virtual.attention import AttentionOps  # noqa: E402
+
+MARKER = "GOLDEN_PROBE_RESULT "
+TINY = {
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 64,
+    "linear_value_head_dim": 64,
+}
+
+
+def _spec() -> Any:
+    return cut_spec("qwen3.5-0.8b", layers=4, vocab=1024, dims=TINY)
+
+
+def _run(mode: str, rounding: Callable[[Any, Any], None] | None = None) -> dict[str, Any]:
+    spec = _spec()
+    weights = draw_weights(spec)
+    with _formats(rounding):
+        h = e2e.build(spec, weights, mode=mode)
+    res = e2e.run(spec, weights, h.backend, steps=2)
+    tol = check.op_tolerance(spec)
+    table = h.tier.table()
+    failing = sorted(
+        r["op"] for r in table if r["golden"] and (r["max_rel"] > tol or r["mismatches"])
+    )
+    bad = h.ledger.unrepresentable(h.tier.ttnn) if rounding else []
+    return {
+        "ops": table,
+        "failing_ops": failing,
+        "e2e": res.row(),
+        "block_floats": len(h.ledger),
+        "unrepresentable": len(bad),
+        "op_tolerance": tol,
+    }
+
+
+@contextlib.contextmanager
+def _formats(rounding: Callable[[Any, Any], None] | None) -> Iterator[None]:
+    """A stand-in for the virtual device's formats mode where this build lacks it: each chip's
+    ``_new`` rounds block-float device tensors through ttnn's packing (``rounding``)."""
+    if rounding is None:
+        yield
+        return
+    import ttnn
+
+    real = e2e.VirtualTTNN.__init__
+
+    def init(self: Any, *a: Any, **k: Any) -> None:
+        real(self, *a, **k)
+        rounding(self, ttnn)
+
+    with mock.patch.object(e2e.VirtualTTNN, "__init__", init):
+        yield
+
+
+def _rounding(skip: int) -> Callable[[Any, Any], None]:
+    """Round every block-float device tensor but the ``skip``-th weight (1-based; 0: none)."""
+    seen = [0]
+
+    def install(chip: Any, ttnn: Any) -> None:
+        new = chip._new
+
+        def rounded(data: torch.Tensor, dtype: Any, layout: Any, device: bool) -> Any:
+            if device and dtype.value in ("bfloat8_b", "bfloat4_b") and not data.is_meta:
+                seen[0] += 1
+                if seen[0] != skip:
+                    kind = getattr(ttnn, dtype.value)
+                    data = ttnn.from_torch(
+                        data.float(), dtype=kind, layout=ttnn.TILE_LAYOUT
+                    ).to_torch().float()
+            return new(data, dtype, layout, device)
+
+        chip._new = rounded
+
+    return install
+
+
+def _gate_sign() -> Any:
+    chunk, step = gdn.chunk_gated_delta, gdn.recurrent_gated_delta_step
+    return contextlib.ExitStack(), [
+        mock.patch.object(gdn, "chunk_gated_delta", lambda q, k, v, g, *a, **kw: chunk(q, k, v, -g, *a, **kw)),
+        mock.patch.object(gdn, "recurrent_gated_delta_step", lambda q, k, v, g, *a: step(q, k, v, -g, *a)),
+    ]
+
+
+MUTATIONS: dict[str, Callable[[], list[Any]]] = {
+    "gdn_gate_sign": lambda: _gate_sign()[1],
+    "sdpa_scale_twice": lambda: [
+        mock.patch.object(
+            AttentionOps,
+            "_attend",
+            staticmethod(lambda q, k, v, m, s, f=AttentionOps._attend: f(q * s, k, v, m, s)),
+        )
+    ],
+    "page_table_off_by_one": lambda: [
+        mock.patch.object(
+            AttentionOps,
+            "_gather",
+            staticmethod(
+                lambda c, row, n, f=AttentionOps._gather: f(c, (row + 1) % c.shape[0], n)
+            ),
+        )
+    ],
+}
+
+
+def main() -> None:
+    req = json.loads(sys.stdin.read() or "{}")
+    out: dict[str, Any] = {}
+    if req.get("clean", True):
+        out["golden"] = _run("golden")
+    for name in req.get("mutations", list(MUTATIONS)):
+        with contextlib.ExitStack() as stack:
+            for p in MUTATIONS[name]():
+                stack.enter_context(p)
+            out[name] = _run("compare")
+    if req.get("formats", True):
+        out["formats_clean"] = _run("golden", _rounding(0))
+        out["bf8_left_fp32"] = _run("golden", _rounding(1))
+    print(MARKER + json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
