@@ -92,9 +92,11 @@ def _rounding(skip: int) -> Callable[[Any, Any], None]:
                 seen[0] += 1
                 if seen[0] != skip:
                     kind = getattr(ttnn, dtype.value)
-                    data = ttnn.from_torch(
-                        data.float(), dtype=kind, layout=ttnn.TILE_LAYOUT
-                    ).to_torch().float()
+                    data = (
+                        ttnn.from_torch(data.float(), dtype=kind, layout=ttnn.TILE_LAYOUT)
+                        .to_torch()
+                        .float()
+                    )
             return new(data, dtype, layout, device)
 
         chip._new = rounded
@@ -105,8 +107,12 @@ def _rounding(skip: int) -> Callable[[Any, Any], None]:
 def _gate_sign() -> Any:
     chunk, step = gdn.chunk_gated_delta, gdn.recurrent_gated_delta_step
     return contextlib.ExitStack(), [
-        mock.patch.object(gdn, "chunk_gated_delta", lambda q, k, v, g, *a, **kw: chunk(q, k, v, -g, *a, **kw)),
-        mock.patch.object(gdn, "recurrent_gated_delta_step", lambda q, k, v, g, *a: step(q, k, v, -g, *a)),
+        mock.patch.object(
+            gdn, "chunk_gated_delta", lambda q, k, v, g, *a, **kw: chunk(q, k, v, -g, *a, **kw)
+        ),
+        mock.patch.object(
+            gdn, "recurrent_gated_delta_step", lambda q, k, v, g, *a: step(q, k, v, -g, *a)
+        ),
     ]
 
 
@@ -123,9 +129,7 @@ MUTATIONS: dict[str, Callable[[], list[Any]]] = {
         mock.patch.object(
             AttentionOps,
             "_gather",
-            staticmethod(
-                lambda c, row, n, f=AttentionOps._gather: f(c, (row + 1) % c.shape[0], n)
-            ),
+            staticmethod(lambda c, row, n, f=AttentionOps._gather: f(c, (row + 1) % c.shape[0], n)),
         )
     ],
 }

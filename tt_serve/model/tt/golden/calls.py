@@ -209,7 +209,10 @@ def mesh_golden(
     ``cluster_axis`` line, mesh order): the plain collective's golden over the line's shards as
     a 1-D mesh, whose composed (global) result is the gathered tensor (all_gather: every chip
     holds it) or the reduced one sharded on ``dim`` (reduce_scatter: chip k holds chunk k)."""
-    plain = {"all_gather_async": ttnn.all_gather, "reduce_scatter_minimal_async": ttnn.reduce_scatter}
+    plain = {
+        "all_gather_async": ttnn.all_gather,
+        "reduce_scatter_minimal_async": ttnn.reduce_scatter,
+    }
     g = ttnn.get_golden_function(plain[op])
     parts = [shards[i] for i in line]
     rank = parts[0].dim()
@@ -224,6 +227,11 @@ def mesh_golden(
             _ttnn_golden_mesh_shard_dims=(0,),
         )
         return full[line.index(chip)]
-    full = g(parts, d, cluster_axis=0, _ttnn_golden_mesh_shape=(len(line),),
-             _ttnn_golden_mesh_shard_dims=(None,))
+    full = g(
+        parts,
+        d,
+        cluster_axis=0,
+        _ttnn_golden_mesh_shape=(len(line),),
+        _ttnn_golden_mesh_shard_dims=(None,),
+    )
     return torch.chunk(full, len(line), d)[line.index(chip)].contiguous()

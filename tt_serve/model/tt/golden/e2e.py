@@ -29,13 +29,13 @@ import torch
 from tt_serve.model.interface import RowSampling, StateCopy, StepBatch, StepRow
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.torch.backend import TorchBackend
+from tt_serve.model.tt.boards import ChipSpec
 from tt_serve.model.tt.golden.formats import BlockFloatLedger
 from tt_serve.model.tt.golden.tier import GoldenTier
 from tt_serve.model.tt.layout.parallel import TensorParallel
 from tt_serve.model.tt.ops import Ops
 from tt_serve.model.tt.options import TTOptions
 from tt_serve.model.tt.runtime.build import build_backend
-from tt_serve.model.tt.boards import ChipSpec
 from tt_serve.model.tt.virtual.device import P150, VirtualTTNN
 from tt_serve.model.tt.virtual.mesh import VirtualMeshTTNN
 
@@ -119,12 +119,10 @@ def build(
         ops.open_device(0, trace_region_size=TRACE_REGION, l1_small_size=0)
         tp = TensorParallel(spec, 1)
     else:
-        fake = VirtualMeshTTNN(
-            num_devices=mesh, chip=chip, require_sdpa_program_config=True, **kw
-        )
+        fake = VirtualMeshTTNN(num_devices=mesh, chip=chip, require_sdpa_program_config=True, **kw)
         ops = Ops(fake)
         ops.open_mesh((1, mesh), trace_region_size=TRACE_REGION, l1_small_size=0)
-        tp = TensorParallel.for_mesh(spec, ops.mesh)
+        tp = TensorParallel.for_mesh(spec, (1, mesh))
     tier, ledger = GoldenTier(mode), BlockFloatLedger()
     tier.install(fake)
     for chip in getattr(fake, "chips", [fake]):
@@ -139,7 +137,9 @@ def _prompt(n: int, seed: int, vocab: int) -> list[int]:
     return [int(t) for t in torch.randint(3, vocab, (n,), generator=g)]
 
 
-def run(spec: ModelSpec, weights: dict[str, torch.Tensor], backend: Any, *, steps: int = 4) -> Result:
+def run(
+    spec: ModelSpec, weights: dict[str, torch.Tensor], backend: Any, *, steps: int = 4
+) -> Result:
     """The scenario of the module docstring on ``backend`` and on ``TorchBackend``."""
     ref = TorchBackend(spec, weights)
     res = Result()
@@ -173,9 +173,7 @@ def _scenario(b: Any, spec: ModelSpec, steps: int) -> tuple[list[np.ndarray], li
     ids: list[int] = []
     pos = [len(p), CHUNK + len(alt)]
     for _ in range(steps):  # batched greedy decode, device argmax
-        rows = tuple(
-            StepRow(s + 1, (nxt[s],), pos[s], (ta, tb)[s], s, True) for s in range(2)
-        )
+        rows = tuple(StepRow(s + 1, (nxt[s],), pos[s], (ta, tb)[s], s, True) for s in range(2))
         out = b.execute(StepBatch(rows))
         nxt = [int(t) for t in out.token_ids]
         ids.extend(nxt)
@@ -183,8 +181,6 @@ def _scenario(b: Any, spec: ModelSpec, steps: int) -> tuple[list[np.ndarray], li
     out = b.execute(StepBatch((StepRow(1, (nxt[0],), pos[0], ta, 0, True, True),)))
     logits.append(out.logits[0])
     sampling = RowSampling(temperature=0.8, top_k=20, top_p=0.9, uniform=0.37)
-    out = b.execute(
-        StepBatch((StepRow(2, (nxt[1],), pos[1], tb, 1, True, sampling=sampling),))
-    )
+    out = b.execute(StepBatch((StepRow(2, (nxt[1],), pos[1], tb, 1, True, sampling=sampling),)))
     ids.append(int(out.token_ids[0]))
     return logits, ids

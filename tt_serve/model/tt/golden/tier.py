@@ -120,7 +120,11 @@ class GoldenTier:
         t = self.ttnn
         if name in CCLS:
             return lambda: mesh_golden(
-                t, name, [_thaw(r) for r in frozen["shards"]], frozen["dim"], frozen["line"],
+                t,
+                name,
+                [_thaw(r) for r in frozen["shards"]],
+                frozen["dim"],
+                frozen["line"],
                 frozen["chip"],
             )
         path, adapter = GOLDENS[name]
@@ -130,7 +134,9 @@ class GoldenTier:
     def _compare(self, row: OpStats, mine: Any, theirs: Any) -> None:
         for a, b in zip(_flat(mine), _flat(theirs), strict=True):
             if a.shape != b.shape:
-                raise GoldenMismatch(f"{row.op}: virtual {tuple(a.shape)} vs golden {tuple(b.shape)}")
+                raise GoldenMismatch(
+                    f"{row.op}: virtual {tuple(a.shape)} vs golden {tuple(b.shape)}"
+                )
             if not a.is_floating_point():
                 row.mismatches += int((a != b).sum())
                 continue
