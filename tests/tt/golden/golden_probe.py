@@ -39,11 +39,13 @@ def _spec() -> Any:
     return cut_spec("qwen3.5-0.8b", layers=4, vocab=1024, dims=TINY)
 
 
-def _run(mode: str, rounding: Callable[[Any, Any], None] | None = None) -> dict[str, Any]:
+def _run(
+    mode: str, rounding: Callable[[Any, Any], None] | None = None, mesh: int = 1
+) -> dict[str, Any]:
     spec = _spec()
     weights = draw_weights(spec)
     with _formats(rounding):
-        h = e2e.build(spec, weights, mode=mode)
+        h = e2e.build(spec, weights, mode=mode, mesh=mesh)
     res = e2e.run(spec, weights, h.backend, steps=2)
     tol = check.op_tolerance(spec)
     table = h.tier.table()
@@ -135,11 +137,44 @@ MUTATIONS: dict[str, Callable[[], list[Any]]] = {
 }
 
 
+def _rank4_gdn() -> dict[str, Any]:
+    """Pin: rank-4 ``chunk_gated_delta_rule`` with q/k NOT normalised. The op expects them
+    normalised and does not normalise (0.81.1 docstring, "Input layouts"; its golden normalises
+    only with use_qk_l2norm): the virtual device used to normalise them anyway."""
+    import numpy as np
+
+    from tt_serve.model.tt.golden.tier import GoldenTier
+    from tt_serve.model.tt.virtual.device import VirtualTTNN
+
+    fake = VirtualTTNN()
+    tier = GoldenTier("compare")
+    tier.install(fake)
+    g = torch.Generator().manual_seed(0)
+    b, t, hk, hv, d = 1, 64, 2, 4, 64
+
+    def dev(x: torch.Tensor, dtype: Any = fake.bfloat16) -> Any:
+        host = fake.Tensor(x.numpy().astype(np.float32), data_type=dtype, layout=fake.TILE_LAYOUT)
+        return fake.to_device(host, None)
+
+    # norms about 1.3: unnormalised, yet the delta rule stays stable (beta·|k|² < 2)
+    q, k = (dev(torch.randn(b, t, hk, d, generator=g) * 1.3 / d**0.5) for _ in range(2))
+    v = dev(torch.randn(b, t, hv, d, generator=g))
+    gate = dev(-torch.rand(b, t, hv, generator=g), fake.float32)
+    beta = dev(torch.rand(b, t, hv, generator=g), fake.float32)
+    state = dev(torch.zeros(b, hv, d, d), fake.float32)
+    fake.transformer.chunk_gated_delta_rule(
+        q, k, v, gate, beta, initial_state=state, output_final_state=True, chunk_size=32
+    )
+    return tier.stats["chunk_gated_delta_rule"].row()
+
+
 def main() -> None:
     req = json.loads(sys.stdin.read() or "{}")
     out: dict[str, Any] = {}
     if req.get("clean", True):
         out["golden"] = _run("golden")
+        out["mesh2"] = _run("golden", mesh=2)
+        out["rank4_gdn"] = _rank4_gdn()
     for name in req.get("mutations", list(MUTATIONS)):
         with contextlib.ExitStack() as stack:
             for p in MUTATIONS[name]():
