@@ -3,20 +3,33 @@ by the virtual device's op name), and how the virtual call's arguments become th
 its result becomes what the virtual op writes (same shapes, fp32 or int64 values).
 
 An adapter gets ``ttnn`` and the virtual call's bound arguments (``p``, tensors already torch:
-their logical values) and returns the op's outputs in the virtual op's order and layout. Every
-conversion here that is more than a renaming is a convention the two sides state differently;
-each is settled in ``tests/tt/golden/`` with the tt-metal source it rests on:
+their logical values) and returns the op's outputs in the virtual op's order and layout. Where
+the two sides state a convention differently, it was settled against tt-metal's source and is
+pinned in ``tests/tt/golden/``:
 
 * output formats: every golden is asked for fp32 results (``dtype`` / ``typecast`` targets that
-  are floats become ``ttnn.float32``): rounding to a declared format is ``formats.py``'s check,
-  and the virtual device's formats mode's, not the math's;
-* ``chunk_gated_delta_rule`` rank 3 (the flat form the runtime uses): the op's docstring says
-  the kernel applies the L2 norm over K and ``scale`` itself and takes K == V; the golden handles
-  rank 4 only, so the adapter splits the heads and passes ``use_qk_l2norm=True``;
-* ``paged_scaled_dot_product_attention_decode`` returns ``[1, b, pnh, dh]`` (heads padded to a
-  tile, the op's docstring); the golden returns ``nh`` heads: the padding rows are zeros;
+  are floats become ``ttnn.float32``). Rounding to a declared format is ``formats.py``'s check
+  and the virtual device's formats mode's, not the math's.
+* ``chunk_gated_delta_rule``: the op refuses ``use_qk_l2norm`` ("pre-normalize q/k on host");
+  rank-4 q/k must come normalised and are scaled on the host, while the flat rank-3 form (the
+  runtime's) takes them raw and its prep kernel L2-normalises them over K and folds in
+  ``scale``, with K == V and value head hv reading key head hv / (HV / H)
+  (tt-metal:ttnn/cpp/ttnn/operations/transformer/chunk_gated_delta_rule/chunk_gated_delta_rule.cpp).
+  The golden handles rank 4 only, so for rank 3 the adapter splits the heads (K = V) and asks
+  for ``use_qk_l2norm=True``, which models what that kernel does. Our virtual math normalised
+  in both forms: wrong for rank 4, fixed in ``virtual/gdn.py``.
+* ``fused_recurrent_gated_delta_rule``: q/k normalised on the host (the op's docstring:
+  ``use_qk_l2norm`` must be False), g in log space, beta after the sigmoid, arguments in the
+  op's order (q, k, v, g, beta); the golden passes them to its FLA-ordered recurrence as
+  (q, k, v, beta, g). GQA maps value head hv to key head hv / (HV / H) on both sides.
+* ``paged_scaled_dot_product_attention_decode``: the 0.81.1 docstring gives the output as
+  ``[1, b, pnh, dh]`` (heads padded to a tile), which the virtual device models; the golden, like
+  ``compute_output_specs`` in
+  tt-metal:ttnn/cpp/ttnn/operations/transformer/sdpa_decode/device/sdpa_decode_device_operation.cpp,
+  gives the logical ``nh`` heads. The runtime slices the real heads either way
+  (``runtime/attention.py``); the adapter pads the golden with zero rows.
 * the experimental CCLs (``all_gather_async``, ``reduce_scatter_minimal_async``) have no golden
-  in 0.81.1; their semantics are the plain ``ttnn.all_gather`` / ``ttnn.reduce_scatter``'s, whose
+  in 0.81.1; their results are the plain ``ttnn.all_gather`` / ``ttnn.reduce_scatter``'s, whose
   goldens run on the line's shards (``mesh_golden``).
 """
 
