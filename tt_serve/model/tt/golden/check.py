@@ -21,9 +21,12 @@ import argparse
 import json
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tt_serve.model.tt.golden.formats import mock_cluster_env
+
+if TYPE_CHECKING:
+    from tt_serve.model.spec import ModelSpec
 
 DEFAULT_VOCAB = 8192  # the LM head only: no per-layer shape depends on it (248320 published)
 DEFAULT_EXPERTS = 16  # MoE: the routed experts kept (256 published); top-k stays 8
@@ -42,7 +45,11 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def op_tolerance(spec: Any) -> float:
+def op_tolerance(spec: ModelSpec) -> float:
+    """The largest normwise relative difference two fp32 evaluations of one op may show: the
+    random-walk rounding bound EPS·(FLOOR_ULPS + sqrt(n)) of ``e2e.logits_bound``, n the longest
+    chain one op accumulates (a projection's width, or attention and the GDN state along the
+    scenario's context, CONTEXT positions of a head dim each)."""
     from tt_serve.model.tt.golden.e2e import EPS, FLOOR_ULPS
 
     mlp = spec.moe_intermediate_size if spec.num_experts else spec.intermediate_size
