@@ -35,14 +35,22 @@ TINY = {
 }
 
 
-def _spec() -> Any:
+MOE = {**TINY, "moe_intermediate_size": 128, "shared_expert_intermediate_size": 128}
+
+
+def _spec(moe: bool = False) -> Any:
+    if moe:  # the MoE path: 16 routed experts (top 8 of them) and the shared expert
+        return cut_spec("qwen3.6-35b-a3b", layers=4, vocab=1024, experts=16, dims=MOE)
     return cut_spec("qwen3.5-0.8b", layers=4, vocab=1024, dims=TINY)
 
 
 def _run(
-    mode: str, rounding: Callable[[Any, Any], None] | None = None, mesh: int = 1
+    mode: str,
+    rounding: Callable[[Any, Any], None] | None = None,
+    mesh: int = 1,
+    moe: bool = False,
 ) -> dict[str, Any]:
-    spec = _spec()
+    spec = _spec(moe)
     weights = draw_weights(spec)
     with _formats(rounding):
         h = e2e.build(spec, weights, mode=mode, mesh=mesh)
@@ -184,6 +192,7 @@ def main() -> None:
     if req.get("clean", True):
         out["golden"] = _run("golden")
         out["mesh2"] = _run("golden", mesh=2)
+        out["moe"] = _run("golden", moe=True)
         out["rank4_gdn"] = _rank4_gdn()
     for name in req.get("mutations", list(MUTATIONS)):
         with contextlib.ExitStack() as stack:

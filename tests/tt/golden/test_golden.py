@@ -119,3 +119,10 @@ def test_golden_mode_writes_the_golden_results_in_trace_replays_too(
     assert run["replays"] > 0
     assert run["failing_ops"] == ATTENTION
     assert run["e2e"]["ok"], run["e2e"]
+
+
+def test_the_moe_path_with_golden_math(probe: dict[str, Any]) -> None:
+    run = probe["moe"]
+    ops = {r["op"]: r for r in run["ops"]}
+    assert ops["sparse_matmul"]["golden"] == "sparse_matmul" and ops["sparse_matmul"]["calls"] > 0
+    assert run["failing_ops"] == [] and run["e2e"]["ok"], run["e2e"]
