@@ -29,12 +29,15 @@ CCLS = ("all_gather_async", "reduce_scatter_minimal_async")
 
 @dataclass
 class OpStats:
-    """One op's row: runs (eager and replayed), which golden, the largest differences seen.
-    ``max_rel`` is normwise: max |virtual - golden| / max |golden| over one output."""
+    """One op's row: runs (eager, captured and replayed), how many of them the golden checked
+    (all, for an op with a golden: a run it missed is a call the tier did not see), which
+    golden, the largest differences seen. ``max_rel`` is normwise: max |virtual - golden| /
+    max |golden| over one output."""
 
     op: str
     golden: str | None
     calls: int = 0
+    checked: int = 0
     max_abs: float = 0.0
     max_rel: float = 0.0
     mismatches: int = 0  # integer outputs (ids) that differ, ties excepted
@@ -43,6 +46,7 @@ class OpStats:
         return {
             "op": self.op,
             "calls": self.calls,
+            "checked": self.checked,
             "golden": self.golden,
             "max_abs": self.max_abs,
             "max_rel": self.max_rel,
@@ -66,6 +70,7 @@ class GoldenTier:
         self.stats: dict[str, OpStats] = {}
 
     def install(self, fake: Any) -> None:
+        """Hook every chip of ``fake`` (a mesh makes its chips when it opens: install after)."""
         chips = getattr(fake, "chips", None) or [fake]
         for chip in chips:
             chip.compute_hook = self._hook(chip)
@@ -107,6 +112,7 @@ class GoldenTier:
 
             def checked() -> Any:
                 row.calls += 1
+                row.checked += 1
                 mine = compute()
                 theirs = _like(mine, golden())
                 self._compare(row, mine, theirs)
