@@ -138,7 +138,7 @@ def _prompt(n: int, seed: int, vocab: int) -> list[int]:
 
 
 def run(
-    spec: ModelSpec, weights: dict[str, torch.Tensor], backend: Any, *, steps: int = 4
+    spec: ModelSpec, weights: dict[str, torch.Tensor], backend: Any, *, steps: int = 8
 ) -> Result:
     """The scenario of the module docstring on ``backend`` and on ``TorchBackend``."""
     ref = TorchBackend(spec, weights)

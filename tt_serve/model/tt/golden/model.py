@@ -48,4 +48,9 @@ def draw_weights(spec: ModelSpec, seed: int = 0) -> dict[str, torch.Tensor]:
     for name, shape in expected_shapes(spec, set()).items():
         full = name if name == "lm_head.weight" else f"model.{name}"
         raw[name] = init_tensor(full, shape, gen).float()
+    # The LM head (the embedding when tied) is drawn at N(0, 0.2): logits of std
+    # 0.2·sqrt(hidden), 3 at the demo's hidden 256 but 6-9 at published widths, where greedy
+    # decoding repeats one token and "greedy tokens equal" says little. Rescaled to logit std 3.
+    head = "embed_tokens.weight" if spec.tie_word_embeddings else "lm_head.weight"
+    raw[head] = raw[head] * (3.0 / (0.2 * spec.hidden_size**0.5))
     return _canonicalise(raw, spec)
