@@ -288,6 +288,9 @@ def _doctor(argv: Sequence[str]) -> int:
 def _check_numerics(argv: Sequence[str]) -> int:
     import importlib.util
 
+    from tt_serve.model.tt.golden import check
+
+    check.parser().parse_args(list(argv))  # --help and bad flags are answered in either venv
     if importlib.util.find_spec("ttnn") is None:
         print(
             "tt-serve check-numerics: error: needs the ttnn venv (Python 3.12 with ttnn 0.81.1 "
@@ -297,9 +300,7 @@ def _check_numerics(argv: Sequence[str]) -> int:
             file=sys.stderr,
         )
         return 2
-    from tt_serve.model.tt.golden.check import main as check_main
-
-    return check_main(argv)
+    return check.main(argv)
 
 
 def _serve(argv: Sequence[str]) -> int:

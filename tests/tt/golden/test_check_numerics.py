@@ -26,6 +26,12 @@ def test_the_main_venv_says_it_needs_the_ttnn_venv(capsys: pytest.CaptureFixture
     assert ".venv-ttnn/bin/python -m tt_serve.cli check-numerics --layers 4" in err
 
 
+def test_help_is_answered_in_either_venv(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["check-numerics", "--help"])
+    assert exc.value.code == 0 and "--precision" in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_qwen35_08b_four_layers_with_golden_math(tmp_path: Path) -> None:
     if not PYTHON.exists():

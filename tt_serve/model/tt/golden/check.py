@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from tt_serve.model.tt.golden.formats import mock_cluster_env
+from tt_serve.model.tt.precision import PROFILES
 
 if TYPE_CHECKING:
     from tt_serve.model.spec import ModelSpec
@@ -34,13 +35,20 @@ CONTEXT = 210  # the scenario's longest sequence (e2e._scenario)
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tt-serve check-numerics", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="tt-serve check-numerics",
+        description="Run a published model's first layers on the virtual device with ttnn's "
+        "golden math (every op also by our own math) and compare with the torch backend. "
+        "Needs the ttnn venv (scripts/setup-ttnn-venv).",
+    )
     p.add_argument("--model", default="qwen3.5-0.8b", help="a published model name")
     p.add_argument("--layers", type=int, default=4, help="the first N layers (default 4)")
     p.add_argument("--device", default="p150", help="board: its chip, and its chips as a 1xN mesh")
-    p.add_argument("--precision", default="mixed", help="precision profile (precision.py)")
-    p.add_argument("--vocab", type=int, default=DEFAULT_VOCAB)
-    p.add_argument("--experts", type=int, default=DEFAULT_EXPERTS)
+    p.add_argument("--precision", default="mixed", choices=PROFILES, help="weight dtypes profile")
+    p.add_argument(
+        "--vocab", type=int, default=DEFAULT_VOCAB, help="LM head rows (published: 248320)"
+    )
+    p.add_argument("--experts", type=int, default=DEFAULT_EXPERTS, help="MoE: routed experts kept")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     return p
 
