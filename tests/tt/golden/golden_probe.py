@@ -188,6 +188,51 @@ def _rank4_gdn() -> dict[str, Any]:
     return tier.stats["chunk_gated_delta_rule"].row()
 
 
+def _flat_gdn() -> dict[str, Any]:
+    """Pin: the flat (rank-3) ``chunk_gated_delta_rule`` the runtime calls takes q/k raw and its
+    kernel normalises them (chunk_gated_delta_rule.cpp, ``qk_norm = flat_qk && C == 32``). The
+    golden handles rank 4 only: the tier's adapter splits the heads and asks for
+    ``use_qk_l2norm=True``; the golden as called with the op's own arguments (no norm) is not
+    the kernel's math. Returns the tier's row and the no-norm golden's normwise difference."""
+    import numpy as np
+    import ttnn
+
+    from tt_serve.model.tt.golden.tier import GoldenTier
+    from tt_serve.model.tt.virtual.device import VirtualTTNN
+
+    fake = VirtualTTNN()
+    tier = GoldenTier("compare")
+    tier.install(fake)
+    g = torch.Generator().manual_seed(1)
+    b, t, hk, hv, d = 1, 64, 2, 4, 64
+    raw = {
+        # norms about 1.3 per head: unnormalised, and the no-norm rule stays stable
+        "q": torch.randn(b, t, hk * d, generator=g) * 1.3 / d**0.5,
+        "k": torch.randn(b, t, hk * d, generator=g) * 1.3 / d**0.5,
+        "v": torch.randn(b, t, hv * d, generator=g),
+        "g": -torch.rand(b, t, hv, generator=g),
+        "beta": torch.rand(b, t, hv, generator=g),
+    }
+
+    def dev(x: torch.Tensor, dtype: Any = fake.float32) -> Any:
+        host = fake.Tensor(x.numpy().astype(np.float32), data_type=dtype, layout=fake.TILE_LAYOUT)
+        return fake.to_device(host, None)
+
+    q, k, v = (dev(raw[n], fake.bfloat16) for n in ("q", "k", "v"))
+    state = dev(torch.zeros(b, hv, d, d))
+    o, _ = fake.transformer.chunk_gated_delta_rule(
+        q, k, v, dev(raw["g"]), dev(raw["beta"]), initial_state=state, chunk_size=32
+    )
+    golden = ttnn.get_golden_function(ttnn.transformer.chunk_gated_delta_rule)
+    heads = [raw[n].reshape(b, t, -1, d) for n in ("q", "k", "v")]
+    plain, _ = golden(*heads, raw["g"], raw["beta"], initial_state=torch.zeros(b, hv, d, d))
+    mine = o.buffer.data
+    return {
+        "row": tier.stats["chunk_gated_delta_rule"].row(),
+        "no_norm_rel": float((mine - plain).abs().max() / plain.abs().max()),
+    }
+
+
 def main() -> None:
     req = json.loads(sys.stdin.read() or "{}")
     out: dict[str, Any] = {}
@@ -196,6 +241,7 @@ def main() -> None:
         out["mesh2"] = _run("golden", mesh=2)
         out["moe"] = _run("golden", moe=True)
         out["rank4_gdn"] = _rank4_gdn()
+        out["flat_gdn"] = _flat_gdn()
     for name in req.get("mutations", list(MUTATIONS)):
         with contextlib.ExitStack() as stack:
             for p in MUTATIONS[name]():
