@@ -307,6 +307,24 @@ def _doctor(argv: Sequence[str]) -> int:
     return doctor_main(argv)
 
 
+def _check_numerics(argv: Sequence[str]) -> int:
+    import importlib.util
+
+    from tt_serve.model.tt.golden import check
+
+    check.parser().parse_args(list(argv))  # --help and bad flags are answered in either venv
+    if importlib.util.find_spec("ttnn") is None:
+        print(
+            "tt-serve check-numerics: error: needs the ttnn venv (Python 3.12 with ttnn 0.81.1 "
+            "and torch), whose golden functions it runs; build it with scripts/setup-ttnn-venv, "
+            "then run: PYTHONPATH=. .venv-ttnn/bin/python -m tt_serve.cli check-numerics "
+            + " ".join(argv),
+            file=sys.stderr,
+        )
+        return 2
+    return check.main(argv)
+
+
 def _serve(argv: Sequence[str]) -> int:
     from tt_serve.server.run import serve_main
 
@@ -319,6 +337,7 @@ COMMANDS = {
     "demo-model": (_demo_model, "write the tiny random-weight demo model"),
     "check-config": (_check_config, "validate a deployment config file"),
     "plan": (_plan, "plan a ttnn deployment (memory, traces, limits) without a device"),
+    "check-numerics": (_check_numerics, "run a model with ttnn's golden math (ttnn venv)"),
     "doctor": (_doctor, "check this host can serve (devices, driver, SFPI, huge pages, cache)"),
 }
 
