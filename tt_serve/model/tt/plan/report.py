@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from typing import Any
 
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.boards import DeviceSpec
-from tt_serve.model.tt.options import TTOptions
+from tt_serve.model.tt.options import Target, TTOptions
+from tt_serve.model.tt.plan import tiers
 from tt_serve.model.tt.plan.cost_table import ShapeCosts
 from tt_serve.model.tt.plan.planner import Plan, max_batch_that_fits, plan, probe_blocks
 from tt_serve.model.tt.precision import PROFILES
@@ -174,12 +175,17 @@ def main(
     echo: Callable[[str], None],
     checker: str = "virtual",
     config: dict[str, Any] | None = None,
+    agents: Sequence[tiers.AgentShape] = tiers.TARGETS,
+    host_gb: float = 0.0,
+    disk_gb: float = 0.0,
     costs: ShapeCosts | None = None,
 ) -> int:
     """Plan on the virtual device; ``checker`` "mock" (or "both") also runs the plan on a
     mock box by tt-metal itself (``config``: the model's config.json, for the child): then
-    ``mock`` decides (or both must fit). ``costs``: the measured output-quality cost of the
-    precision profiles at this model's shape (``cost_table``), shown beside the plan."""
+    ``mock`` decides (or both must fit). A plan that fits also says where ``agents``'
+    conversations stay warm with ``host_gb`` / ``disk_gb`` of host and disk tiers
+    (``plan/tiers.py``). ``costs``: the measured output-quality cost of the precision profiles
+    at this model's shape (``cost_table``), shown beside the plan."""
     out = open(ops_file, "w") if ops_file else None  # noqa: SIM115
     try:
         p = plan(spec, board, req, out)
@@ -207,14 +213,30 @@ def main(
                 "accepted the same start"
             )
             p.ok, p.limit_rule, p.limit_message, p.hint = True, None, None, None
+    fits = (
+        tiers.fits(
+            p,
+            Target.of(spec, board, req),
+            req.block_size,
+            agents,
+            host_gb=host_gb,
+            disk_gb=disk_gb,
+        )
+        if p.ok and p.kv_blocks
+        else []
+    )
     if as_json:
+        doc = p.to_json()
+        doc["tiers"] = [{**asdict(f), "agent_bytes": f.agent_bytes, "fits": f.fits} for f in fits]
         cost = costs.profiles.get(p.precision) if costs else None
-        quality = None if costs is None or cost is None else asdict(cost) | costs.provenance
-        echo(json.dumps(p.to_json() | {"quality": quality}, indent=2))
+        doc["quality"] = None if costs is None or cost is None else asdict(cost) | costs.provenance
+        echo(json.dumps(doc, indent=2))
     else:
         for line in format_plan(p, req):
             echo(line)
         for line in format_quality(p, costs):
+            echo(line)
+        for line in tiers.format_tiers(fits, board):
             echo(line)
         for line in format_mock(p):
             echo(line)
