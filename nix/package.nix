@@ -14,7 +14,13 @@ buildPythonApplication {
   pyproject = true;
   src = fs.toSource {
     root = ../.;
-    fileset = fs.unions [ ../pyproject.toml ../README.md ../tt_serve ];
+    # The golden tier (tt_serve/model/tt/golden) is a development check run from a checkout's
+    # ttnn venv, like the mock stand-ins: nothing of it reaches a host.
+    fileset = fs.unions [
+      ../pyproject.toml
+      ../README.md
+      (fs.difference ../tt_serve ../tt_serve/model/tt/golden)
+    ];
   };
   build-system = [ setuptools ];
   dependencies = [

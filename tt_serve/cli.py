@@ -322,6 +322,14 @@ def _doctor(argv: Sequence[str]) -> int:
 def _check_numerics(argv: Sequence[str]) -> int:
     import importlib.util
 
+    if importlib.util.find_spec("tt_serve.model.tt.golden") is None:
+        print(
+            "tt-serve check-numerics: error: the golden tier is a development check and is not "
+            "part of a deployed package; run it from a source checkout's ttnn venv "
+            "(scripts/setup-ttnn-venv)",
+            file=sys.stderr,
+        )
+        return 2
     from tt_serve.model.tt.golden import check
 
     check.parser().parse_args(list(argv))  # --help and bad flags are answered in either venv
