@@ -341,4 +341,4 @@ def test_compare_precisions_puts_each_profile_s_capacity_beside_its_cost() -> No
     assert all("top-1" in ln and "logprob drift" in ln for ln in rows.values())
     assert "measured against the float32 reference at qwen3.5-0.8b" in r.stdout
     plain = _cli("--model", "qwen3.5-0.8b", "--precision", "mixed", "--max-batch-size", "1")
-    assert "quality      mixed: greedy" in plain.stdout, plain.stdout
+    assert "quality      mixed: top-1" in plain.stdout, plain.stdout
