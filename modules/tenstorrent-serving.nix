@@ -214,7 +214,7 @@ in
       Replay captured prefill traces (ttnn) or CUDA graphs (torch on CUDA).
       null (auto): on for backend torch on a CUDA device, off elsewhere.
     '';
-    gpuMemoryUtilization = opt types.float d.gpuMemoryUtilization ''
+    gpuMemoryUtilization = opt (types.either types.float types.int) d.gpuMemoryUtilization ''
       Backend torch on CUDA: the fraction of the GPU's memory the server may hold (weights,
       graphs, activations and the KV pool, which takes what the rest leaves); kvBlocks
       overrides the pool's size.
@@ -244,7 +244,8 @@ in
     maxPrefillRows = opt types.int d.maxPrefillRows ''
       Requests advancing their prompt in one step, the earliest admitted first (one chunk
       each): agents whose turns arrive together get their first tokens one after another
-      instead of all at the end. 0: every prefilling request, in lockstep.
+      instead of all at the end; a long prompt admitted first holds the others' first tokens
+      until its prefill ends. 0: every prefilling request, in lockstep.
     '';
     maxModelLen = opt types.int d.maxModelLen "Context limit in tokens; 0 = the model's own.";
     traceRegionSize = opt types.int d.traceRegionSize ''

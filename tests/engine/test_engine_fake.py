@@ -296,6 +296,23 @@ def test_prefill_rows_go_to_the_earliest_requests() -> None:
     assert one_seg == lock_seg
 
 
+def test_a_long_prompt_first_delays_but_never_blocks_a_shared_head() -> None:
+    """One prefill row per step, a long prompt admitted first, then two requests on one head
+    (the second waits for the first's snapshot): the long one's first token comes first
+    (head-of-line, as documented), everyone finishes, the waiter resumes the shared head, and
+    every answer equals a cold run's."""
+    head = toks(256, 70)
+    prompts = [toks(1500, 71), head + toks(40, 72), head + toks(50, 73)]
+    e = make_engine(mixed=False, budget=4 * C, prefill_rows=1)
+    first = _first_token_steps(e, prompts)
+    assert first[0] < first[1] <= first[2]
+    assert_idle(e)
+    cold = run(make_engine(mixed=False, budget=4 * C, prefill_rows=0, caching=False), prompts)
+    warm = run(make_engine(mixed=False, budget=4 * C, prefill_rows=1), prompts)
+    assert [o.token_ids for o in warm] == [o.token_ids for o in cold]
+    assert warm[2].cached_tokens >= 256
+
+
 def test_shortest_first_takes_the_fewest_remaining_tokens() -> None:
     prompts = [toks(400, 50), toks(100, 51), toks(250, 52)]
     e = make_engine(mixed=False, budget=4 * C, prefill_rows=1, prefill_order="shortest")

@@ -23,7 +23,12 @@ from tt_serve.model.ref.gdn import GdnWeights, chunk_gated_delta, recurrent_gate
 from tt_serve.model.ref.plan import StepPlan
 
 
-def _chunk_api(q, k, v, g, beta, *, scale, initial_state, output_final_state):  # type: ignore[no-untyped-def]
+def _chunk_api(  # type: ignore[no-untyped-def]
+    q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None
+):
+    """fla 0.6.0's ``chunk_gated_delta_rule`` signature, computed with the reference."""
+    assert cu_seqlens is None and output_final_state and initial_state is not None
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
     outs, states = [], []
     for b in range(q.shape[0]):
         o, s = chunk_gated_delta(
@@ -31,12 +36,28 @@ def _chunk_api(q, k, v, g, beta, *, scale, initial_state, output_final_state):  
         )
         outs.append(o)
         states.append(s)
-    assert output_final_state
     return torch.stack(outs), torch.stack(states)
 
 
-def _recurrent_api(q, k, v, g, beta, *, scale, initial_state, output_final_state):  # type: ignore[no-untyped-def]
-    assert q.shape[1] == 1 and output_final_state
+def _recurrent_api(  # type: ignore[no-untyped-def]
+    q,
+    k,
+    v,
+    g=None,
+    gk=None,
+    gv=None,
+    beta=None,
+    scale=None,
+    initial_state=None,
+    output_final_state=False,
+    cu_seqlens=None,
+):
+    """fla 0.6.0's ``fused_recurrent_gated_delta_rule`` signature (g, gk, gv, beta: a beta
+    passed fourth lands in gk), computed with the reference."""
+    assert gk is None and gv is None, "a per-key or per-value gate was passed"
+    assert g is not None and beta is not None and output_final_state
+    assert q.shape[1] == 1 and cu_seqlens is None
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
     o, s = recurrent_gated_delta_step(
         q[:, 0].float() * scale, k[:, 0].float(), v[:, 0].float(), g[:, 0], beta[:, 0],
         initial_state,
@@ -47,6 +68,11 @@ def _recurrent_api(q, k, v, g, beta, *, scale, initial_state, output_final_state
 def _linear_gates(q, k, v, g, beta, **kw):  # type: ignore[no-untyped-def]
     """A kernel that takes g as a decay factor instead of its log (a convention misread)."""
     return _chunk_api(q, k, v, g.exp(), beta, **kw)
+
+
+def _nan(q, k, v, g, beta, **kw):  # type: ignore[no-untyped-def]
+    o, s = _chunk_api(q, k, v, g, beta, **kw)
+    return o * float("nan"), s
 
 
 @pytest.fixture
@@ -72,15 +98,19 @@ def test_the_adapter_passes_fla_what_the_reference_takes(fake_fla: types.ModuleT
     f = fla.FlaKernels(*fns, dtype=torch.float32)
     cpu = torch.device("cpu")
     assert fla.self_check(f, chunk_gated_delta, recurrent_gated_delta_step, cpu) == 0.0
-    wrong = fla.FlaKernels(_linear_gates, fns[1], dtype=torch.float32)
-    worst = fla.self_check(wrong, chunk_gated_delta, recurrent_gated_delta_step, cpu)
-    assert worst > fla.AGREEMENT
+    for bad in (_linear_gates, _nan):
+        wrong = fla.FlaKernels(bad, fns[1], dtype=torch.float32)
+        worst = fla.self_check(wrong, chunk_gated_delta, recurrent_gated_delta_step, cpu)
+        assert not worst <= fla.AGREEMENT, bad.__name__
+    # at a layer's own head shapes (fla takes other paths past 64-wide heads)
+    assert fla.self_check(f, chunk_gated_delta, recurrent_gated_delta_step, cpu, (2, 128, 128)) == 0
 
 
-def test_only_cuda_uses_fla(fake_fla: types.ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_only_cuda_uses_fla(fake_fla: types.ModuleType) -> None:
     refs = (chunk_gated_delta, recurrent_gated_delta_step)
-    assert fla.kernels(torch.device("cpu"), torch.bfloat16, *refs) is None
-    assert gdn.fla_kernels(torch.zeros(1)) is None
+    assert fla.kernels(torch.device("cpu"), torch.bfloat16, (2, 64, 64), *refs) is None
+    w = GdnWeights.random(64, (1, 2, 64, 64), seed=3)
+    assert gdn.fla_kernels(torch.zeros(1), w) is None
 
 
 def test_the_gdn_layer_runs_its_spans_and_decode_rows_through_fla(
@@ -109,7 +139,7 @@ def test_the_gdn_layer_runs_its_spans_and_decode_rows_through_fla(
     plan = StepPlan.build(StepBatch(rows), 64, x.device)
     outs = []
     for use in (False, True):
-        monkeypatch.setattr(gdn, "fla_kernels", lambda x, use=use: f if use else None)
+        monkeypatch.setattr(gdn, "fla_kernels", lambda x, w, use=use: f if use else None)
         conv, rec = torch.zeros(3, 256, 3), torch.zeros(3, 2, 64, 64)
         conv[1:], rec[1:] = 0.5, 0.01
         outs.append((gdn.gdn_forward(x, w, plan, conv, rec, fused=False), conv, rec))

@@ -12,15 +12,15 @@ from tt_serve.config import ServeConfig
 from tt_serve.model import launch
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.torch.backend import TorchBackend
-from tt_serve.model.torch.launch import ACTIVATION_PEAKS, gpu_kv_blocks
+from tt_serve.model.torch.launch import gpu_kv_blocks
 
 GB = 10**9
 
 
 @dataclasses.dataclass
 class StubMemory:
-    """A device of ``total`` bytes with ``used`` in use; a profiled step peaks ``step`` bytes
-    above what was allocated before it."""
+    """A device of ``total`` bytes with ``used`` in use; every profiled run (the eager step,
+    then the graphs' programs) peaks ``step`` bytes above what was allocated before it."""
 
     total: int
     used: int
@@ -65,8 +65,10 @@ def test_the_pool_takes_what_the_rest_leaves(dense_dir: Path) -> None:
     s = gpu_kv_blocks(cfg, spec, be, 1024, mem)
     per_block = spec.kv_bytes_per_block(cfg.block_size, 2)  # auto dtype on CUDA: bfloat16
     slots = (4 + 1 + cfg.snapshot_slots) * spec.state_bytes_per_slot()
-    want = (int(0.8 * 80 * GB) - 3 * GB - ACTIVATION_PEAKS * 2 * GB - slots) // per_block
-    assert (s.num_kv_blocks, s.per_block, s.activation_peak) == (want, per_block, 2 * GB)
+    want = (int(0.8 * 80 * GB) - 3 * GB - 2 * GB - slots) // per_block  # eager only: no graphs
+    assert (s.num_kv_blocks, s.per_block, s.steps.eager, s.steps.graphs) == (
+        want, per_block, 2 * GB, 0
+    )  # fmt: skip
     assert (s.total, s.in_use, s.slots) == (80 * GB, 3 * GB, slots)
     # one step of the largest scheduled shape ran (4 rows sharing the 512-token budget), on a
     # throwaway pool that is gone again: the real pool allocates as usual afterwards
@@ -77,6 +79,32 @@ def test_the_pool_takes_what_the_rest_leaves(dense_dir: Path) -> None:
                 num_snapshot_slots=2)  # fmt: skip
     with pytest.raises(RuntimeError, match="before allocate"):
         gpu_kv_blocks(cfg, spec, be, 1024, mem)
+
+
+def test_the_graphs_are_profiled_at_their_real_width(dense_dir: Path) -> None:
+    """With graphs on, the largest decode and prefill programs run once on the throwaway pool
+    at the graphs' full table width (all padding), and their peak is kept back too."""
+    spec = ModelSpec.from_hf_dir(dense_dir)
+    be = TorchBackend.from_pretrained(
+        dense_dir, cuda_graphs=True, traced_prefill=True, max_prefill_chunk=128, max_model_len=640
+    )
+    widths: list[int] = []
+    real = be._build_static
+
+    def spy(*a, **kw):  # type: ignore[no-untyped-def]
+        static = real(*a, **kw)
+        widths.append(static.width)
+        assert sorted(static.programs.keys) == [("decode", 4), ("prefill", 128)]
+        return static
+
+    be._build_static = spy  # type: ignore[method-assign]
+    cfg = _cfg(dense_dir, max_batch_size=4, max_num_batched_tokens=512, prefill_chunk=128)
+    mem = StubMemory(total=80 * GB, used=3 * GB, step=GB)
+    s = gpu_kv_blocks(cfg, spec, be, 640, mem)
+    assert widths == [640 // cfg.block_size]  # the full width, though the pool has 9 blocks
+    assert (s.steps.eager, s.steps.graphs) == (GB, GB)
+    assert mem.calls.count("reset_peak") == 2 and be.pools is None and be.static is None
+    assert be.host_bytes == 0  # the profile's reads are not the server's
 
 
 def test_too_little_gpu_memory_names_the_flags(dense_dir: Path) -> None:

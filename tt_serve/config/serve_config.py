@@ -125,7 +125,8 @@ class ServeConfig:
     max_num_batched_tokens: int = _opt(2048, "tokens per engine step (at least one chunk)")
     max_prefill_rows: int = _opt(
         1,
-        "requests advancing their prompt in one step, the earliest first (one chunk each); 0: "
+        "requests advancing their prompt in one step, the earliest first (one chunk each); a "
+        "long prompt admitted first holds the others' first tokens until its prefill ends; 0: "
         "all of them, in lockstep",
     )
     max_model_len: int = _opt(0, "context limit in tokens; 0 = the model's own")

@@ -19,10 +19,13 @@ prompts a lower max TTFT). In the latter a decode step runs after at most
 
 Prefill rows: at most ``max_prefill_rows`` requests advance their prompt in one step, the
 earliest admitted first (``prefill_order`` "arrival"; "shortest" takes the fewest remaining
-prompt tokens first), one chunk each. Where a step costs in proportion to its tokens (the CPU) a
-burst of agents' turns then gets its first tokens one after another instead of all at the end,
-at the same throughput. A request's chunks stay its own resume segments (one row per request per
-step), so the cut points, and warm == cold, do not depend on this choice.
+prompt tokens first), one chunk each. Where a step costs in proportion to its tokens (the CPU;
+the graphed CUDA and ttnn prefill, which replay one row at a time) a burst of agents' turns then
+gets its first tokens one after another instead of all at the end, at the same throughput; an
+eager GPU step, which batches rows, loses throughput. The cost: a long prompt admitted first
+holds the others' first tokens until its prefill ends (head-of-line blocking; a cap above 1, or
+0 for lockstep, trades it back). A request's chunks stay its own resume segments (one row per
+request per step), so the cut points, and warm == cold, do not depend on this choice.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Each backend starts its own way and says how many KV blocks its pool takes: the ttnn launch
 plans them from the device's DRAM (``tt/launch.py``); the torch backend sizes them from host
-memory, or on CUDA from the GPU's (``torch/launch.py``). Backends are imported lazily, so ``import tt_serve.model.launch``
-needs neither torch nor ttnn.
+memory, or on CUDA from the GPU's (``torch/launch.py``). Backends are imported lazily, so
+``import tt_serve.model.launch`` needs neither torch nor ttnn.
 """
 
 from __future__ import annotations
@@ -39,13 +39,14 @@ def launch_backend(cfg: ServeConfig, spec: ModelSpec, max_model_len: int) -> Lau
             sizing = gpu_kv_blocks(cfg, spec, backend, max_model_len, CudaMemory(backend.device))
             log.info(
                 "KV pool from GPU memory: %d blocks (%.2f GB) = %.2f x %.1f GB less %.1f GB in "
-                "use, 2 x %.2f GB of activations and %.2f GB of GDN slots",
+                "use, %.2f GB for an eager step, %.2f GB for the graphs and %.2f GB of GDN slots",
                 sizing.num_kv_blocks,
                 sizing.num_kv_blocks * sizing.per_block / 1e9,
                 cfg.gpu_memory_utilization,
                 sizing.total / 1e9,
                 sizing.in_use / 1e9,
-                sizing.activation_peak / 1e9,
+                sizing.steps.eager / 1e9,
+                sizing.steps.graphs / 1e9,
                 sizing.slots / 1e9,
             )
             return Launched(backend, sizing.num_kv_blocks)

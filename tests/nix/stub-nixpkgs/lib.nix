@@ -33,6 +33,7 @@ let
         enum = values: mk "one of ${builtins.concatStringsSep ", " (map builtins.toJSON values)}"
           (v: builtins.elem v values);
         nullOr = t: mk "null or ${t.description}" (v: v == null || t.check v);
+        either = a: b: mk "${a.description} or ${b.description}" (v: a.check v || b.check v);
         listOf = t: mk "list of ${t.description}" (v: builtins.isList v && builtins.all t.check v);
         attrsOf = t: mk "attribute set of ${t.description}"
           (v: builtins.isAttrs v && builtins.all t.check (builtins.attrValues v));

@@ -155,13 +155,15 @@ def recurrent_gated_delta_step(
     return (s * q[..., None]).sum(-2), s
 
 
-def fla_kernels(x: torch.Tensor) -> fla.FlaKernels | None:
+def fla_kernels(x: torch.Tensor, w: GdnWeights) -> fla.FlaKernels | None:
     """flash-linear-attention's kernels for the delta rule on ``x``'s CUDA device and compute
-    dtype, once they agree with the two functions above (``model/kernels/fla.py``); None on
-    the CPU, where fla does not import, or where they disagree."""
+    dtype at ``w``'s head shapes, once they agree there with the two functions above
+    (``model/kernels/fla.py``); None on the CPU, where fla does not import, or where they
+    disagree."""
     if x.device.type != "cuda":
         return None
-    return fla.kernels(x.device, x.dtype, chunk_gated_delta, recurrent_gated_delta_step)
+    heads = (w.num_v_heads, w.head_k_dim, w.head_v_dim)
+    return fla.kernels(x.device, x.dtype, heads, chunk_gated_delta, recurrent_gated_delta_step)
 
 
 def project_inputs(
@@ -313,7 +315,7 @@ def gdn_forward(
 
     q, k, v = split_heads(mixed, w)
     core = torch.empty_like(v)
-    f = fla_kernels(x)
+    f = fla_kernels(x, w)
     chunk = chunk_gated_delta if f is None else f.chunk
     step = recurrent_gated_delta_step if f is None else f.recurrent
     for sp in plan.spans:

@@ -32,6 +32,7 @@ from tt_serve.model.ref.layers import cpu_bf16
 from tt_serve.model.ref.plan import StepPlan
 from tt_serve.model.resident import ResidentSlots
 from tt_serve.model.spec import ModelSpec
+from tt_serve.model.torch.memory import DeviceMemory, StepMemory
 from tt_serve.model.torch.model import HybridModel
 from tt_serve.model.torch.outputs import fill_logprobs, pick_on_device, pick_screened, screens
 from tt_serve.model.torch.pending import PendingStep
@@ -39,8 +40,8 @@ from tt_serve.model.torch.pools import Pools
 
 if TYPE_CHECKING:
     from tt_serve.config.serve_config import ServeConfig
+    from tt_serve.model.torch.cuda.programs import GraphPrograms
     from tt_serve.model.torch.cuda.steps import StaticSteps
-    from tt_serve.model.torch.memory import DeviceMemory
 
 log = logging.getLogger(__name__)
 DEFAULT_PREFILL_CHUNK = 256
@@ -143,11 +144,16 @@ class TorchBackend:
 
     def profile_step_memory(
         self, *, rows: int, tokens: int, block_size: int, memory: DeviceMemory
-    ) -> int:
-        """Bytes one step of ``rows`` prefill rows sharing ``tokens`` takes on the device above
-        what it held before (activations, the LM head's logits for every row): run once,
-        eagerly, on a throwaway pool just big enough, which is freed again. Called before
-        ``allocate`` (``torch/launch.py`` sizes the real pool from it)."""
+    ) -> StepMemory:
+        """Bytes the device needs beyond the weights and pools to run steps: measured on a
+        throwaway pool just big enough, freed again (called before ``allocate``;
+        ``torch/launch.py`` sizes the real pool from it).
+
+        ``eager``: one step of ``rows`` prefill rows sharing ``tokens`` run eagerly
+        (activations, the LM head's logits for every row). ``graphs``: the largest decode
+        bucket and the largest prefill bucket run once through their programs at the graphs'
+        real table width (all-padding tables: the pool stays tiny, the gathers full size),
+        which is what the captured graphs' shared memory pool holds."""
         if self.pools is not None:
             raise RuntimeError("profile_step_memory() runs before allocate()")
         rows = max(1, min(rows, tokens))
@@ -169,6 +175,7 @@ class TorchBackend:
                 for i, n in enumerate(lengths)
             )
         )
+        host_bytes = self.host_bytes
         self.pools = Pools.allocate(
             self.spec,
             num_kv_blocks=first[-1],
@@ -182,9 +189,28 @@ class TorchBackend:
             memory.reset_peak()
             before = memory.allocated()
             self._eager(batch, list(range(rows)), StepOutput([None] * rows, [None] * rows))
-            return max(0, memory.peak() - before)
+            eager = max(0, memory.peak() - before)
+            graphs = 0
+            if self.cuda_graphs or self.traced_prefill:
+                from tt_serve.model.torch.cuda.programs import GraphPrograms
+
+                static = self._build_static(
+                    self.pools,
+                    first[-1],
+                    rows,
+                    programs=GraphPrograms(self.device, capture=False),
+                    width=self._graph_width(block_size),
+                    largest_only=True,
+                )
+                memory.reset_peak()
+                before = memory.allocated()
+                for key in static.programs.keys:
+                    static.programs.run(key)
+                graphs = max(0, memory.peak() - before)
+            return StepMemory(eager, graphs)
         finally:
             self.pools = None
+            self.host_bytes = host_bytes
             memory.release_cached()
 
     def allocate(
@@ -209,7 +235,28 @@ class TorchBackend:
         if self.cuda_graphs or self.traced_prefill:
             self.static = self._build_static(self.pools, num_kv_blocks, num_state_slots)
 
-    def _build_static(self, pools: Pools, num_kv_blocks: int, num_state_slots: int) -> StaticSteps:
+    def _graph_width(self, block_size: int, num_kv_blocks: int | None = None) -> int:
+        from tt_serve.model.torch.cuda.inputs import graph_width
+
+        spec = self.spec
+        max_len = min(
+            self.max_model_len or spec.max_position_embeddings, spec.max_position_embeddings
+        )
+        return graph_width(max_len, block_size, num_kv_blocks)
+
+    def _build_static(
+        self,
+        pools: Pools,
+        num_kv_blocks: int,
+        num_state_slots: int,
+        *,
+        programs: GraphPrograms | None = None,
+        width: int | None = None,
+        largest_only: bool = False,
+    ) -> StaticSteps:
+        """The bucketed programs over ``pools``: captured on CUDA unless ``programs`` says
+        otherwise; ``width``: the tables' (default: ``_graph_width``); ``largest_only``: just
+        the largest decode and prefill buckets (the memory profile)."""
         # The graph path builds on this package, so it is imported only when enabled.
         from tt_serve.config import GDN_CHUNK
         from tt_serve.model.buckets import prefill_buckets
@@ -218,13 +265,11 @@ class TorchBackend:
         from tt_serve.model.torch.cuda.steps import StaticSteps
 
         spec = self.spec
-        max_len = min(
-            self.max_model_len or spec.max_position_embeddings, spec.max_position_embeddings
-        )
-        width = min(-(-max_len // pools.block_size), num_kv_blocks - 1)
+        if width is None:
+            width = self._graph_width(pools.block_size, num_kv_blocks)
         moe = any(spec.is_moe_layer(i) for i in range(spec.num_layers))
         capture = self.capture_graphs and self.device.type == "cuda" and not moe
-        if self.device.type == "cuda" and moe:
+        if self.device.type == "cuda" and moe and programs is None:
             # The MoE block picks its experts on the host (one sync): not capturable.
             log.warning("MoE model: bucketed programs run eagerly (no CUDA graph capture)")
         slot_ids = (  # every slot's last greedy id, the scratch slot's included
@@ -232,16 +277,20 @@ class TorchBackend:
             if self.device_resident
             else None
         )
+        dec = decode_buckets(num_state_slots) if self.cuda_graphs else ()
+        pre = (
+            prefill_buckets(self.max_prefill_chunk, GDN_CHUNK, unit="the GDN chunk")
+            if self.traced_prefill
+            else ()
+        )
+        if largest_only:
+            dec, pre = dec[-1:], pre[-1:]
         return StaticSteps.build(
             self.model,
             pools,
-            GraphPrograms(self.device, capture=capture),
-            decode_buckets=decode_buckets(num_state_slots) if self.cuda_graphs else (),
-            prefill_buckets=(
-                prefill_buckets(self.max_prefill_chunk, GDN_CHUNK, unit="the GDN chunk")
-                if self.traced_prefill
-                else ()
-            ),
+            programs or GraphPrograms(self.device, capture=capture),
+            decode_buckets=dec,
+            prefill_buckets=pre,
             width=width,
             conv_state_len=spec.conv_state_len,
             slot_ids=slot_ids,

@@ -59,3 +59,17 @@ class CudaMemory:
         import torch
 
         torch.cuda.empty_cache()
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    """What running steps needs on the device beyond the weights and pools
+    (``TorchBackend.profile_step_memory``): an eager step of the largest scheduled shape, and
+    the largest bucketed programs (what the captured graphs' shared pool holds; 0 without)."""
+
+    eager: int
+    graphs: int
+
+    @property
+    def total(self) -> int:
+        return self.eager + self.graphs

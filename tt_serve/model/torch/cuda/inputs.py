@@ -26,6 +26,22 @@ from dataclasses import dataclass
 from tt_serve.model.buckets import NoBucket, doubling, fit_table
 from tt_serve.model.interface import PAD_BLOCK, StepRow
 
+# The longest context the graphs' block tables reach. The graphed attention gathers every
+# row's whole fixed-width table (``masked.py``, ``model.py``), so its memory and traffic grow
+# with the width, not with the row's real context: at Qwen3.5-0.8B's shapes a 32-row decode
+# step at 32,768 tokens gathers about 2 GB of K and V per attention layer, at the model's own
+# 262,144 eight times that (slower than the eager step, which reads the row's own blocks).
+# Rows past this run eagerly (and are not fed on the device) until a paged decode kernel reads
+# only the blocks a row holds.
+GRAPH_MAX_CONTEXT = 32768
+
+
+def graph_width(max_len: int, block_size: int, num_kv_blocks: int | None = None) -> int:
+    """The graphs' block-table width: ``max_len`` tokens, at most ``GRAPH_MAX_CONTEXT``, at
+    most the pool's blocks (less the padding block)."""
+    width = -(-min(max_len, GRAPH_MAX_CONTEXT) // block_size)
+    return width if num_kv_blocks is None else min(width, num_kv_blocks - 1)
+
 
 def decode_buckets(max_rows: int) -> tuple[int, ...]:
     """1, 2, 4, ... up to ``max_rows`` (which is always the last bucket)."""

@@ -96,7 +96,7 @@ def masked_gdn(
     q, k, v = (torch.where(vt[..., None], a, zero) for a in (q, k, v))
     g, beta = torch.where(vt, g, zero), torch.where(vt, beta, zero)
     state = rec_state.index_select(0, row.slot)[0]
-    f = fla_kernels(x)  # flash-linear-attention's chunk kernel where it imports and agrees
+    f = fla_kernels(x, w)  # flash-linear-attention's chunk kernel where it imports and agrees
     core, state = (chunk_gated_delta if f is None else f.chunk)(q, k, v, g, beta, state)
     rec_state.index_copy_(0, row.slot, state[None])
     return gdn_output(core, z, w, x.dtype)
