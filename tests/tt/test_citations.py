@@ -38,6 +38,7 @@ CITED = [
     "tt_metal/distributed/mesh_trace.cpp",
     "tt_metal/hw/inc/internal/tt-1xx/blackhole/dev_mem_map.h",
     "tt_metal/hw/inc/internal/tt-1xx/wormhole/dev_mem_map.h",
+    "tt_metal/impl/data_format/blockfloat_common.cpp",
     "tt_metal/impl/debug/dprint_server.cpp",
     "tt_metal/impl/dispatch/kernel_config/dispatch_s.cpp",
     "tt_metal/llrt/hal/tt-1xx/blackhole/bh_hal.cpp",
@@ -67,6 +68,7 @@ CITED = [
     "ttnn/ttnn/__init__.py",
     "ttnn/ttnn/device.py",
     "ttnn/ttnn/distributed/distributed.py",
+    "ttnn/ttnn/operations/core.py",
 ]
 
 # tt-metal's top-level folders a citation may start with

@@ -5,7 +5,7 @@ card would hold out (still float32), so a CPU run can carry the card's storage r
   ttnn 0.81.1 gets there the same way: ``ttnn.from_torch`` hands a float32 tensor to the host
   conversion, which rounds to nearest even (checked against the wheel in
   ``tests/tt_host/test_formats_host.py``), and the golden function of ``ttnn.typecast``
-  (``ttnn/operations/core.py``) is ``tensor.to(torch.bfloat16)``.
+  (``ttnn/ttnn/operations/core.py``) is ``tensor.to(torch.bfloat16)``.
 * ``bfloat8_b`` / ``bfloat4_b``: tt-metal's block floats. A TILE tensor is 32x32 tiles of four
   16x16 faces; each face row (16 consecutive values of one row, aligned to 16 columns) shares one
   8-bit exponent, the largest biased float32 exponent in the row. Each value keeps a sign and a
