@@ -30,19 +30,34 @@ Rules enforced here (where a prompt is cut and may resume: ``cache/resume.py``):
 * A failed step: the engine calls ``release``; nothing of that step was registered or
   published. If admission had to reclaim inactive blocks, their registrations stay dropped
   (the failed forward may have written into them).
+* Tiers (``cache/tiers.py``), when given: every published snapshot's unit is handed out to be
+  read (``take_unit_reads``) and stored (``store_unit``) at once; lookup also asks the tiers
+  for a longer cut than the device holds, and a tier hit is admitted like a device hit whose
+  missing blocks and snapshot are allocated, registered and published at once, with a
+  ``UnitWrite`` the engine applies before the step that first reads them (the cuts are the
+  same, so the restored bits are the cold run's).
 """
 
 from __future__ import annotations
 
+import time
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tt_serve.cache.block_pool import BlockPool
 from tt_serve.cache.hashing import BlockHash, extend_block_hashes, root_hash
-from tt_serve.cache.results import Admission, AdmitResult, CacheStats, SnapshotSave
+from tt_serve.cache.results import (
+    Admission,
+    AdmitResult,
+    CacheStats,
+    SnapshotSave,
+    UnitRead,
+    UnitWrite,
+)
 from tt_serve.cache.resume import ResumeKind, ResumePoints, ResumeRule
 from tt_serve.cache.snapshot_pool import SnapshotKey, SnapshotPool
+from tt_serve.cache.tiers import Tiers
 
 
 @dataclass
@@ -72,9 +87,11 @@ class PrefixCache:
         salt: bytes = b"",
         snapshot_policy: str = "value",
         snapshots_per_conversation: int = 0,
+        tiers: Tiers | None = None,
     ) -> None:
         """``stride``: the prefill chunk, the cut rule of requests that come without
-        ``ResumePoints``. ``snapshots_per_conversation``: the cap (0: none)."""
+        ``ResumePoints``. ``snapshots_per_conversation``: the cap (0: none). ``tiers``: the
+        host / disk tiers below the device pool (none: the device pool only)."""
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         if stride < 1 or stride % block_size:
@@ -106,6 +123,10 @@ class PrefixCache:
         self._resumes: Counter[ResumeKind] = Counter()
         self._cap_evictions = 0
         self._peak_path = 0  # most snapshots seen on one request's path
+        self._tiers = tiers if enabled and num_snapshot_slots else None
+        # Reserved snapshot slot -> the blocks and hashes of its unit (write-through).
+        self._unit_of: dict[int, tuple[tuple[int, ...], tuple[BlockHash, ...]]] = {}
+        self._reads: list[UnitRead] = []
 
     # -- introspection -----------------------------------------------------------------------
 
@@ -128,6 +149,10 @@ class PrefixCache:
     @property
     def snapshot_pool(self) -> SnapshotPool:
         return self._snapshots
+
+    @property
+    def tiers(self) -> Tiers | None:
+        return self._tiers
 
     @property
     def num_free_blocks(self) -> int:
@@ -268,6 +293,10 @@ class PrefixCache:
         points = self._points(tokens, points)
         hashes: list[BlockHash] = []
         b = self._lookup(tokens, hashes, points)
+        if self._tiers is not None:
+            tier = self._admit_from_tier(request_id, tokens, hashes, points, b, pages)
+            if tier is not None:
+                return tier
         hit = [self._hit_block(h) for h in hashes[: b // self._bs]]
         # Active hit blocks are shared for free; inactive ones leave the reclaimable pool.
         hit_inactive = sum(1 for blk in hit if self._blocks.refcount(blk) == 0)
@@ -284,6 +313,19 @@ class PrefixCache:
             self._snapshots.pin(slot)
             self._restores += 1
             self._resumes[points.kind(b)] += 1
+        self._add_request(request_id, tokens, points, table, b, hashes, slot)
+        return AdmitResult(Admission.NOW, b, table, slot)
+
+    def _add_request(
+        self,
+        request_id: str,
+        tokens: Sequence[int],
+        points: ResumePoints,
+        table: tuple[int, ...],
+        b: int,
+        hashes: list[BlockHash],
+        slot: int | None,
+    ) -> None:
         req = _Request(
             points=points,
             prompt_len=len(tokens),
@@ -299,7 +341,78 @@ class PrefixCache:
         self._requests[request_id] = req
         self._queries += len(tokens)
         self._hits += b
-        return AdmitResult(Admission.NOW, b, table, slot)
+
+    def _admit_from_tier(
+        self,
+        request_id: str,
+        tokens: Sequence[int],
+        hashes: list[BlockHash],
+        points: ResumePoints,
+        b_dev: int,
+        pages: int,
+    ) -> AdmitResult | None:
+        """Admit with a hit restored from a tier at a cut past ``b_dev``, or None (no such
+        hit, or no snapshot slot for it: the device hit applies). LATER when the pool cannot
+        take the request now (it could not without the tier hit either)."""
+        assert self._tiers is not None
+        cuts = [q for q in points.cuts if q > b_dev]
+        if not cuts:
+            return None
+        extend_block_hashes(hashes, tokens, self._bs, self._root, cuts[-1] // self._bs)
+        keys = [(hashes[q // self._bs - 1], q) for q in cuts]
+        for key in self._tiers.candidates(keys):
+            b = key[1]
+            n = b // self._bs
+            on_device = [self._blocks.lookup(h) for h in hashes[:n]]
+            shared = [blk for blk in on_device if blk is not None]
+            inactive = sum(1 for blk in shared if self._blocks.refcount(blk) == 0)
+            if pages - len(shared) > self._blocks.num_allocatable - inactive:
+                return AdmitResult(Admission.LATER)
+            slot = self._snapshots.lookup(key)
+            if slot is None and self._snapshots.slot_for(key) is not None:
+                continue  # being computed and saved right now: the device will have it
+            start = time.perf_counter()
+            got = self._tiers.fetch(key, tuple(hashes[:n]))
+            if got is None:
+                continue  # a bad disk file (removed): try a shorter cut
+            data, tier = got
+            fetched = time.perf_counter() - start
+            snapshot: bytes | None = None
+            if slot is None:
+                slot = self._snapshots.reserve(key)
+                if slot is None:
+                    return None  # every snapshot slot pinned or pending
+                self._snapshots.publish(slot)
+                snapshot = data.snapshot
+            # Validated: from here on nothing can fail. Acquire before allocating, so that the
+            # allocation cannot reclaim a block of the hit.
+            for blk in shared:
+                self._blocks.acquire(blk)
+            fresh = iter(self._blocks.allocate(pages - len(shared)))
+            table: list[int] = []
+            written: list[int] = []
+            for i, dev in enumerate(on_device):
+                blk = next(fresh) if dev is None else dev
+                if dev is None:
+                    self._blocks.register(blk, hashes[i])
+                    written.append(i)
+                table.append(blk)
+            table.extend(fresh)
+            self._snapshots.pin(slot)
+            self._restores += 1
+            self._resumes[points.kind(b)] += 1
+            self._add_request(request_id, tokens, points, tuple(table), b, hashes, slot)
+            write = UnitWrite(
+                blocks=tuple(table[i] for i in written),
+                block_data=tuple(data.blocks[i] for i in written),
+                snapshot_slot=slot,
+                snapshot=snapshot,
+                tokens=b,
+                tier=tier,
+                fetch_seconds=fetched,
+            )
+            return AdmitResult(Admission.NOW, b, tuple(table), slot, unit_write=write)
+        return None
 
     def _hit_block(self, block_hash: BlockHash) -> int:
         block = self._blocks.lookup(block_hash)
@@ -376,6 +489,9 @@ class PrefixCache:
         slot = self._snapshots.reserve(key)
         if slot is None:
             return None
+        if self._tiers is not None:
+            n = num_computed // self._bs
+            self._unit_of[slot] = (req.table[:n], tuple(req.hashes[:n]))
         self._unpublished[slot] = (request_id, key)
         self._inflight[key] += 1  # still in flight until published or aborted
         return SnapshotSave(request_id, slot, num_computed)
@@ -415,10 +531,42 @@ class PrefixCache:
         if not self._take_unpublished(save):
             raise ValueError(f"{save} is not pending (already published or aborted)")
         self._snapshots.publish(save.snapshot_slot)
+        unit = self._unit_of.pop(save.snapshot_slot, None)
+        if unit is None or self._tiers is None:
+            return
+        blocks, hashes = unit
+        if self._tiers.holds((hashes[-1], save.boundary)):
+            return
+        idx = self._tiers.missing(hashes)
+        self._reads.append(
+            UnitRead(
+                b=save.boundary,
+                hashes=hashes,
+                snapshot_slot=save.snapshot_slot,
+                blocks=tuple(blocks[i] for i in idx),
+                block_hashes=tuple(hashes[i] for i in idx),
+            )
+        )
+
+    def take_unit_reads(self) -> list[UnitRead]:
+        """The units published since the last call, to read from the device now: before the
+        next admission can reuse their blocks or evict their snapshot slot."""
+        reads, self._reads = self._reads, []
+        return reads
+
+    def store_unit(self, read: UnitRead, snapshot: bytes, blocks: Sequence[bytes]) -> None:
+        """The bytes of ``read`` (its snapshot and its ``blocks``, in order) go to the tiers."""
+        if self._tiers is None:
+            raise ValueError("store_unit without tiers")
+        if len(blocks) != len(read.blocks):
+            raise ValueError(f"unit at b={read.b}: {len(blocks)} blocks for {len(read.blocks)}")
+        new = dict(zip(read.block_hashes, blocks, strict=True))
+        self._tiers.store((read.hashes[-1], read.b), read.hashes, snapshot, new)
 
     def abort(self, save: SnapshotSave) -> None:
         """The copy failed or the step is dropped: free the slot. Idempotent."""
         if self._take_unpublished(save):
+            self._unit_of.pop(save.snapshot_slot, None)
             self._snapshots.abort(save.snapshot_slot)
 
     # -- release -----------------------------------------------------------------------------
@@ -464,6 +612,8 @@ class PrefixCache:
             assert self._snapshots.key_of(slot) == key, f"pending slot {slot} key"
             assert not self._snapshots.is_published(slot), f"pending slot {slot} published"
             inflight[key] += 1
+        if self._tiers is not None:
+            assert self._unit_of.keys() == self._unpublished.keys(), "units of pending saves"
         n_unpublished = self._snapshots.num_used - self._snapshots.num_published
         assert n_unpublished == len(self._unpublished), "reserved snapshot slots without an owner"
         assert +inflight == self._inflight, "in-flight boundary index out of sync"

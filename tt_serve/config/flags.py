@@ -35,6 +35,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
             kw["type"] = _device_ids
         elif isinstance(f.default, int):
             kw["type"] = int
+        elif isinstance(f.default, float):
+            kw["type"] = float
         if "choices" in meta:
             kw["choices"] = meta["choices"]
         parser.add_argument(flag, **kw)

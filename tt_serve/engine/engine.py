@@ -22,6 +22,7 @@ from typing import Protocol
 
 import numpy as np
 
+from tt_serve.cache import Tiers, TierStats, UnitWrite
 from tt_serve.engine import sampler
 from tt_serve.engine.scheduler import ScheduledStep, Scheduler, SchedulerConfig
 from tt_serve.model.interface import (
@@ -30,6 +31,7 @@ from tt_serve.model.interface import (
     PipelinedBackend,
     StepBatch,
     StepOutput,
+    UnitIO,
     device_top_k_limit,
 )
 from tt_serve.sequence import (
@@ -97,6 +99,8 @@ class EngineStats:
     failed_steps: int = 0
     sampled_rows_device: int = 0  # rows whose token the backend picked (argmax or a draw)
     sampled_rows_host: int = 0  # rows sampled on the host from logits
+    tiers: TierStats | None = None  # the host / disk tiers, when configured
+    unit_io_errors: int = 0  # tier reads or restores the backend failed
 
 
 @dataclass
@@ -135,9 +139,19 @@ class Engine:
         config: EngineConfig,
         *,
         text_streams: TextStreamFactory | None = None,
+        tiers: Tiers | None = None,
     ) -> None:
+        """``tiers``: the host / disk tiers below the device pool (``cache/tiers.py``); the
+        backend must then move units (``UnitIO``)."""
+        if tiers is not None and not isinstance(backend, UnitIO):
+            raise ValueError(
+                f"{type(backend).__name__} cannot move KV blocks and snapshots to host memory: "
+                "run without --host-cache-gb and --disk-cache-dir"
+            )
         self.backend = backend
         self.config = config
+        self._tiers = tiers if config.prefix_caching else None
+        self.unit_io_errors = 0
         self.scheduler = Scheduler.with_cache(
             config.scheduler,
             num_kv_blocks=config.num_kv_blocks,
@@ -145,6 +159,7 @@ class Engine:
             prefix_caching=config.prefix_caching,
             salt=config.cache_salt,
             snapshots_per_conversation=config.snapshots_per_conversation,
+            tiers=self._tiers,
             uniform=self._uniform,
             device_top_k=device_top_k_limit(backend),
         )
@@ -264,10 +279,15 @@ class Engine:
             failed_steps=self.num_failed_steps,
             sampled_rows_device=self.sampled_rows_device,
             sampled_rows_host=self.sampled_rows_host,
+            tiers=self._tiers.stats if self._tiers is not None else None,
+            unit_io_errors=self.unit_io_errors,
         )
 
     def close(self) -> None:
-        """Release the backend's device resources (traces, device handles). Idempotent."""
+        """Finish queued write-backs to disk, then release the backend's device resources
+        (traces, device handles). Idempotent."""
+        if self._tiers is not None:
+            self._tiers.close()
         self.backend.close()
 
     # -- the step ----------------------------------------------------------------------------
@@ -297,6 +317,7 @@ class Engine:
             return self._collect()
         saved = self._update(step, tokens, logprobs)  # 3. update
         self.scheduler.commit(step, saved=saved)  # 4. commit
+        self._write_through()
         return self._collect()
 
     def _pre_copies(self, step: ScheduledStep) -> ScheduledStep:
@@ -305,6 +326,9 @@ class Engine:
         request owning the slot, whose row leaves the step; the others run."""
         owners = {req.state_slot: req for req in self.scheduler.running}
         failed: set[int] = set()
+        by_id = {req.request_id: req for req in step.requests}
+        for rid, write in step.unit_writes:
+            self._restore_unit(by_id.get(rid), write, failed)
         for op in step.pre_copies:
             try:
                 self.backend.copy_states([op])
@@ -324,6 +348,42 @@ class Engine:
             requests=[step.requests[i] for i in keep],
             pre_copies=[],
         )
+
+    def _restore_unit(self, req: Request | None, write: UnitWrite, failed: set[int]) -> None:
+        """Write a tier hit's bytes into the device before its request's first step."""
+        if req is None or req.finished:
+            return  # aborted meanwhile: its blocks went back with it
+        assert isinstance(self.backend, UnitIO)
+        start = time.perf_counter()
+        try:
+            self.backend.write_unit(
+                write.blocks, write.block_data, write.snapshot_slot, write.snapshot
+            )
+        except Exception as exc:
+            # The registrations of its blocks stay: a later hit on them reads what the failed
+            # write left (a known gap; a torch or ttnn host-to-device copy of a checked size
+            # does not fail short of a dead device).
+            log.error("tier restore failed for request %s: %r", req.request_id, exc)
+            self.unit_io_errors += 1
+            failed.add(id(req))
+            self.scheduler.finish(req, FinishReason.ERROR, error=f"backend error: {exc}")
+            return
+        self.scheduler.unit_restored(write, time.perf_counter() - start)
+
+    def _write_through(self) -> None:
+        """Read the units published this step out to the tiers, before the next schedule can
+        reuse their blocks or snapshot slots (``cache/tiers.py``)."""
+        if self._tiers is None:
+            return
+        for read in self.scheduler.take_unit_reads():
+            assert isinstance(self.backend, UnitIO)
+            try:
+                snapshot, blocks = self.backend.read_unit(read.blocks, read.snapshot_slot)
+            except Exception as exc:  # the unit is not stored: a later miss, nothing wrong
+                log.error("tier write-through failed at b=%d: %r", read.b, exc)
+                self.unit_io_errors += 1
+                continue
+            self.scheduler.store_unit(read, snapshot, blocks)
 
     def _step_pipelined(self, prev: _InFlight, *, run_ahead: bool = True) -> list[RequestOutput]:
         """Submit the follow-up of ``prev`` (if ``run_ahead`` and the scheduler has one), then
@@ -351,6 +411,7 @@ class Engine:
             return self._collect()
         self._inflight = nxt  # set first: whatever happens below, nxt is read later
         self.scheduler.commit(prev.step, saved=self._update(prev.step, tokens, logprobs))
+        self._write_through()
         outs = self._collect()  # stops of ``prev`` (tokens and strings) count before a failure
         if refused is not None and follow is not None:
             # Only requests still running lose anything: a row of one that just stopped was

@@ -41,7 +41,10 @@ def build_engine(
         spec = ModelSpec.from_hf_dir(cfg.model)
     limit = spec.max_position_embeddings
     max_len = min(cfg.max_model_len or limit, limit)
+    from tt_serve.engine.tier_setup import build_tiers
     from tt_serve.model.launch import launch_backend
+
+    tiers = build_tiers(cfg, spec.model_id)  # first: an unusable disk folder fails at once
 
     if launched is None:
         launched = launch_backend(cfg, spec, max_len)
@@ -83,7 +86,7 @@ def build_engine(
         cfg.prefill_chunk,
         cfg.resolved_max_batch_size,
     )
-    return Engine(backend, config, text_streams=streams)
+    return Engine(backend, config, text_streams=streams, tiers=tiers)
 
 
 MESSAGE_START = "<|im_start|>"

@@ -1,0 +1,65 @@
+"""The host and disk tiers on the torch backend: a conversation whose KV and snapshots the
+device pool lost is restored from a tier and gives the cold run's tokens and logprobs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tests.engine.test_engine_model import assert_idle, llm, lp_tol, toks
+from tt_serve import LLM, SamplingParams
+
+SP = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, logprobs=3)
+# A pool that holds one 300-token conversation but not two (block 16: 19 + 19 > 24), and two
+# snapshot slots: every other conversation evicts the first one's state from the device.
+SMALL: dict[str, Any] = dict(kv_blocks=26, snapshot_slots=2, max_batch_size=2)
+
+
+def _flood(m: LLM, seed: int) -> None:
+    """Push every earlier conversation out of the device pool."""
+    for i in range(3):
+        m.generate([toks(290, seed + i)], SamplingParams(max_tokens=2, temperature=0.0))
+
+
+def _same(a: Any, b: Any, tol: float) -> None:
+    assert a.token_ids == b.token_ids
+    assert len(set(b.token_ids)) > 3  # not vacuous
+    for x, y in zip(a.logprobs, b.logprobs, strict=True):
+        assert x.keys() == y.keys()
+        assert max(abs(x[k] - y[k]) for k in y) <= tol
+
+
+def test_host_tier_restore_equals_cold(engine_model_dir: Path) -> None:
+    head = toks(256, 1)
+    prompt = head + toks(40, 2)
+    cold = llm(engine_model_dir, prefix_caching=False, **SMALL).generate([prompt], SP)[0]
+    m = llm(engine_model_dir, host_cache_gb=0.05, **SMALL)
+    m.generate([head + toks(30, 3)], SP)
+    _flood(m, 10)
+    assert m.engine.scheduler.cache.match(prompt) == 0  # the device pool lost it
+    (w,) = m.generate([prompt], SP)
+    assert w.cached_tokens == 256
+    _same(w, cold, lp_tol(engine_model_dir))
+    st = m.engine.stats().tiers
+    assert st is not None and st.host_hits == 1 and st.host_hit_tokens == 256
+    assert st.host_bytes <= st.host_budget_bytes
+    assert_idle(m)
+    tiers = m.engine.scheduler.cache.tiers
+    assert tiers is not None and tiers.host is not None
+    tiers.host.check_invariants()
+
+
+def test_disk_tier_restore_after_restart_equals_cold(engine_model_dir: Path, tmp_path: Path) -> None:
+    head = toks(256, 21)
+    prompt = head + toks(40, 22)
+    cold = llm(engine_model_dir, prefix_caching=False, **SMALL).generate([prompt], SP)[0]
+    first = llm(engine_model_dir, disk_cache_dir=str(tmp_path), **SMALL)
+    first.generate([head + toks(30, 23)], SP)
+    first.engine.close()  # the write-backs reach the disk
+    second = llm(engine_model_dir, disk_cache_dir=str(tmp_path), **SMALL)
+    (w,) = second.generate([prompt], SP)
+    assert w.cached_tokens == 256
+    _same(w, cold, lp_tol(engine_model_dir))
+    st = second.engine.stats().tiers
+    assert st is not None and st.disk_hits == 1 and st.disk_corrupt == 0
+    assert_idle(second)
