@@ -49,7 +49,9 @@ def test_host_tier_restore_equals_cold(engine_model_dir: Path) -> None:
     tiers.host.check_invariants()
 
 
-def test_disk_tier_restore_after_restart_equals_cold(engine_model_dir: Path, tmp_path: Path) -> None:
+def test_disk_tier_restore_after_restart_equals_cold(
+    engine_model_dir: Path, tmp_path: Path
+) -> None:
     head = toks(256, 21)
     prompt = head + toks(40, 22)
     cold = llm(engine_model_dir, prefix_caching=False, **SMALL).generate([prompt], SP)[0]

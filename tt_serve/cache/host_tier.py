@@ -91,7 +91,7 @@ class HostTier:
     def block(self, block_hash: BlockHash) -> bytes | None:
         return self._blocks.get(block_hash)
 
-    def keys(self) -> list[SnapshotKey]:
+    def unit_keys(self) -> list[SnapshotKey]:
         return list(self._units)
 
     def get(self, key: SnapshotKey) -> UnitData | None:
