@@ -26,7 +26,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tt_serve.cache.disk_store import DiskStore
+from tt_serve.cache.disk_store import DiskStore, DiskStoreError
 from tt_serve.cache.hashing import BlockHash
 from tt_serve.cache.host_tier import HostTier, UnitData
 from tt_serve.cache.snapshot_pool import SnapshotKey
@@ -98,6 +98,39 @@ class Tiers:
         self._queued = 0
         self._dropped = 0
         self._done = 0
+
+    @classmethod
+    def open(
+        cls,
+        *,
+        block_size: int,
+        host_bytes: int = 0,
+        disk_dir: str | None = None,
+        disk_bytes: int = 0,
+        fingerprint: bytes = b"",
+    ) -> Tiers | None:
+        """The tiers asked for (None when neither): a host tier of ``host_bytes`` (> 0) and a
+        disk store in ``disk_dir`` under ``fingerprint``. ValueError naming the folder when it
+        cannot be used: a startup error, never a silent cold start."""
+        host = HostTier(host_bytes, block_size) if host_bytes > 0 else None
+        disk = None
+        if disk_dir is not None:
+            if len(fingerprint) < 8:
+                raise ValueError("the disk tier needs a checkpoint fingerprint")
+            try:
+                disk = DiskStore.open(disk_dir, fingerprint, disk_bytes)
+            except DiskStoreError as exc:
+                raise ValueError(f"--disk-cache-dir: {exc}") from exc
+            log.info(
+                "disk tier: %s (%d units, %d of %d bytes)",
+                disk_dir,
+                disk.num_units,
+                disk.used_bytes,
+                disk_bytes,
+            )
+        if host is None and disk is None:
+            return None
+        return cls(host, disk)
 
     # -- lookup and restore ------------------------------------------------------------------
 

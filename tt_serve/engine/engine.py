@@ -22,9 +22,14 @@ from typing import Protocol
 
 import numpy as np
 
-from tt_serve.cache import Tiers, TierStats, UnitWrite
 from tt_serve.engine import sampler
-from tt_serve.engine.scheduler import ScheduledStep, Scheduler, SchedulerConfig
+from tt_serve.engine.scheduler import (
+    ScheduledStep,
+    Scheduler,
+    SchedulerConfig,
+    TierStats,
+    UnitWrite,
+)
 from tt_serve.model.interface import (
     Backend,
     PendingOutput,
@@ -74,6 +79,12 @@ class EngineConfig:
     prefix_caching: bool = True
     cache_salt: bytes = b""
     snapshots_per_conversation: int = 0  # the prefix cache's per-path cap (0: none)
+    # The tiers below the device pool (``cache/tiers.py``): host bytes (0: none), the disk
+    # folder (None: none), its bytes, and the fingerprint that names its subfolder.
+    host_cache_bytes: int = 0
+    disk_cache_dir: str | None = None
+    disk_cache_bytes: int = 0
+    cache_fingerprint: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -139,18 +150,17 @@ class Engine:
         config: EngineConfig,
         *,
         text_streams: TextStreamFactory | None = None,
-        tiers: Tiers | None = None,
     ) -> None:
-        """``tiers``: the host / disk tiers below the device pool (``cache/tiers.py``); the
-        backend must then move units (``UnitIO``)."""
-        if tiers is not None and not isinstance(backend, UnitIO):
+        tiered = config.prefix_caching and (
+            config.host_cache_bytes > 0 or config.disk_cache_dir is not None
+        )
+        if tiered and not isinstance(backend, UnitIO):
             raise ValueError(
                 f"{type(backend).__name__} cannot move KV blocks and snapshots to host memory: "
                 "run without --host-cache-gb and --disk-cache-dir"
             )
         self.backend = backend
         self.config = config
-        self._tiers = tiers if config.prefix_caching else None
         self.unit_io_errors = 0
         self.scheduler = Scheduler.with_cache(
             config.scheduler,
@@ -159,7 +169,10 @@ class Engine:
             prefix_caching=config.prefix_caching,
             salt=config.cache_salt,
             snapshots_per_conversation=config.snapshots_per_conversation,
-            tiers=self._tiers,
+            host_cache_bytes=config.host_cache_bytes,
+            disk_cache_dir=config.disk_cache_dir,
+            disk_cache_bytes=config.disk_cache_bytes,
+            cache_fingerprint=config.cache_fingerprint,
             uniform=self._uniform,
             device_top_k=device_top_k_limit(backend),
         )
@@ -169,6 +182,7 @@ class Engine:
             num_state_slots=self.scheduler.num_state_slots,
             num_snapshot_slots=max(config.num_snapshot_slots, 1),
         )
+        self._tiers = self.scheduler.cache.tiers
         self._text_streams = text_streams
         self._tracked: dict[str, _Tracked] = {}
         self._seq_ids = itertools.count(1)

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from tt_serve.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
+GIB = 1 << 30
 
 
 def build_engine(
@@ -41,10 +42,10 @@ def build_engine(
         spec = ModelSpec.from_hf_dir(cfg.model)
     limit = spec.max_position_embeddings
     max_len = min(cfg.max_model_len or limit, limit)
-    from tt_serve.engine.tier_setup import build_tiers
+    from tt_serve.engine.tier_setup import checkpoint_fingerprint
     from tt_serve.model.launch import launch_backend
 
-    tiers = build_tiers(cfg, spec.model_id)  # first: an unusable disk folder fails at once
+    tiered = cfg.prefix_caching and cfg.disk_cache_dir is not None
 
     if launched is None:
         launched = launch_backend(cfg, spec, max_len)
@@ -72,6 +73,10 @@ def build_engine(
         prefix_caching=cfg.prefix_caching,
         cache_salt=f"{spec.model_id}|{cfg.resolved_dtype}".encode(),
         snapshots_per_conversation=cfg.snapshots_per_conversation,
+        host_cache_bytes=int(cfg.host_cache_gb * GIB) if cfg.prefix_caching else 0,
+        disk_cache_dir=cfg.disk_cache_dir if cfg.prefix_caching else None,
+        disk_cache_bytes=int(cfg.disk_cache_gb * GIB),
+        cache_fingerprint=checkpoint_fingerprint(cfg, spec.model_id) if tiered else b"",
     )
     streams: TextStreamFactory | None = None
     if tokenizer is not None:
@@ -86,7 +91,7 @@ def build_engine(
         cfg.prefill_chunk,
         cfg.resolved_max_batch_size,
     )
-    return Engine(backend, config, text_streams=streams, tiers=tiers)
+    return Engine(backend, config, text_streams=streams)
 
 
 MESSAGE_START = "<|im_start|>"

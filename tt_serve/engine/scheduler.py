@@ -33,9 +33,12 @@ from tt_serve.cache import (
     ResumeRule,
     SnapshotSave,
     Tiers,
+    TierStats,
     UnitRead,
     UnitWrite,
 )
+
+__all__ = ["ScheduledStep", "Scheduler", "SchedulerConfig", "TierStats", "UnitWrite"]
 from tt_serve.config.serve_config import RESUME_POINTS, ServeConfig
 from tt_serve.model.interface import RowSampling, StateCopy, StepBatch, StepRow
 from tt_serve.sequence import FinishReason, Request, RequestError, RequestStatus
@@ -146,9 +149,22 @@ class Scheduler:
         uniform: Callable[[Request], float],
         device_top_k: int = 0,
         snapshots_per_conversation: int = 0,
-        tiers: Tiers | None = None,
+        host_cache_bytes: int = 0,
+        disk_cache_dir: str | None = None,
+        disk_cache_bytes: int = 0,
+        cache_fingerprint: bytes = b"",
     ) -> Scheduler:
-        """A scheduler over a new prefix cache of these sizes (the cache is its alone)."""
+        """A scheduler over a new prefix cache of these sizes (the cache is its alone), with
+        the host / disk tiers asked for (``Tiers.open``: ValueError for an unusable folder)."""
+        tiers = None
+        if prefix_caching:
+            tiers = Tiers.open(
+                block_size=config.block_size,
+                host_bytes=host_cache_bytes,
+                disk_dir=disk_cache_dir,
+                disk_bytes=disk_cache_bytes,
+                fingerprint=cache_fingerprint,
+            )
         cache = PrefixCache(
             num_blocks=num_kv_blocks,
             block_size=config.block_size,
