@@ -10,6 +10,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -107,9 +108,29 @@ def test_restart_finds_conversations_warm_and_never_reads_a_bad_file(
 
 
 def test_unwritable_disk_folder_is_a_clear_startup_error(demo_dir: Path, tmp_path: Path) -> None:
+    """The server reports the folder and why on /health (as every failed load) and serves
+    nothing: never a silent cold start."""
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("x")
     log = tmp_path / "server.log"
-    proc = _start(demo_dir, free_base(1), blocker / "cache", log)
-    assert proc.wait(timeout=120) != 0
-    assert "disk cache directory" in log.read_text()
+    port = free_base(1)
+    url = f"http://127.0.0.1:{port}"
+    proc = _start(demo_dir, port, blocker / "cache", log)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, log.read_text()
+            try:
+                r = httpx.get(f"{url}/health", timeout=2)
+                if r.json().get("status") == "error":
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the load never failed"
+            time.sleep(0.1)
+        assert r.status_code == 503
+        assert "disk cache directory" in r.json()["detail"]
+        assert "not writable" in r.json()["detail"]
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
