@@ -65,3 +65,31 @@ def test_disk_tier_restore_after_restart_equals_cold(
     st = second.engine.stats().tiers
     assert st is not None and st.disk_hits == 1 and st.disk_corrupt == 0
     assert_idle(second)
+
+
+def test_restore_racing_an_eviction_of_the_same_unit(engine_model_dir: Path) -> None:
+    """The host tier drops the unit the moment it was fetched (as an eviction racing the
+    restore): the restore holds its own bytes and still gives the cold run's answer."""
+    head = toks(256, 31)
+    prompt = head + toks(40, 32)
+    cold = llm(engine_model_dir, prefix_caching=False, **SMALL).generate([prompt], SP)[0]
+    m = llm(engine_model_dir, host_cache_gb=0.05, **SMALL)
+    m.generate([head + toks(30, 33)], SP)
+    _flood(m, 40)
+    tiers = m.engine.scheduler.cache.tiers
+    assert tiers is not None and tiers.host is not None
+    host = tiers.host
+    fetch = tiers.fetch
+    dropped: list[object] = []
+
+    def fetch_then_evict(key: Any, hashes: Any) -> Any:
+        got = fetch(key, hashes)
+        dropped.append(host.drop(key))
+        return got
+
+    tiers.fetch = fetch_then_evict  # type: ignore[method-assign]
+    (w,) = m.generate([prompt], SP)
+    assert dropped == [True] and w.cached_tokens == 256
+    _same(w, cold, lp_tol(engine_model_dir))
+    host.check_invariants()
+    assert_idle(m)
