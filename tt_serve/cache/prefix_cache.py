@@ -361,6 +361,9 @@ class PrefixCache:
         extend_block_hashes(hashes, tokens, self._bs, self._root, cuts[-1] // self._bs)
         keys = [(hashes[q // self._bs - 1], q) for q in cuts]
         for key in self._tiers.candidates(keys):
+            slot = self._snapshots.lookup(key)
+            if slot is None and self._snapshots.slot_for(key) is not None:
+                continue  # being computed and saved right now: the device will have it
             b = key[1]
             n = b // self._bs
             on_device = [self._blocks.lookup(h) for h in hashes[:n]]
@@ -368,9 +371,6 @@ class PrefixCache:
             inactive = sum(1 for blk in shared if self._blocks.refcount(blk) == 0)
             if pages - len(shared) > self._blocks.num_allocatable - inactive:
                 return AdmitResult(Admission.LATER)
-            slot = self._snapshots.lookup(key)
-            if slot is None and self._snapshots.slot_for(key) is not None:
-                continue  # being computed and saved right now: the device will have it
             start = time.perf_counter()
             got = self._tiers.fetch(key, tuple(hashes[:n]))
             if got is None:
