@@ -93,3 +93,19 @@ def test_restore_racing_an_eviction_of_the_same_unit(engine_model_dir: Path) -> 
     _same(w, cold, lp_tol(engine_model_dir))
     host.check_invariants()
     assert_idle(m)
+
+
+def test_unit_bytes_are_the_specs(engine_model_dir: Path) -> None:
+    """What the planner counts per unit (``ModelSpec.resume_unit_bytes``) is what the torch
+    backend moves: a block's KV over the attention layers and one snapshot (fp32 here)."""
+    m = llm(engine_model_dir, host_cache_gb=0.05, **SMALL)
+    spec = m.spec
+    block, snapshot = m.engine.backend.unit_nbytes()  # type: ignore[attr-defined]
+    assert block == spec.kv_bytes_per_block(16, 4) and snapshot == spec.state_bytes_per_slot()
+    m.generate([toks(200, 50)], SP)
+    tiers = m.engine.scheduler.cache.tiers
+    assert tiers is not None and tiers.host is not None
+    # The units at 64, 128 and 192 share their blocks: 3 snapshots + 12 distinct blocks.
+    assert tiers.host.num_units == 3
+    assert tiers.host.used_bytes == 3 * snapshot + 12 * block
+    assert spec.resume_unit_bytes(192, 16, 4) == snapshot + 12 * block

@@ -614,6 +614,8 @@ class PrefixCache:
             inflight[key] += 1
         if self._tiers is not None:
             assert self._unit_of.keys() == self._unpublished.keys(), "units of pending saves"
+            if self._tiers.host is not None:
+                self._tiers.host.check_invariants()
         n_unpublished = self._snapshots.num_used - self._snapshots.num_published
         assert n_unpublished == len(self._unpublished), "reserved snapshot slots without an owner"
         assert +inflight == self._inflight, "in-flight boundary index out of sync"
