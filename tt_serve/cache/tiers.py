@@ -60,6 +60,7 @@ class TierStats:
     restore_seconds: float = 0.0  # fetch + device write, summed over restores
     restore_seconds_max: float = 0.0
     restore_bytes: int = 0
+    writethrough_seconds: float = 0.0  # engine-thread time reading units out of the device
     writebacks_queued: int = 0
     writebacks_pending: int = 0
     writebacks_dropped: int = 0
@@ -95,6 +96,7 @@ class Tiers:
         self._restore_s = 0.0
         self._restore_max = 0.0
         self._restore_bytes = 0
+        self._writethrough_s = 0.0
         self._queued = 0
         self._dropped = 0
         self._done = 0
@@ -169,6 +171,11 @@ class Tiers:
         self._restore_bytes += nbytes
 
     # -- write-through -----------------------------------------------------------------------
+
+    def record_writethrough(self, seconds: float) -> None:
+        """Engine-thread time spent reading a unit out of the device (the write-through's
+        only cost on the request path)."""
+        self._writethrough_s += seconds
 
     def missing(self, hashes: Sequence[BlockHash]) -> list[int]:
         """Indices of the blocks to read from the device for a new unit: those the host tier
@@ -273,6 +280,7 @@ class Tiers:
             restore_seconds=self._restore_s,
             restore_seconds_max=self._restore_max,
             restore_bytes=self._restore_bytes,
+            writethrough_seconds=self._writethrough_s,
             writebacks_queued=self._queued,
             writebacks_pending=self._queue.unfinished_tasks,
             writebacks_dropped=self._dropped,

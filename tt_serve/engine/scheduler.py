@@ -470,8 +470,14 @@ class Scheduler:
         ``schedule`` (``PrefixCache.take_unit_reads``)."""
         return self.cache.take_unit_reads()
 
-    def store_unit(self, read: UnitRead, snapshot: bytes, blocks: list[bytes]) -> None:
+    def store_unit(
+        self, read: UnitRead, snapshot: bytes, blocks: list[bytes], seconds: float
+    ) -> None:
+        """The bytes of a unit read in ``seconds`` go to the tiers."""
         self.cache.store_unit(read, snapshot, blocks)
+        tiers = self.cache.tiers
+        if tiers is not None:
+            tiers.record_writethrough(seconds)
 
     def unit_restored(self, write: UnitWrite, seconds: float) -> None:
         """A tier restore is on the device after ``seconds`` of writing (for the metrics)."""

@@ -77,6 +77,11 @@ class TierCollector(Collector):
             value=t.restore_bytes,
         )
         yield CounterMetricFamily(
+            f"{P}cache_tier_writethrough_seconds",
+            "Engine-thread seconds spent reading units out of the device for the tiers.",
+            value=t.writethrough_seconds,
+        )
+        yield CounterMetricFamily(
             f"{P}cache_tier_units_stored",
             "Units written through from the device.",
             value=t.units_stored,
