@@ -109,3 +109,20 @@ def test_unit_bytes_are_the_specs(engine_model_dir: Path) -> None:
     assert tiers.host.num_units == 3
     assert tiers.host.used_bytes == 3 * snapshot + 12 * block
     assert spec.resume_unit_bytes(192, 16, 4) == snapshot + 12 * block
+
+
+def test_restore_of_a_request_left_out_of_its_first_step(engine_model_dir: Path) -> None:
+    """A tier hit admitted behind another request whose chunk fills the step's token budget
+    runs a step later: its bytes are still written before anything reads them."""
+    head = toks(256, 61)
+    prompt = head + toks(40, 62)
+    kw: dict[str, Any] = dict(SMALL, kv_blocks=45, max_num_batched_tokens=64)
+    cold = llm(engine_model_dir, prefix_caching=False, **kw).generate([prompt], SP)[0]
+    m = llm(engine_model_dir, host_cache_gb=0.05, **kw)
+    m.generate([head + toks(30, 63)], SP)
+    _flood(m, 70)
+    assert m.engine.scheduler.cache.match(prompt) == 0
+    first, warm = m.generate([toks(300, 64), prompt], SP)
+    assert warm.cached_tokens == 256 and first.cached_tokens == 0
+    _same(warm, cold, lp_tol(engine_model_dir))
+    assert_idle(m)

@@ -340,7 +340,9 @@ class Engine:
         request owning the slot, whose row leaves the step; the others run."""
         owners = {req.state_slot: req for req in self.scheduler.running}
         failed: set[int] = set()
-        by_id = {req.request_id: req for req in step.requests}
+        # Every running request, not only this step's rows: a hit admitted behind a chunk that
+        # filled the token budget runs later, but its blocks are registered already.
+        by_id = {req.request_id: req for req in self.scheduler.running}
         for rid, write in step.unit_writes:
             self._restore_unit(by_id.get(rid), write, failed)
         for op in step.pre_copies:
@@ -364,9 +366,8 @@ class Engine:
         )
 
     def _restore_unit(self, req: Request | None, write: UnitWrite, failed: set[int]) -> None:
-        """Write a tier hit's bytes into the device before its request's first step."""
-        if req is None or req.finished:
-            return  # aborted meanwhile: its blocks went back with it
+        """Write a tier hit's bytes into the device before any step can read them. Written
+        even when ``req`` ended meanwhile: its restored blocks stay registered."""
         assert isinstance(self.backend, UnitIO)
         start = time.perf_counter()
         try:
@@ -377,10 +378,11 @@ class Engine:
             # The registrations of its blocks stay: a later hit on them reads what the failed
             # write left (a known gap; a torch or ttnn host-to-device copy of a checked size
             # does not fail short of a dead device).
-            log.error("tier restore failed for request %s: %r", req.request_id, exc)
+            log.error("tier restore failed: %r", exc)
             self.unit_io_errors += 1
-            failed.add(id(req))
-            self.scheduler.finish(req, FinishReason.ERROR, error=f"backend error: {exc}")
+            if req is not None:
+                failed.add(id(req))
+                self.scheduler.finish(req, FinishReason.ERROR, error=f"backend error: {exc}")
             return
         self.scheduler.unit_restored(write, time.perf_counter() - start)
 
