@@ -40,7 +40,6 @@ Rules enforced here (where a prompt is cut and may resume: ``cache/resume.py``):
 
 from __future__ import annotations
 
-import time
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -53,10 +52,10 @@ from tt_serve.cache.results import (
     CacheStats,
     SnapshotSave,
     UnitRead,
-    UnitWrite,
 )
 from tt_serve.cache.resume import ResumeKind, ResumePoints, ResumeRule
 from tt_serve.cache.snapshot_pool import SnapshotKey, SnapshotPool
+from tt_serve.cache.tier_link import Later, TierLink
 from tt_serve.cache.tiers import Tiers
 
 
@@ -123,10 +122,11 @@ class PrefixCache:
         self._resumes: Counter[ResumeKind] = Counter()
         self._cap_evictions = 0
         self._peak_path = 0  # most snapshots seen on one request's path
-        self._tiers = tiers if enabled and num_snapshot_slots else None
-        # Reserved snapshot slot -> the blocks and hashes of its unit (write-through).
-        self._unit_of: dict[int, tuple[tuple[int, ...], tuple[BlockHash, ...]]] = {}
-        self._reads: list[UnitRead] = []
+        self._link = (
+            TierLink(tiers, self._blocks, self._snapshots, block_size)
+            if tiers is not None and enabled and num_snapshot_slots
+            else None
+        )
 
     # -- introspection -----------------------------------------------------------------------
 
@@ -152,7 +152,7 @@ class PrefixCache:
 
     @property
     def tiers(self) -> Tiers | None:
-        return self._tiers
+        return self._link.tiers if self._link is not None else None
 
     @property
     def num_free_blocks(self) -> int:
@@ -293,7 +293,7 @@ class PrefixCache:
         points = self._points(tokens, points)
         hashes: list[BlockHash] = []
         b = self._lookup(tokens, hashes, points)
-        if self._tiers is not None:
+        if self._link is not None:
             tier = self._admit_from_tier(request_id, tokens, hashes, points, b, pages)
             if tier is not None:
                 return tier
@@ -351,68 +351,22 @@ class PrefixCache:
         b_dev: int,
         pages: int,
     ) -> AdmitResult | None:
-        """Admit with a hit restored from a tier at a cut past ``b_dev``, or None (no such
-        hit, or no snapshot slot for it: the device hit applies). LATER when the pool cannot
-        take the request now (it could not without the tier hit either)."""
-        assert self._tiers is not None
+        """Admit with a hit restored from a tier at a cut past ``b_dev`` (``tier_link.py``),
+        or None: the device hit applies."""
+        assert self._link is not None
         cuts = [q for q in points.cuts if q > b_dev]
         if not cuts:
             return None
         extend_block_hashes(hashes, tokens, self._bs, self._root, cuts[-1] // self._bs)
-        keys = [(hashes[q // self._bs - 1], q) for q in cuts]
-        for key in self._tiers.candidates(keys):
-            slot = self._snapshots.lookup(key)
-            if slot is None and self._snapshots.slot_for(key) is not None:
-                continue  # being computed and saved right now: the device will have it
-            b = key[1]
-            n = b // self._bs
-            on_device = [self._blocks.lookup(h) for h in hashes[:n]]
-            shared = [blk for blk in on_device if blk is not None]
-            inactive = sum(1 for blk in shared if self._blocks.refcount(blk) == 0)
-            if pages - len(shared) > self._blocks.num_allocatable - inactive:
-                return AdmitResult(Admission.LATER)
-            start = time.perf_counter()
-            got = self._tiers.fetch(key, tuple(hashes[:n]))
-            if got is None:
-                continue  # a bad disk file (removed): try a shorter cut
-            data, tier = got
-            fetched = time.perf_counter() - start
-            snapshot: bytes | None = None
-            if slot is None:
-                slot = self._snapshots.reserve(key)
-                if slot is None:
-                    return None  # every snapshot slot pinned or pending
-                self._snapshots.publish(slot)
-                snapshot = data.snapshot
-            # Validated: from here on nothing can fail. Acquire before allocating, so that the
-            # allocation cannot reclaim a block of the hit.
-            for blk in shared:
-                self._blocks.acquire(blk)
-            fresh = iter(self._blocks.allocate(pages - len(shared)))
-            table: list[int] = []
-            written: list[int] = []
-            for i, dev in enumerate(on_device):
-                blk = next(fresh) if dev is None else dev
-                if dev is None:
-                    self._blocks.register(blk, hashes[i])
-                    written.append(i)
-                table.append(blk)
-            table.extend(fresh)
-            self._snapshots.pin(slot)
-            self._restores += 1
-            self._resumes[points.kind(b)] += 1
-            self._add_request(request_id, tokens, points, tuple(table), b, hashes, slot)
-            write = UnitWrite(
-                blocks=tuple(table[i] for i in written),
-                block_data=tuple(data.blocks[i] for i in written),
-                snapshot_slot=slot,
-                snapshot=snapshot,
-                tokens=b,
-                tier=tier,
-                fetch_seconds=fetched,
-            )
-            return AdmitResult(Admission.NOW, b, tuple(table), slot, unit_write=write)
-        return None
+        got = self._link.restore(hashes, [(hashes[q // self._bs - 1], q) for q in cuts], pages)
+        if got is None:
+            return None
+        if isinstance(got, Later):
+            return AdmitResult(Admission.LATER)
+        self._restores += 1
+        self._resumes[points.kind(got.b)] += 1
+        self._add_request(request_id, tokens, points, got.table, got.b, hashes, got.snapshot_slot)
+        return AdmitResult(Admission.NOW, got.b, got.table, got.snapshot_slot, unit_write=got.write)
 
     def _hit_block(self, block_hash: BlockHash) -> int:
         block = self._blocks.lookup(block_hash)
@@ -489,9 +443,9 @@ class PrefixCache:
         slot = self._snapshots.reserve(key)
         if slot is None:
             return None
-        if self._tiers is not None:
+        if self._link is not None:
             n = num_computed // self._bs
-            self._unit_of[slot] = (req.table[:n], tuple(req.hashes[:n]))
+            self._link.reserved(slot, req.table[:n], tuple(req.hashes[:n]))
         self._unpublished[slot] = (request_id, key)
         self._inflight[key] += 1  # still in flight until published or aborted
         return SnapshotSave(request_id, slot, num_computed)
@@ -531,42 +485,25 @@ class PrefixCache:
         if not self._take_unpublished(save):
             raise ValueError(f"{save} is not pending (already published or aborted)")
         self._snapshots.publish(save.snapshot_slot)
-        unit = self._unit_of.pop(save.snapshot_slot, None)
-        if unit is None or self._tiers is None:
-            return
-        blocks, hashes = unit
-        if self._tiers.holds((hashes[-1], save.boundary)):
-            return
-        idx = self._tiers.missing(hashes)
-        self._reads.append(
-            UnitRead(
-                b=save.boundary,
-                hashes=hashes,
-                snapshot_slot=save.snapshot_slot,
-                blocks=tuple(blocks[i] for i in idx),
-                block_hashes=tuple(hashes[i] for i in idx),
-            )
-        )
+        if self._link is not None:
+            self._link.published(save.snapshot_slot, save.boundary)
 
     def take_unit_reads(self) -> list[UnitRead]:
         """The units published since the last call, to read from the device now: before the
         next admission can reuse their blocks or evict their snapshot slot."""
-        reads, self._reads = self._reads, []
-        return reads
+        return self._link.take_reads() if self._link is not None else []
 
     def store_unit(self, read: UnitRead, snapshot: bytes, blocks: Sequence[bytes]) -> None:
         """The bytes of ``read`` (its snapshot and its ``blocks``, in order) go to the tiers."""
-        if self._tiers is None:
+        if self._link is None:
             raise ValueError("store_unit without tiers")
-        if len(blocks) != len(read.blocks):
-            raise ValueError(f"unit at b={read.b}: {len(blocks)} blocks for {len(read.blocks)}")
-        new = dict(zip(read.block_hashes, blocks, strict=True))
-        self._tiers.store((read.hashes[-1], read.b), read.hashes, snapshot, new)
+        self._link.store(read, snapshot, tuple(blocks))
 
     def abort(self, save: SnapshotSave) -> None:
         """The copy failed or the step is dropped: free the slot. Idempotent."""
         if self._take_unpublished(save):
-            self._unit_of.pop(save.snapshot_slot, None)
+            if self._link is not None:
+                self._link.aborted(save.snapshot_slot)
             self._snapshots.abort(save.snapshot_slot)
 
     # -- release -----------------------------------------------------------------------------
@@ -612,10 +549,8 @@ class PrefixCache:
             assert self._snapshots.key_of(slot) == key, f"pending slot {slot} key"
             assert not self._snapshots.is_published(slot), f"pending slot {slot} published"
             inflight[key] += 1
-        if self._tiers is not None:
-            assert self._unit_of.keys() == self._unpublished.keys(), "units of pending saves"
-            if self._tiers.host is not None:
-                self._tiers.host.check_invariants()
+        if self._link is not None:
+            self._link.check_invariants(set(self._unpublished))
         n_unpublished = self._snapshots.num_used - self._snapshots.num_published
         assert n_unpublished == len(self._unpublished), "reserved snapshot slots without an owner"
         assert +inflight == self._inflight, "in-flight boundary index out of sync"
