@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from tt_serve.model.torch.pools import Pools
@@ -114,6 +115,12 @@ def write_unit(
         )
     layers = _kv_layers(pools)
     device = layers[0].device if layers else pools.snap_rec[0].device
+    if device.type == "cpu":  # numpy copies into the pools' memory (see ``_raw``)
+        for b, data in zip(blocks, block_data, strict=True):
+            _fill(layers, b, data)
+        if snapshot is not None:
+            _fill(_snap_layers(pools), slot, snapshot)
+        return
     with torch.no_grad():
         if blocks:
             raw = _from_host(b"".join(block_data), device).reshape(len(blocks), per_block)
@@ -131,6 +138,17 @@ def write_unit(
                 n = t[0].numel() * t.element_size()
                 t[slot].copy_(raw[off : off + n].view(t.dtype).reshape(t.shape[1:]))
                 off += n
+
+
+def _fill(layers: list[torch.Tensor], row: int, data: bytes) -> None:
+    """Row ``row`` of each of ``layers`` in turn from consecutive slices of ``data``."""
+    off = 0
+    for t in layers:
+        dst = t[row].view(torch.uint8).numpy()
+        dst[...] = np.frombuffer(data, dtype=np.uint8, count=dst.size, offset=off).reshape(
+            dst.shape
+        )
+        off += dst.size
 
 
 def _from_host(data: bytes, device: torch.device) -> torch.Tensor:
