@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import shlex
 import sys
 from dataclasses import asdict, replace
@@ -123,6 +124,7 @@ def parser() -> argparse.ArgumentParser:
         help="size the KV pool (and snapshot slots) for this many agents' whole histories "
         "(0: the default pool)",
     )
+    i.add_argument("--rounds", type=int, default=1, help="repeat the arms, interleaved (default 1)")
     i.add_argument(
         "--tiers-ab",
         type=float,
@@ -292,18 +294,24 @@ def main_inprocess(a: argparse.Namespace, model: str, workload: Workload, tok: A
     arms = [("", 0.0)] if not a.tiers_ab else [("tiers off", 0.0), ("tiers on", a.tiers_ab)]
     runs: dict[str, Any] = {}
     for mode in a.modes:
-        for arm, gb in arms:
-            label = f"{a.backend} C={a.chunk} {rule} {mode}" + (f" {arm}" if arm else "")
-            print(f"{label} ...", file=sys.stderr, flush=True)
-            # A fresh engine (cold cache) for every mode and arm.
-            engine = I.build_engine(model, replace(shape, host_cache_gb=gb), tok)
-            records, makespan = I.replay(engine, workload, mode, tok, progress=_progress)
-            runs[label] = S.summarize(records, makespan)
-            runs[label]["prefill_tokens_computed"] = engine.stats().prefill_tokens_computed
-            tiers = engine.stats().tiers
-            if tiers is not None:
-                runs[label]["tiers"] = asdict(tiers)
-            engine.close()
+        # Rounds interleave the arms, the order alternating, so that other load on a shared
+        # machine falls on both: compare the makespans of one round, or their medians.
+        for r in range(a.rounds):
+            for arm, gb in arms if r % 2 == 0 else arms[::-1]:
+                label = f"{a.backend} C={a.chunk} {rule} {mode}" + (f" {arm}" if arm else "")
+                label += f" r{r}" if a.rounds > 1 else ""
+                print(f"{label} ...", file=sys.stderr, flush=True)
+                # A fresh engine (cold cache) for every mode, arm and round.
+                engine = I.build_engine(model, replace(shape, host_cache_gb=gb), tok)
+                load0 = os.getloadavg()[0]
+                records, makespan = I.replay(engine, workload, mode, tok, progress=_progress)
+                runs[label] = S.summarize(records, makespan)
+                runs[label]["prefill_tokens_computed"] = engine.stats().prefill_tokens_computed
+                runs[label]["loadavg_1m"] = [round(load0, 2), round(os.getloadavg()[0], 2)]
+                tiers = engine.stats().tiers
+                if tiers is not None:
+                    runs[label]["tiers"] = asdict(tiers)
+                engine.close()
     print(S.markdown(runs))
     engine_fields = {"backend": a.backend, "chunk": a.chunk, "rule": rule}
     engine_fields |= {"kv_blocks": shape.kv_blocks, "snapshot_slots": shape.snapshot_slots}
