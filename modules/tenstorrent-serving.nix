@@ -210,10 +210,19 @@ in
       come to the host (the A/B control arm). With deviceArgmax off every token is picked on
       the host, so this has no effect then.
     '';
-    deviceResident = opt types.bool d.deviceResident
-      "Keep the decode loop's token buffer on the device. Requires deviceArgmax.";
-    tracedPrefill = opt types.bool d.tracedPrefill
-      "Replay captured prefill traces (ttnn) or CUDA graphs (torch on CUDA).";
+    deviceResident = opt (types.nullOr types.bool) d.deviceResident ''
+      Keep the decode loop's token buffer on the device. Requires deviceArgmax.
+      null (auto): on for backend torch on a CUDA device (with deviceArgmax), off elsewhere.
+    '';
+    tracedPrefill = opt (types.nullOr types.bool) d.tracedPrefill ''
+      Replay captured prefill traces (ttnn) or CUDA graphs (torch on CUDA).
+      null (auto): on for backend torch on a CUDA device, off elsewhere.
+    '';
+    gpuMemoryUtilization = opt types.float d.gpuMemoryUtilization ''
+      Backend torch on CUDA: the fraction of the GPU's memory the server may hold (weights,
+      graphs, activations and the KV pool, which takes what the rest leaves); kvBlocks
+      overrides the pool's size.
+    '';
     prefillChunk = opt types.int d.prefillChunk
       "Prefill chunk length in tokens; also a prefix-cache resume point every prefillChunk tokens.";
     blockSize = opt types.int d.blockSize "KV cache block (page) size in tokens.";
@@ -255,6 +264,11 @@ in
       "Running requests at once; 0 = the backend's default (32 on torch, 16 on ttnn).";
     maxWaiting = opt types.int d.maxWaiting "Maximum queued requests before 503.";
     maxNumBatchedTokens = opt types.int d.maxNumBatchedTokens "Token budget per engine step.";
+    maxPrefillRows = opt types.int d.maxPrefillRows ''
+      Requests advancing their prompt in one step, the earliest admitted first (one chunk
+      each): agents whose turns arrive together get their first tokens one after another
+      instead of all at the end. 0: every prefilling request, in lockstep.
+    '';
     maxModelLen = opt types.int d.maxModelLen "Context limit in tokens; 0 = the model's own.";
     traceRegionSize = opt types.int d.traceRegionSize ''
       ttnn trace region in bytes (split over the DRAM banks); 0 sizes it from the traces

@@ -167,6 +167,7 @@ def _plan_mesh(text: str, dev: DeviceSpec) -> tuple[int, int]:
 def _plan(argv: Sequence[str]) -> int:
     from tt_serve.config.serve_config import DEFAULT_BATCH, PRECISIONS, ServeConfig
     from tt_serve.model.published import SIZES
+    from tt_serve.model.tt.plan.tiers import TARGETS, AgentShape
 
     d = ServeConfig()
     p = argparse.ArgumentParser(
@@ -198,9 +199,17 @@ def _plan(argv: Sequence[str]) -> int:
         help="bytes; 0 sizes it from the captured traces",
     )
     p.add_argument(
-        "--traced-prefill", action=argparse.BooleanOptionalAction, default=d.traced_prefill
+        "--traced-prefill",
+        action=argparse.BooleanOptionalAction,
+        default=ServeConfig(backend="ttnn").resolved_traced_prefill,
     )
     p.add_argument("--search-max-batch", action="store_true", help="bisect the largest max_batch")
+    p.add_argument(
+        "--compare-precisions",
+        action="store_true",
+        help="plan every precision profile and print each one's capacity (weights read per "
+        "decode step, KV blocks) beside its measured output-quality cost",
+    )
     p.add_argument(
         "--smallest",
         default=None,
@@ -214,6 +223,19 @@ def _plan(argv: Sequence[str]) -> int:
         metavar="ROWSxCOLS",
         help="the mesh to open the device as (default: its own, e.g. 1x8 on t3k, 8x4 on "
         "galaxy); one tt-metal opens it as too, e.g. 2x4 on t3k",
+    )
+    p.add_argument(
+        "--agents",
+        default=",".join(f"{s.agents}x{s.context // 1024}k" for s in TARGETS),
+        metavar="NxCTX,...",
+        help="agent shapes whose conversations the plan places in the device pool and the "
+        "host and disk tiers (e.g. 8x128k,4x256k)",
+    )
+    p.add_argument(
+        "--host-cache-gb", type=float, default=0.0, help="host-memory tier for the --agents lines"
+    )
+    p.add_argument(
+        "--disk-cache-gb", type=float, default=0.0, help="disk tier for the --agents lines"
     )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--ops", default=None, help="write every ttnn call as JSON lines to FILE")
@@ -244,6 +266,9 @@ def _plan(argv: Sequence[str]) -> int:
             trace_region_size=a.trace_region_size,
             traced_prefill=a.traced_prefill,
         )
+        agents = [AgentShape.parse(t) for t in a.agents.split(",") if t.strip()]
+        if a.host_cache_gb < 0 or a.disk_cache_gb < 0:
+            raise ValueError("--host-cache-gb and --disk-cache-gb must be >= 0")
         candidates = a.smallest.split(",") if a.smallest else [a.device]
         for name in candidates:
             planner.device_spec(name)
@@ -264,6 +289,11 @@ def _plan(argv: Sequence[str]) -> int:
             file=sys.stderr,
         )
         return 2
+    from tt_serve.model.tt.plan import cost_table
+
+    costs = cost_table.nearest(cost_table.load_table(), a.model, spec.hidden_size)
+    if a.compare_precisions:
+        return report.compare_precisions(spec, board, req, costs, print)
     if a.smallest:
         return _plan_smallest(spec, req, candidates)
     return report.main(
@@ -276,6 +306,10 @@ def _plan(argv: Sequence[str]) -> int:
         echo=print,
         checker=checker,
         config=_plan_config(a.model) if checker != "virtual" else None,
+        costs=costs,
+        agents=agents,
+        host_gb=a.host_cache_gb,
+        disk_gb=a.disk_cache_gb,
     )
 
 
@@ -283,6 +317,24 @@ def _doctor(argv: Sequence[str]) -> int:
     from tt_serve.doctor import main as doctor_main
 
     return doctor_main(argv)
+
+
+def _check_numerics(argv: Sequence[str]) -> int:
+    import importlib.util
+
+    from tt_serve.model.tt.golden import check
+
+    check.parser().parse_args(list(argv))  # --help and bad flags are answered in either venv
+    if importlib.util.find_spec("ttnn") is None:
+        print(
+            "tt-serve check-numerics: error: needs the ttnn venv (Python 3.12 with ttnn 0.81.1 "
+            "and torch), whose golden functions it runs; build it with scripts/setup-ttnn-venv, "
+            "then run: PYTHONPATH=. .venv-ttnn/bin/python -m tt_serve.cli check-numerics "
+            + " ".join(argv),
+            file=sys.stderr,
+        )
+        return 2
+    return check.main(argv)
 
 
 def _serve(argv: Sequence[str]) -> int:
@@ -297,6 +349,7 @@ COMMANDS = {
     "demo-model": (_demo_model, "write the tiny random-weight demo model"),
     "check-config": (_check_config, "validate a deployment config file"),
     "plan": (_plan, "plan a ttnn deployment (memory, traces, limits) without a device"),
+    "check-numerics": (_check_numerics, "run a model with ttnn's golden math (ttnn venv)"),
     "doctor": (_doctor, "check this host can serve (devices, driver, SFPI, huge pages, cache)"),
 }
 

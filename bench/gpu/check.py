@@ -46,9 +46,10 @@ FULL = dict(
 TINY = dict(hidden=128, layers=4, heads=4, head_dim=64, inter=256, vocab=512, lin_heads=4, dim=32)
 
 
-def make_spec(s: dict[str, int]) -> ModelSpec:
+def make_config(s: dict[str, int]) -> dict[str, Any]:
+    """The HF ``config.json`` of a random model of the shape ``s`` (FULL or TINY)."""
     layers = s["layers"]
-    cfg = {
+    return {
         "model_type": "qwen3_5_text",
         "vocab_size": s["vocab"],
         "hidden_size": s["hidden"],
@@ -70,7 +71,10 @@ def make_spec(s: dict[str, int]) -> ModelSpec:
         "rope_parameters": {"rope_theta": 1e7, "partial_rotary_factor": 0.25},
         "eos_token_id": 2,
     }
-    return ModelSpec.from_config(cfg, model_id="gpu-check-random")
+
+
+def make_spec(s: dict[str, int]) -> ModelSpec:
+    return ModelSpec.from_config(make_config(s), model_id="gpu-check-random")
 
 
 def make_weights(spec: ModelSpec, device: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:

@@ -37,8 +37,7 @@ rec {
       "--precision" cfg.precision
       (flag "device-argmax" cfg.deviceArgmax)
       (flag "device-sampling" cfg.deviceSampling)
-      (flag "device-resident" cfg.deviceResident)
-      (flag "traced-prefill" cfg.tracedPrefill)
+      "--gpu-memory-utilization" (toString cfg.gpuMemoryUtilization)
       "--prefill-chunk" (toString cfg.prefillChunk)
       "--block-size" (toString cfg.blockSize)
       "--kv-blocks" (toString cfg.kvBlocks)
@@ -51,11 +50,15 @@ rec {
       "--max-batch-size" (toString cfg.maxBatchSize)
       "--max-waiting" (toString cfg.maxWaiting)
       "--max-num-batched-tokens" (toString cfg.maxNumBatchedTokens)
+      "--max-prefill-rows" (toString cfg.maxPrefillRows)
       "--max-model-len" (toString cfg.maxModelLen)
       "--trace-region-size" (toString cfg.traceRegionSize)
       "--log-level" cfg.logLevel
       "--drain-timeout" (toString cfg.drainTimeout)
     ]
+    # null (auto) passes no flag: the server resolves it (on for torch on CUDA)
+    ++ optional (cfg.deviceResident != null) [ (flag "device-resident" cfg.deviceResident) ]
+    ++ optional (cfg.tracedPrefill != null) [ (flag "traced-prefill" cfg.tracedPrefill) ]
     ++ optional (cfg.model != null) [ "--model" cfg.model ]
     ++ optional (cfg.servedModelName != null) [ "--served-model-name" cfg.servedModelName ]
     ++ optional (cfg.diskCacheDir != null) [ "--disk-cache-dir" cfg.diskCacheDir ]

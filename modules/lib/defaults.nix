@@ -14,8 +14,9 @@
   precision = "auto"; # auto: the ttnn default profile (bfloat16 today)
   deviceArgmax = true;
   deviceSampling = true;
-  deviceResident = false;
-  tracedPrefill = false;
+  deviceResident = null; # null (auto): on for torch on CUDA, off elsewhere
+  tracedPrefill = null; # null (auto): on for torch on CUDA, off elsewhere
+  gpuMemoryUtilization = 0.9; # torch on CUDA: the fraction of GPU memory the server holds
   prefillChunk = 256;
   blockSize = 64;
   kvBlocks = 0; # 0: size the KV pool from free memory
@@ -31,6 +32,7 @@
   maxBatchSize = 0; # 0: the backend's default (32 on torch, 16 on ttnn)
   maxWaiting = 256;
   maxNumBatchedTokens = 2048;
+  maxPrefillRows = 1; # requests prefilling per step, earliest first (0: all, in lockstep)
   maxModelLen = 0; # 0: the model's own context length
   traceRegionSize = 0; # 0: sized from the traces the ttnn backend captures
   apiKeyFile = null;

@@ -27,6 +27,8 @@ def make_engine(
     fail_on: set[int] | None = None,
     device_argmax: bool = True,
     resume: str = "messages",
+    prefill_rows: int = 0,
+    prefill_order: str = "arrival",
 ) -> Engine:
     cfg = EngineConfig(
         scheduler=SchedulerConfig(
@@ -37,6 +39,8 @@ def make_engine(
             mixed_steps=mixed,
             device_argmax=device_argmax,
             resume_points=resume,
+            max_prefill_rows=prefill_rows,
+            prefill_order=prefill_order,
         ),
         num_kv_blocks=blocks,
         num_snapshot_slots=snaps,
@@ -250,6 +254,75 @@ def test_all_prefill_or_all_decode_steps_bound_decode_stalls() -> None:
         streak = streak + 1 if ph == "prefill" else 0
         longest = max(longest, streak)
     assert "decode" in phases and longest <= e.scheduler.config.max_prefill_streak
+
+
+def _first_token_steps(engine: Engine, prompts: list[list[int]]) -> dict[int, int]:
+    """The step at which each request (by index) got its first token."""
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"a{i}", prompt, GREEDY)
+    first: dict[int, int] = {}
+    for step in range(10_000):
+        if not engine.has_unfinished():
+            break
+        for o in engine.step():
+            i = int(o.request_id[1:])
+            if o.token_ids and i not in first:
+                first[i] = step
+    return first
+
+
+def test_prefill_rows_go_to_the_earliest_requests() -> None:
+    """One prefilling request per step: a burst's first tokens come in arrival order, the
+    first long before the last (the lockstep arm gives them all at once), with the same tokens
+    and the same chunk segments per request (the cut points do not move)."""
+    prompts = [toks(200 + 10 * i, 40 + i) for i in range(4)]
+    arms = {}
+    for rows in (0, 1):
+        e = make_engine(mixed=False, budget=4 * C, prefill_rows=rows)
+        first = _first_token_steps(e, prompts)
+        segments: dict[int, list[tuple[int, int]]] = {}
+        for b in e.backend.batches:
+            per_step = [r for r in b.rows if r.num_tokens > 1 or r.start_pos == 0]
+            if rows:
+                assert len(per_step) <= rows
+            for r in per_step:
+                segments.setdefault(r.seq_id, []).append((r.start_pos, r.num_tokens))
+        arms[rows] = (first, sorted(segments.values()))
+        assert_idle(e)
+    (lock, lock_seg), (one, one_seg) = arms[0], arms[1]
+    assert max(lock.values()) - min(lock.values()) <= 1  # lockstep: all at (nearly) once
+    assert [one[i] for i in range(4)] == sorted(one.values())  # arrival order
+    assert len(set(one.values())) == 4 and one[0] <= lock[0]
+    assert one_seg == lock_seg
+
+
+def test_shortest_first_takes_the_fewest_remaining_tokens() -> None:
+    prompts = [toks(400, 50), toks(100, 51), toks(250, 52)]
+    e = make_engine(mixed=False, budget=4 * C, prefill_rows=1, prefill_order="shortest")
+    first = _first_token_steps(e, prompts)
+    assert first[1] < first[2] < first[0]
+    assert_idle(e)
+
+
+def test_decodes_run_while_requests_prefill_one_at_a_time() -> None:
+    """With one prefill row per step, a running decode still gets a step after at most
+    max_prefill_streak prefill steps."""
+    e = make_engine(mixed=False, budget=4 * C, prefill_rows=1)
+    e.add_request("d", toks(20, 60), SamplingParams(max_tokens=30, temperature=0))
+    e.step()
+    while not all(r.prefill_done for r in e.scheduler.running):
+        e.step()
+    for i in range(3):
+        e.add_request(f"p{i}", toks(600, 61 + i), SamplingParams(max_tokens=1, temperature=0))
+    before = len(e.backend.batches)
+    for _ in range(24):
+        e.step()
+    streak = longest = 0
+    for b in e.backend.batches[before:]:
+        prefill = any(r.num_tokens > 1 or r.start_pos == 0 for r in b.rows)
+        streak = streak + 1 if prefill else 0
+        longest = max(longest, streak)
+    assert 0 < longest <= e.scheduler.config.max_prefill_streak
 
 
 @pytest.mark.parametrize(

@@ -43,7 +43,7 @@ SCRATCH = 5  # the scratch slot of a backend allocated with 5 state slots
 def test_bucket_selection() -> None:
     assert decode_buckets(16) == (1, 2, 4, 8, 16)
     assert decode_buckets(20) == (1, 2, 4, 8, 16, 20)
-    assert decode_buckets(100) == (1, 2, 4, 8, 16, 32)
+    assert decode_buckets(100) == (1, 2, 4, 8, 16, 32, 64, 100)  # up to the batch
     assert prefill_buckets(256, GDN_CHUNK, unit="the GDN chunk") == (64, 128, 256)
     assert prefill_buckets(192, GDN_CHUNK, unit="the GDN chunk") == (64, 128, 192)
     with pytest.raises(ValueError, match="GDN chunk"):
@@ -95,7 +95,10 @@ def test_flat_inputs_refresh_in_place() -> None:
 
 
 def _engine(be: TorchBackend, *, caching: bool = True) -> Engine:
-    sc = SchedulerConfig(max_batch=6, max_num_batched_tokens=512, chunk=128, block_size=16)
+    # every prompt prefills in each step (lockstep), so all six decode together: bucket 6
+    sc = SchedulerConfig(
+        max_batch=6, max_num_batched_tokens=512, chunk=128, block_size=16, max_prefill_rows=0
+    )
     cfg = EngineConfig(
         scheduler=sc,
         num_kv_blocks=400,
@@ -189,6 +192,21 @@ def test_outputs_and_eager_fallback(dense_dir: Path) -> None:
     step = [d.row(0, [p[151]], 160), d.row(1, p[:100], 41)]
     _same(plain.execute(StepBatch(tuple(step))), be.execute(StepBatch(tuple(step))), dims)
     assert runs[("prefill", 128)] == 1 and sum(runs.values()) == 4
+
+
+def test_a_batch_of_64_decodes_through_its_bucket(dense_dir: Path) -> None:
+    """Buckets reach the max batch: 64 decode rows replay one program (no eager fallback) and
+    equal the eager path."""
+    dims = nm.model_dims(dense_dir)
+    rows = 64
+    plain = d.backend(dense_dir, blocks=rows * 2 + 1, slots=rows)
+    be = TorchBackend.from_pretrained(dense_dir, max_model_len=32, **STATIC)
+    be.allocate(num_kv_blocks=rows * 2 + 1, block_size=d.BLOCK, num_state_slots=rows,
+                num_snapshot_slots=0)  # fmt: skip
+    assert be.static is not None
+    step = [StepRow(i, (3 + i,), 0, (1 + 2 * i, 2 + 2 * i), i, True) for i in range(rows)]
+    _same(plain.execute(StepBatch(tuple(step))), be.execute(StepBatch(tuple(step))), dims)
+    assert be.static.programs.runs[("decode", 64)] == 1
 
 
 def test_moe_bucketed_equals_eager(moe_dir: Path) -> None:

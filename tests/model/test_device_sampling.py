@@ -195,6 +195,9 @@ class _Allowed:
 
 
 def _engine(be: TorchBackend, **sched: Any) -> Engine:
+    # the burst prefills in lockstep unless a test says otherwise, so its decodes run back to
+    # back (the pipelining these tests count)
+    sched.setdefault("max_prefill_rows", 0)
     sc = SchedulerConfig(max_batch=8, max_num_batched_tokens=512, chunk=128, block_size=16, **sched)
     return Engine(
         be,

@@ -52,3 +52,40 @@ def test_check_dry_run(tmp_path: Path) -> None:
     assert rec["ttft_cold_ms"] > 0 and rec["decode_ms_graph_b8"] > 0
     assert rec["pipelined_steps"] > 0 and rec["engine_decode_tok_s_sync"] > 0
     assert rec["git"]["source_sha256"] and rec["machine"]["cores"] and rec["flags"]["tiny"]
+
+
+SIDE_BY_SIDE = """
+import sys
+sys.modules["httpx"] = None  # the HF arm needs transformers (and its safetensors), not a server
+from bench.gpu.side_by_side import main
+sys.argv = ["side_by_side", "--device", "cpu", "--tiny", "--ledger", sys.argv[1]]
+raise SystemExit(main())
+"""
+
+
+def test_side_by_side_dry_run(tmp_path: Path) -> None:
+    """The GPU side-by-side's CPU twin: every figure is measured (both arms, the bandwidth
+    limit, kernels per step, the agents' workload) and the agents' turn 2 is warm == cold and
+    resumes everything turn 1 left."""
+    ledger = tmp_path / "runs" / "gpu-side-by-side.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OUT": str(tmp_path / "out")}
+    proc = subprocess.run(
+        [sys.executable, "-c", SIDE_BY_SIDE, str(ledger)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "PASS turn2_warm_equals_cold" in proc.stdout
+    assert "PASS turn2_resumes_its_history" in proc.stdout
+    (line,) = ledger.read_text().splitlines()
+    assert (tmp_path / "out" / "gpu-side-by-side.jsonl").read_text().splitlines() == [line]
+    rec = json.loads(line)
+    for b in (1, 8):  # the tiny run's batch tops out at 16
+        assert rec[f"ours_decode_ms_b{b}"] > 0
+    assert rec["hf_decode_ms_b1"] > 0 and rec["hf_prefill_ms"] > 0 and rec["ours_prefill_ms"] > 0
+    assert rec["ours_kernels_per_decode_step_b1"] > 10 and rec["decode_limit_ms_b1"] > 0
+    agents = rec["agents"]
+    assert agents["first_burst_s_cache_on"] > 0 and agents["turn2_cached_tokens"] > 0

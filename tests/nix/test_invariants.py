@@ -47,6 +47,17 @@ TRUTH_TABLE: list[tuple[str, dict[str, Any], bool]] = [
     ("ttnn-batch-negative", {**TTNN, "maxBatchSize": -1}, False),
     ("torch-batch-64", {"maxBatchSize": 64}, True),
     ("cuda-batch-64", {"maxBatchSize": 64, "device": "cuda"}, True),
+    ("cuda-auto-host-argmax", {"device": "cuda", "deviceArgmax": False}, True),
+    (
+        "cuda-explicit-off",
+        {"device": "cuda", "deviceResident": False, "tracedPrefill": False},
+        True,
+    ),
+    ("gpu-memory-half", {"device": "cuda", "gpuMemoryUtilization": 0.5}, True),
+    ("prefill-rows-all", {"maxPrefillRows": 0}, True),
+    ("prefill-rows-negative", {"maxPrefillRows": -1}, False),
+    ("gpu-memory-zero", {"device": "cuda", "gpuMemoryUtilization": 0.0}, False),
+    ("gpu-memory-over-one", {"device": "cuda", "gpuMemoryUtilization": 1.5}, False),
     ("torch-batch-0", {"maxBatchSize": 0}, True),
     ("torch-batch-negative", {"maxBatchSize": -3}, False),
     ("prefix-stride-not-gdn-multiple", {"prefillChunk": 96, "blockSize": 32}, False),
@@ -293,6 +304,13 @@ NEW_RULE_MESSAGES = {
         "workers' ports 8100..8101."
     ],
     "drain-0": [f"{P}.drainTimeout must be at least 1 second (got 0)."],
+    "prefill-rows-negative": [
+        f"{P}.maxPrefillRows must not be negative (0 = every prefilling request; got -1)."
+    ],
+    "gpu-memory-zero": [
+        f"{P}.gpuMemoryUtilization must be more than 0 and at most 1 (a fraction of the GPU's "
+        "memory)."
+    ],
     "ttnn-float32": [
         f"{P}.dtype = float32 is not available on backend ttnn (it computes in bfloat16 and "
         f"block floats): use auto or bfloat16, and {P}.precision for the weights."

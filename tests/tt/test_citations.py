@@ -61,6 +61,7 @@ CITED = [
     "ttnn/cpp/ttnn/operations/matmul/device/sparse/sparse_matmul_device_operation.cpp",
     "ttnn/cpp/ttnn/operations/reduction/topk/device/topk_device_operation.cpp",
     "ttnn/cpp/ttnn/operations/reduction/topk/topk.cpp",
+    "ttnn/cpp/ttnn/operations/transformer/chunk_gated_delta_rule/chunk_gated_delta_rule.cpp",
     "ttnn/cpp/ttnn/operations/transformer/sdpa/device/sdpa_device_operation.cpp",
     "ttnn/cpp/ttnn/operations/transformer/sdpa_decode/device/sdpa_decode_device_operation.cpp",
     "ttnn/ttnn/__init__.py",

@@ -111,9 +111,32 @@ def test_help_lists_every_field_with_help_and_default(monkeypatch: pytest.Monkey
         if not isinstance(field.default, bool):
             default = field.default
             shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
+            shown = "auto" if field.metadata.get("auto") and default is None else shown
             assert _squash(f"(default: {shown})") in _squash(entries[flag]), flag
     assert missing_default == [], f"--help shows no default for {missing_default}"
     assert "--dry-run" in entries
+
+
+def test_graphs_and_residency_are_on_by_default_on_cuda_only() -> None:
+    """auto (None) resolves per backend and device; explicit values always win; the dry run
+    shows the resolved values."""
+    cpu, cuda = ServeConfig(), ServeConfig(device="cuda:1")
+    assert (cpu.device_resident, cpu.traced_prefill) == (None, None)
+    assert (cpu.resolved_device_resident, cpu.resolved_traced_prefill) == (False, False)
+    assert (cuda.resolved_device_resident, cuda.resolved_traced_prefill) == (True, True)
+    ttnn = ServeConfig(backend="ttnn", device_ids=(0,))
+    assert (ttnn.resolved_device_resident, ttnn.resolved_traced_prefill) == (False, False)
+    off = ServeConfig(device="cuda", device_resident=False, traced_prefill=False)
+    assert (off.resolved_device_resident, off.resolved_traced_prefill) == (False, False)
+    # auto residency follows device argmax (it feeds the device's picks back); no violation
+    host_argmax = ServeConfig(device="cuda", device_argmax=False)
+    assert not host_argmax.resolved_device_resident and validate(host_argmax) == []
+    assert validate(cpu) == [] and validate(cuda) == []
+    # an explicit request where it cannot run is still refused
+    assert any("deviceResident = true" in m for m in validate(ServeConfig(device_resident=True)))
+    shown = cuda.to_json_dict(resolved=True)
+    assert (shown["deviceResident"], shown["tracedPrefill"]) == (True, True)
+    assert cuda.to_json_dict()["deviceResident"] is None
 
 
 def test_resolved_dtype() -> None:

@@ -231,3 +231,19 @@ def test_bookkeeping_and_server_import_no_torch_at_module_level() -> None:
                     )
                 ]
     assert bad == []
+
+
+def test_the_golden_tier_is_a_check() -> None:
+    """``model/tt/golden`` (ttnn's golden functions beside the virtual device, ttnn venv only)
+    is a check like the mock tier: no runtime, launch, serving or planning code imports it; only
+    the ``check-numerics`` command does, lazily."""
+    golden = "tt_serve.model.tt.golden"
+    bad = [
+        f"{path.relative_to(ROOT.parent)} imports {name}"
+        for path in sorted(ROOT.rglob("*.py"))
+        if not path.is_relative_to(ROOT / "model" / "tt" / "golden") and path != ROOT / "cli.py"
+        for name in sorted(_imports(path))
+        if name == golden or name.startswith(golden + ".")
+    ]
+    assert bad == []
+    assert golden + ".check" in _imports(ROOT / "cli.py")

@@ -27,9 +27,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         flag = "--" + f.name.replace("_", "-")
         meta = f.metadata
         shown = ",".join(map(str, f.default)) if isinstance(f.default, tuple) else f.default
+        shown = "auto" if meta.get("auto") and f.default is None else shown
         help_text = f"{meta['help']} (default: {shown})"
         kw: dict[str, Any] = {"default": f.default, "help": help_text}
-        if isinstance(f.default, bool):
+        if isinstance(f.default, bool) or meta.get("auto"):
             kw["action"] = argparse.BooleanOptionalAction
         elif f.name == "device_ids":
             kw["type"] = _device_ids

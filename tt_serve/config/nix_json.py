@@ -51,14 +51,16 @@ _JSON_FIELDS: dict[str, tuple[str, tuple[type, ...]]] = {
     "dtype": ("dtype", (str,)),
     "deviceArgmax": ("device_argmax", (bool,)),
     "deviceSampling": ("device_sampling", (bool,)),
-    "deviceResident": ("device_resident", (bool,)),
-    "tracedPrefill": ("traced_prefill", (bool,)),
+    "deviceResident": ("device_resident", (bool, type(None))),
+    "tracedPrefill": ("traced_prefill", (bool, type(None))),
+    "gpuMemoryUtilization": ("gpu_memory_utilization", (float, int)),
     "prefillChunk": ("prefill_chunk", (int,)),
     "blockSize": ("block_size", (int,)),
     "kvBlocks": ("kv_blocks", (int,)),
     "maxBatchSize": ("max_batch_size", (int,)),
     "maxWaiting": ("max_waiting", (int,)),
     "maxNumBatchedTokens": ("max_num_batched_tokens", (int,)),
+    "maxPrefillRows": ("max_prefill_rows", (int,)),
     "maxModelLen": ("max_model_len", (int,)),
     "traceRegionSize": ("trace_region_size", (int,)),
     "precision": ("precision", (str,)),
@@ -150,11 +152,13 @@ def check_config_main(path: str, out: TextIO | None = None) -> int:
 
 
 def dry_run(cfg: ServeConfig, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    """``serve --dry-run``: print the config as check-config JSON (exit 0) or the violations."""
+    """``serve --dry-run``: print the config as check-config JSON with every auto value
+    resolved (exit 0), or the violations."""
     errors = validate(cfg)
     if errors:
         for message in errors:
             print(message, file=err if err is not None else sys.stderr)
         return 1
-    print(json.dumps(cfg.to_json_dict(), indent=2, sort_keys=True), file=out or sys.stdout)
+    doc = cfg.to_json_dict(resolved=True)
+    print(json.dumps(doc, indent=2, sort_keys=True), file=out or sys.stdout)
     return 0

@@ -104,17 +104,22 @@ def validate(cfg: ServeConfig) -> list[str]:
             f"(got backend {cfg.backend}, precision {cfg.precision}).",
         ),
         (
-            not cfg.device_resident or cfg.device_argmax,
+            cfg.device_resident is not True or cfg.device_argmax,
             f"{p}.deviceResident = true requires {p}.deviceArgmax = true "
             "(the decode loop feeds sampled ids back on the device; logits never leave it).",
         ),
         (
-            not cfg.device_resident or accelerated,
+            cfg.device_resident is not True or accelerated,
             f'{p}.deviceResident = true needs {p}.backend = "ttnn" or a CUDA {p}.device ({where}).',
         ),
         (
-            not cfg.traced_prefill or accelerated,
+            cfg.traced_prefill is not True or accelerated,
             f'{p}.tracedPrefill = true needs {p}.backend = "ttnn" or a CUDA {p}.device ({where}).',
+        ),
+        (
+            0 < cfg.gpu_memory_utilization <= 1,
+            f"{p}.gpuMemoryUtilization must be more than 0 and at most 1 (a fraction of the "
+            "GPU's memory).",
         ),
         (cfg.block_size > 0, f"{p}.blockSize must be positive (got {cfg.block_size})."),
         (
@@ -180,6 +185,11 @@ def validate(cfg: ServeConfig) -> list[str]:
             f"{p}.prefillChunk ({cfg.prefill_chunk}): one step must fit a whole chunk.",
         ),
         (cfg.max_waiting >= 0, f"{p}.maxWaiting must not be negative (got {cfg.max_waiting})."),
+        (
+            cfg.max_prefill_rows >= 0,
+            f"{p}.maxPrefillRows must not be negative (0 = every prefilling request; got "
+            f"{cfg.max_prefill_rows}).",
+        ),
         (
             cfg.kv_blocks == 0 or cfg.kv_blocks >= 2,
             f"{p}.kvBlocks must be 0 (size from memory) or at least 2 (block 0 is reserved "

@@ -81,11 +81,24 @@ class ServeConfig:
         "(off: their logits come to the host every step; with device argmax off every token is "
         "picked on the host)",
     )
-    device_resident: bool = _opt(
-        False, "pipelined decode: ids stay on the device between steps (needs device argmax)"
+    # None (auto): on for torch on a CUDA device (graphed, pipelined decode and graphed
+    # prefill are what a GPU user expects), off elsewhere; resolved_* says what runs.
+    device_resident: bool | None = _opt(
+        None,
+        "pipelined decode: ids stay on the device between steps (needs device argmax); auto: "
+        "on for torch on CUDA (with device argmax), off elsewhere",
+        auto=True,
     )
-    traced_prefill: bool = _opt(
-        False, "capture prefill chunk buckets as traces (ttnn) or CUDA graphs (torch on CUDA)"
+    traced_prefill: bool | None = _opt(
+        None,
+        "capture prefill chunk buckets as traces (ttnn) or CUDA graphs (torch on CUDA); auto: on "
+        "for torch on CUDA, off elsewhere",
+        auto=True,
+    )
+    gpu_memory_utilization: float = _opt(
+        0.9,
+        "torch on CUDA: the fraction of the GPU's memory the server may hold (weights, graphs, "
+        "activations and the KV pool, which takes what the rest leaves); kv-blocks overrides",
     )
     prefill_chunk: int = _opt(256, "prefill chunk size C (also a resume point every C tokens)")
     block_size: int = _opt(64, "KV block size in tokens (divides the prefill chunk)")
@@ -122,6 +135,11 @@ class ServeConfig:
     )
     max_waiting: int = _opt(256, "waiting requests before new ones get 503")
     max_num_batched_tokens: int = _opt(2048, "tokens per engine step (at least one chunk)")
+    max_prefill_rows: int = _opt(
+        1,
+        "requests advancing their prompt in one step, the earliest first (one chunk each); 0: "
+        "all of them, in lockstep",
+    )
     max_model_len: int = _opt(0, "context limit in tokens; 0 = the model's own")
     trace_region_size: int = _opt(
         0,
@@ -173,6 +191,24 @@ class ServeConfig:
         return "float32" if self.backend == "torch" and self.device == "cpu" else "bfloat16"
 
     @property
+    def on_cuda(self) -> bool:
+        """The torch backend on a CUDA device."""
+        return self.backend == "torch" and self.device.startswith("cuda")
+
+    @property
+    def resolved_device_resident(self) -> bool:
+        """``device_resident``, auto (None) standing for on with torch on CUDA when device
+        argmax is on (residency feeds the device's picks back), off elsewhere."""
+        if self.device_resident is not None:
+            return self.device_resident
+        return self.on_cuda and self.device_argmax
+
+    @property
+    def resolved_traced_prefill(self) -> bool:
+        """``traced_prefill``, auto (None) standing for on with torch on CUDA, off elsewhere."""
+        return self.on_cuda if self.traced_prefill is None else self.traced_prefill
+
+    @property
     def resolved_max_batch_size(self) -> int:
         """``max_batch_size``, 0 standing for the backend's default (DEFAULT_BATCH)."""
         return self.max_batch_size or DEFAULT_BATCH.get(self.backend, DEFAULT_BATCH["torch"])
@@ -197,11 +233,14 @@ class ServeConfig:
     def num_snapshot_slots(self) -> int:
         return self.snapshot_slots if self.prefix_caching else 0
 
-    def to_json_dict(self) -> dict[str, Any]:
-        """The configuration keyed by NixOS option names (the ``check-config`` format)."""
+    def to_json_dict(self, *, resolved: bool = False) -> dict[str, Any]:
+        """The configuration keyed by NixOS option names (the ``check-config`` format);
+        ``resolved``: auto values replaced by what they stand for (``serve --dry-run``)."""
         out: dict[str, Any] = {}
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
+            if resolved and field.metadata.get("auto"):
+                value = getattr(self, "resolved_" + field.name)
             if field.name == "prefix_caching":
                 out["prefixCaching"] = {"enable": value, "snapshotSlots": self.snapshot_slots}
             elif field.name != "snapshot_slots":

@@ -57,6 +57,7 @@ def build_engine(
         scheduler=SchedulerConfig(
             max_batch=cfg.resolved_max_batch_size,
             max_num_batched_tokens=cfg.max_num_batched_tokens,
+            max_prefill_rows=cfg.max_prefill_rows,
             chunk=cfg.prefill_chunk,
             block_size=cfg.block_size,
             mixed_steps=cfg.mixed_steps,

@@ -16,6 +16,13 @@ default) and all-prefill / all-decode steps, which the server runs on both backe
 (``ServeConfig.mixed_steps``: Tenstorrent traces need them, and on torch they gave a burst of
 prompts a lower max TTFT). In the latter a decode step runs after at most
 ``max_prefill_streak`` consecutive prefill steps, bounding decode stalls.
+
+Prefill rows: at most ``max_prefill_rows`` requests advance their prompt in one step, the
+earliest admitted first (``prefill_order`` "arrival"; "shortest" takes the fewest remaining
+prompt tokens first), one chunk each. Where a step costs in proportion to its tokens (the CPU) a
+burst of agents' turns then gets its first tokens one after another instead of all at the end,
+at the same throughput. A request's chunks stay its own resume segments (one row per request per
+step), so the cut points, and warm == cold, do not depend on this choice.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from tt_serve.model.interface import RowSampling, StateCopy, StepBatch, StepRow
 from tt_serve.sequence import FinishReason, Request, RequestError, RequestStatus
 
 _D = ServeConfig()  # the defaults are ServeConfig's, stated there once
+PREFILL_ORDERS = ("arrival", "shortest")
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,10 @@ class SchedulerConfig:
     # host (the control arm of the device-sampling A/B).
     device_sampling: bool = _D.device_sampling
     max_prefill_streak: int = 2
+    # Requests advancing their prompt in one step (0: all of them, the budget permitting), and
+    # which first: "arrival" (admission order) or "shortest" (fewest prompt tokens left).
+    max_prefill_rows: int = _D.max_prefill_rows
+    prefill_order: str = "arrival"
     # Where prompts are cut (and hits resume): "messages" adds message starts and the prompt
     # end to the chunk multiples; "chunks" is the chunk-only control arm.
     resume_points: str = _D.resume_points
@@ -74,6 +86,12 @@ class SchedulerConfig:
             )
         if self.max_num_batched_tokens < 1:
             raise ValueError("max_num_batched_tokens must be >= 1")
+        if self.max_prefill_rows < 0:
+            raise ValueError(f"max_prefill_rows must be >= 0, got {self.max_prefill_rows}")
+        if self.prefill_order not in PREFILL_ORDERS:
+            raise ValueError(
+                f"prefill_order must be one of {PREFILL_ORDERS}, got {self.prefill_order!r}"
+            )
         if self.resume_points not in RESUME_POINTS:
             raise ValueError(
                 f"resume_points must be one of {RESUME_POINTS}, got {self.resume_points!r}"
@@ -324,6 +342,10 @@ class Scheduler:
                 reqs.append(r)
         budget = self.config.max_num_batched_tokens - len(rows)
         if run_prefill:
+            if self.config.prefill_order == "shortest":
+                prefills.sort(key=lambda r: r.prompt_len - r.num_computed)  # stable: ties FCFS
+            if self.config.max_prefill_rows:
+                prefills = prefills[: self.config.max_prefill_rows]
             for r in prefills:
                 row = self._prefill_row(r, budget, force=not rows)
                 if row is None:

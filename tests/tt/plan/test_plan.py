@@ -326,3 +326,19 @@ def test_plan_smallest_names_the_first_device_that_fits() -> None:
     assert none.returncode == 3 and none.stdout.splitlines()[-1] == "none of n150 fits"
     bad = _cli("--model", "qwen3.5-9b", "--smallest", "n150,nope")
     assert bad.returncode == 2 and "nope" in bad.stderr
+
+
+def test_compare_precisions_puts_each_profile_s_capacity_beside_its_cost() -> None:
+    """Lighter weights read less per step and leave more KV; each line carries the measured
+    cost from the committed table, and the plain plan prints its own profile's."""
+    r = _cli("--model", "qwen3.5-0.8b", "--compare-precisions", "--max-batch-size", "1")
+    assert r.returncode == 0, r.stderr
+    rows = {ln.split()[0]: ln for ln in r.stdout.splitlines()[1:4]}
+    assert list(rows) == ["bfloat16", "mixed", "bfp4-mlp"]
+    per_step = [float(ln.split()[1]) for ln in rows.values()]
+    blocks = [int(ln.split("GB/step, ")[1].split()[0]) for ln in rows.values()]
+    assert per_step == sorted(per_step, reverse=True) and blocks == sorted(blocks)
+    assert all("top-1" in ln and "logprob drift" in ln for ln in rows.values())
+    assert "measured against the float32 reference at qwen3.5-0.8b" in r.stdout
+    plain = _cli("--model", "qwen3.5-0.8b", "--precision", "mixed", "--max-batch-size", "1")
+    assert "quality      mixed: greedy" in plain.stdout, plain.stdout

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from tt_serve.config.serve_config import GDN_CHUNK
 from tt_serve.model.interface import StepBatch, StepRow
-from tt_serve.model.kernels import native
+from tt_serve.model.kernels import fla, native
 from tt_serve.model.ref.layers import Linear, fused, l2norm, rms_norm_gated
 from tt_serve.model.ref.plan import StepPlan, as_index
 
@@ -153,6 +153,15 @@ def recurrent_gated_delta_step(
     delta = (v - kv_mem) * beta[..., None]
     s = s + k[..., None] * delta[..., None, :]
     return (s * q[..., None]).sum(-2), s
+
+
+def fla_kernels(x: torch.Tensor) -> fla.FlaKernels | None:
+    """flash-linear-attention's kernels for the delta rule on ``x``'s CUDA device and compute
+    dtype, once they agree with the two functions above (``model/kernels/fla.py``); None on
+    the CPU, where fla does not import, or where they disagree."""
+    if x.device.type != "cuda":
+        return None
+    return fla.kernels(x.device, x.dtype, chunk_gated_delta, recurrent_gated_delta_step)
 
 
 def project_inputs(
@@ -304,16 +313,15 @@ def gdn_forward(
 
     q, k, v = split_heads(mixed, w)
     core = torch.empty_like(v)
+    f = fla_kernels(x)
+    chunk = chunk_gated_delta if f is None else f.chunk
+    step = recurrent_gated_delta_step if f is None else f.recurrent
     for sp in plan.spans:
         r = slice(sp.offset, sp.offset + sp.n)
-        core[r], rec_state[sp.slot] = chunk_gated_delta(
-            q[r], k[r], v[r], g[r], beta[r], rec_state[sp.slot]
-        )
+        core[r], rec_state[sp.slot] = chunk(q[r], k[r], v[r], g[r], beta[r], rec_state[sp.slot])
     if plan.num_decode:
         d, slots = plan.dec_tokens, plan.dec_slots
-        core[d], state = recurrent_gated_delta_step(
-            q[d], k[d], v[d], g[d], beta[d], rec_state.index_select(0, slots)
-        )
+        core[d], state = step(q[d], k[d], v[d], g[d], beta[d], rec_state.index_select(0, slots))
         rec_state.index_copy_(0, slots, state)
 
     if keep is not None:

@@ -21,7 +21,14 @@ from typing import TYPE_CHECKING, TypedDict, Unpack
 import torch
 
 from tt_serve.model.dtypes import torch_dtype
-from tt_serve.model.interface import StateCopy, StepBatch, StepOutput, StepRow, check_rows
+from tt_serve.model.interface import (
+    PAD_BLOCK,
+    StateCopy,
+    StepBatch,
+    StepOutput,
+    StepRow,
+    check_rows,
+)
 from tt_serve.model.ref.layers import cpu_bf16
 from tt_serve.model.ref.plan import StepPlan
 from tt_serve.model.resident import ResidentSlots
@@ -35,6 +42,7 @@ from tt_serve.model.torch.pools import Pools
 if TYPE_CHECKING:
     from tt_serve.config.serve_config import ServeConfig
     from tt_serve.model.torch.cuda.steps import StaticSteps
+    from tt_serve.model.torch.memory import DeviceMemory
 
 log = logging.getLogger(__name__)
 DEFAULT_PREFILL_CHUNK = 256
@@ -117,23 +125,69 @@ class TorchBackend:
         """The backend ``cfg`` describes (the one mapping of config to torch options).
 
         CUDA graphs run only on a CUDA device, when traced prefill or device residency asks
-        for them; device residency rides on the graphed decode path."""
+        for them (both on by default there: ``ServeConfig.resolved_*``); device residency
+        rides on the graphed decode path."""
         if cfg.model is None:
             raise ValueError("TorchBackend.from_config needs cfg.model (a checkpoint folder)")
-        graphs = torch.device(cfg.device).type == "cuda" and (
-            cfg.traced_prefill or cfg.device_resident
-        )
+        traced, resident = cfg.resolved_traced_prefill, cfg.resolved_device_resident
+        graphs = torch.device(cfg.device).type == "cuda" and (traced or resident)
         return cls.from_pretrained(
             cfg.model,
             spec=spec,
             device=cfg.device,
             dtype=cfg.resolved_dtype,
             cuda_graphs=graphs,
-            traced_prefill=graphs and cfg.traced_prefill,
-            device_resident=graphs and cfg.device_resident,
+            traced_prefill=graphs and traced,
+            device_resident=graphs and resident,
             max_prefill_chunk=cfg.prefill_chunk,
             max_model_len=max_model_len,
         )
+
+    def profile_step_memory(
+        self, *, rows: int, tokens: int, block_size: int, memory: DeviceMemory
+    ) -> int:
+        """Bytes one step of ``rows`` prefill rows sharing ``tokens`` takes on the device above
+        what it held before (activations, the LM head's logits for every row): run once,
+        eagerly, on a throwaway pool just big enough, which is freed again. Called before
+        ``allocate`` (``torch/launch.py`` sizes the real pool from it)."""
+        if self.pools is not None:
+            raise RuntimeError("profile_step_memory() runs before allocate()")
+        rows = max(1, min(rows, tokens))
+        lengths = [tokens // rows + (1 if i < tokens % rows else 0) for i in range(rows)]
+        spans = [-(-n // block_size) for n in lengths]
+        width = max(spans)
+        first = list(itertools.accumulate([1, *spans]))  # block 0 is the padding block
+        batch = StepBatch(
+            tuple(
+                StepRow(
+                    seq_id=i,
+                    token_ids=tuple(j % self.spec.vocab_size for j in range(n)),
+                    start_pos=0,
+                    block_table=tuple(range(first[i], first[i] + spans[i]))
+                    + (PAD_BLOCK,) * (width - spans[i]),
+                    state_slot=i,
+                    sample=True,
+                )
+                for i, n in enumerate(lengths)
+            )
+        )
+        self.pools = Pools.allocate(
+            self.spec,
+            num_kv_blocks=first[-1],
+            block_size=block_size,
+            num_state_slots=rows,
+            num_snapshot_slots=0,
+            dtype=self.dtype,
+            device=self.device,
+        )
+        try:
+            memory.reset_peak()
+            before = memory.allocated()
+            self._eager(batch, list(range(rows)), StepOutput([None] * rows, [None] * rows))
+            return max(0, memory.peak() - before)
+        finally:
+            self.pools = None
+            memory.release_cached()
 
     def allocate(
         self,

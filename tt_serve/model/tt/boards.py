@@ -60,7 +60,7 @@ What the numbers do not cover (the planner must keep a margin):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,40 @@ class ChipSpec:
 
 
 @dataclass(frozen=True)
+class HostLink:
+    """The PCIe links between the host and a board or box: what a restore of cached KV and GDN
+    state from host memory crosses (``plan/tiers.py``).
+
+    Peak per direction: PCIe 4.0 runs 16 GT/s and 5.0 32 GT/s per lane with 128b/130b coding,
+    1.97 and 3.94 GB/s per lane (PCI-SIG base specifications 4.0 and 5.0). The generation and
+    lanes are Tenstorrent's product specifications (n150/n300: PCIe 4.0 x16; p100/p150/p300:
+    PCIe 5.0 x16); tt-metal issue #40832 confirms Gen5 x16 for every device of a Blackhole LoudBox. Chips
+    that have no link of their own (an n300's second chip, over ethernet) share their card's.
+    ``measured_gbps``: what tt-metal itself measured host -> device where it published a figure
+    (Wormhole: ``EnqueueWriteBuffer`` of 512 MB to DRAM at 3.9 GB/s, ``test_rw_buffer``,
+    tt-metal PR #7759), 0 where it has none."""
+
+    generation: int  # PCIe generation (4, 5)
+    lanes: int  # per link
+    links: int  # PCIe-attached links of the box (one per card, or per chip where each has one)
+    measured_gbps: float = 0.0
+
+    @property
+    def peak_gbps(self) -> float:
+        """GB/s per direction per link at the link's line rate (after 128b/130b coding)."""
+        gts = {3: 8.0, 4: 16.0, 5: 32.0}[self.generation]
+        return gts * 128 / 130 / 8 * self.lanes
+
+    def describe(self) -> str:
+        many = f"{self.links} x " if self.links > 1 else ""
+        return f"{many}PCIe {self.generation}.0 x{self.lanes}"
+
+
+WORMHOLE_LINK = HostLink(generation=4, lanes=16, links=1, measured_gbps=3.9)
+BLACKHOLE_LINK = HostLink(generation=5, lanes=16, links=1)
+
+
+@dataclass(frozen=True)
 class DeviceSpec:
     """A board or a box: ``chips`` identical chips arranged as a ``mesh`` (rows, cols)."""
 
@@ -116,6 +150,8 @@ class DeviceSpec:
     # ``ttnn.cluster.get_cluster_type()``'s ClusterType member names this box reports, known
     # before any device opens (tt_metal/api/tt-metalium/cluster.hpp ClusterType)
     cluster_types: tuple[str, ...] = ()
+    # the host's PCIe links to the box (None: no published figure for it)
+    host_link: HostLink | None = None
 
     @property
     def num_chips(self) -> int:
@@ -353,6 +389,7 @@ N150 = DeviceSpec(
     dispatch="worker-row",
     description="Wormhole n150: one chip",
     cluster_types=("N150",),
+    host_link=WORMHOLE_LINK,
 )
 N300 = DeviceSpec(
     name="n300",
@@ -362,6 +399,7 @@ N300 = DeviceSpec(
     description="Wormhole n300: two chips on one card (one PCIe-attached, one over ethernet)",
     ccl_links=(1, 1),
     cluster_types=("N300",),
+    host_link=WORMHOLE_LINK,  # one link per card
 )
 T3K = DeviceSpec(
     name="t3k",
@@ -372,6 +410,7 @@ T3K = DeviceSpec(
     description="Wormhole T3000 (LoudBox/QuietBox): 4 x n300 = 8 chips",
     ccl_links=(1, 1),
     cluster_types=("T3K",),
+    host_link=replace(WORMHOLE_LINK, links=4),  # one per n300 card
 )
 GALAXY = DeviceSpec(
     name="galaxy",
@@ -390,6 +429,7 @@ P100 = DeviceSpec(
     dispatch="worker-col",
     description="Blackhole p100a: one chip, 7 DRAM channels, no ethernet",
     cluster_types=("P100",),
+    host_link=BLACKHOLE_LINK,
 )
 P150 = DeviceSpec(
     name="p150",
@@ -398,6 +438,7 @@ P150 = DeviceSpec(
     dispatch="worker-col",
     description="Blackhole p150a/p150b: one chip",
     cluster_types=("P150",),
+    host_link=BLACKHOLE_LINK,
 )
 P300 = DeviceSpec(
     name="p300",
@@ -407,6 +448,7 @@ P300 = DeviceSpec(
     description="Blackhole p300: two chips on one card",
     ccl_links=(2, 2),
     cluster_types=("P300",),
+    host_link=BLACKHOLE_LINK,  # one x16 slot per card
 )
 P150X4 = DeviceSpec(
     name="p150x4",
@@ -416,6 +458,7 @@ P150X4 = DeviceSpec(
     description="Blackhole QuietBox: 4 x p150",
     ccl_links=(2, 2),
     cluster_types=("P150_X4",),
+    host_link=replace(BLACKHOLE_LINK, links=4),
 )
 P150X8 = DeviceSpec(
     name="p150x8",
@@ -425,6 +468,7 @@ P150X8 = DeviceSpec(
     description="Blackhole LoudBox: 8 x p150",
     ccl_links=(2, 2),
     cluster_types=("P150_X8",),
+    host_link=replace(BLACKHOLE_LINK, links=8),
 )
 BH_GALAXY = DeviceSpec(
     name="bh_galaxy",

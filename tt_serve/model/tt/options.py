@@ -43,9 +43,11 @@ class TTOptions:
     kv_blocks: int = _D.kv_blocks  # 0: sized from DRAM by the plan
     max_model_len: int = _D.max_model_len  # 0: the model's own; sizes the traces' page tables
     trace_region_size: int = _D.trace_region_size  # 0: sized from the captured traces
-    traced_prefill: bool = _D.traced_prefill  # replay captured prefill traces
+    traced_prefill: bool = _D.resolved_traced_prefill  # replay captured prefill traces
     traced_decode: bool = True  # replay the captured decode trace (False: eager, debugging)
-    device_resident: bool = _D.device_resident  # picked ids stay on the device for fed rows
+    device_resident: bool = (
+        _D.resolved_device_resident
+    )  # picked ids stay on the device for fed rows
     moe_dispatch: MoeDispatch = "sparse"  # only the routed experts; "dense": all (reference)
     mesh: tuple[int, int] | None = None  # None: 1 x the number of device ids (a start), or
     # the device's own mesh (a plan)
@@ -67,8 +69,8 @@ class TTOptions:
             kv_blocks=cfg.kv_blocks,
             max_model_len=cfg.max_model_len if max_model_len is None else max_model_len,
             trace_region_size=cfg.trace_region_size,
-            traced_prefill=cfg.traced_prefill,
-            device_resident=cfg.device_resident,
+            traced_prefill=cfg.resolved_traced_prefill,
+            device_resident=cfg.resolved_device_resident,
             mesh=mesh_shape(cfg),
             device_ids=cfg.device_ids,
         )

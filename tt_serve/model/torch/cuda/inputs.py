@@ -3,7 +3,8 @@
 A captured graph has fixed shapes, so every step is fitted into a bucket and padded:
 
 * decode: single-token rows run together in a batch bucket of B rows (powers of two up to the
-  number of state slots). Padding rows use the backend's scratch slot (``Pools.scratch_slot``,
+  number of state slots, which is the server's max batch: a batch of 64 rows replays a graph
+  like a batch of 8). Padding rows use the backend's scratch slot (``Pools.scratch_slot``,
   which no engine row uses) and an all-``PAD_BLOCK`` table at position 0; they compute garbage
   in that slot and block, which no real row reads.
 * prefill: one multi-token row per replay in a length bucket of T tokens (``GDN_CHUNK``·2^k up
@@ -25,15 +26,12 @@ from dataclasses import dataclass
 from tt_serve.model.buckets import NoBucket, doubling, fit_table
 from tt_serve.model.interface import PAD_BLOCK, StepRow
 
-DECODE_BUCKET_CAP = 32
 
-
-def decode_buckets(max_rows: int, cap: int = DECODE_BUCKET_CAP) -> tuple[int, ...]:
-    """1, 2, 4, ... up to ``min(max_rows, cap)`` (which is always the last bucket)."""
-    top = min(max_rows, cap)
-    if top < 1:
+def decode_buckets(max_rows: int) -> tuple[int, ...]:
+    """1, 2, 4, ... up to ``max_rows`` (which is always the last bucket)."""
+    if max_rows < 1:
         raise ValueError(f"need at least one decode row (got {max_rows})")
-    return doubling(1, top)
+    return doubling(1, max_rows)
 
 
 @dataclass(frozen=True)

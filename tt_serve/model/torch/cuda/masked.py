@@ -25,6 +25,7 @@ from tt_serve.model.ref.attention import (
 from tt_serve.model.ref.gdn import (
     GdnWeights,
     chunk_gated_delta,
+    fla_kernels,
     project_inputs,
     split_heads,
 )
@@ -95,6 +96,7 @@ def masked_gdn(
     q, k, v = (torch.where(vt[..., None], a, zero) for a in (q, k, v))
     g, beta = torch.where(vt, g, zero), torch.where(vt, beta, zero)
     state = rec_state.index_select(0, row.slot)[0]
-    core, state = chunk_gated_delta(q, k, v, g, beta, state)
+    f = fla_kernels(x)  # flash-linear-attention's chunk kernel where it imports and agrees
+    core, state = (chunk_gated_delta if f is None else f.chunk)(q, k, v, g, beta, state)
     rec_state.index_copy_(0, row.slot, state[None])
     return gdn_output(core, z, w, x.dtype)

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict
 from typing import Any
 
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.boards import DeviceSpec
-from tt_serve.model.tt.options import TTOptions
+from tt_serve.model.tt.options import Target, TTOptions
+from tt_serve.model.tt.plan import tiers
+from tt_serve.model.tt.plan.cost_table import ShapeCosts
 from tt_serve.model.tt.plan.planner import Plan, max_batch_that_fits, plan, probe_blocks
+from tt_serve.model.tt.precision import PROFILES
 
 
 def _gb(n: int) -> str:
@@ -62,6 +66,59 @@ def format_plan(p: Plan, req: TTOptions) -> Iterator[str]:
     if p.max_batch is not None:
         yield f"  max_batch    up to {p.max_batch} fits"
     yield "  fits"
+
+
+def streamed_per_step(p: Plan) -> int:
+    """Weight bytes one decode step reads: every weight but the embedding table (one row each)."""
+    return sum(b for g, b in p.weights.items() if g != "embed")
+
+
+def _cost(costs: ShapeCosts | None, profile: str) -> str:
+    c = costs.profiles.get(profile) if costs else None
+    if c is None:
+        return "not measured"
+    return (
+        f"greedy {c.greedy_equal_reference:.0%} of sequences, top-1 {c.top1:.1%}, "
+        f"top-5 {c.top5:.1%}, logprob drift {c.drift_mean:.3f}/{c.drift_p99:.3f}/"
+        f"{c.drift_max:.3f} (mean/p99/max)"
+    )
+
+
+def _provenance(costs: ShapeCosts) -> str:
+    v = costs.provenance
+    return (
+        f"measured against the float32 reference at {v['shape']}'s shapes, {v['layers']} "
+        f"layers, vocab {v['vocab']}, {v['positions']} positions, commit "
+        f"{str(v.get('commit'))[:10]} (bench/precision_cost.py)"
+    )
+
+
+def format_quality(p: Plan, costs: ShapeCosts | None) -> Iterator[str]:
+    """What the plan's precision costs in output quality (``cost_table``)."""
+    yield f"  quality      {p.precision}: {_cost(costs, p.precision)}"
+    if costs is not None:
+        yield f"               {_provenance(costs)}"
+
+
+def compare_precisions(
+    spec: ModelSpec,
+    board: DeviceSpec,
+    req: TTOptions,
+    costs: ShapeCosts | None,
+    echo: Callable[[str], None],
+) -> int:
+    """Each profile's capacity (weights streamed per decode step, KV blocks) beside its measured
+    cost; exit 3 when none fits."""
+    echo(f"precision profiles on {board.name} (max_batch {req.max_batch_size}):")
+    fits = 0
+    for profile in PROFILES:
+        p = plan(spec, board, req.replace(precision=profile))
+        kv = f"{p.kv_blocks} KV blocks" if p.ok else f"does not fit [{p.limit_rule}]"
+        fits += p.ok
+        echo(f"  {profile:9} {_gb(streamed_per_step(p))}/step, {kv}: {_cost(costs, profile)}")
+    if costs is not None:
+        echo(f"  {_provenance(costs)}")
+    return 0 if fits else 3
 
 
 def format_mock(p: Plan) -> Iterator[str]:
@@ -118,10 +175,17 @@ def main(
     echo: Callable[[str], None],
     checker: str = "virtual",
     config: dict[str, Any] | None = None,
+    agents: Sequence[tiers.AgentShape] = tiers.TARGETS,
+    host_gb: float = 0.0,
+    disk_gb: float = 0.0,
+    costs: ShapeCosts | None = None,
 ) -> int:
     """Plan on the virtual device; ``checker`` "mock" (or "both") also runs the plan on a
     mock box by tt-metal itself (``config``: the model's config.json, for the child): then
-    ``mock`` decides (or both must fit)."""
+    ``mock`` decides (or both must fit). A plan that fits also says where ``agents``'
+    conversations stay warm with ``host_gb`` / ``disk_gb`` of host and disk tiers
+    (``plan/tiers.py``). ``costs``: the measured output-quality cost of the precision profiles
+    at this model's shape (``cost_table``), shown beside the plan."""
     out = open(ops_file, "w") if ops_file else None  # noqa: SIM115
     try:
         p = plan(spec, board, req, out)
@@ -149,10 +213,30 @@ def main(
                 "accepted the same start"
             )
             p.ok, p.limit_rule, p.limit_message, p.hint = True, None, None, None
+    fits = (
+        tiers.fits(
+            p,
+            Target.of(spec, board, req),
+            req.block_size,
+            agents,
+            host_gb=host_gb,
+            disk_gb=disk_gb,
+        )
+        if p.ok and p.kv_blocks
+        else []
+    )
     if as_json:
-        echo(json.dumps(p.to_json(), indent=2))
+        doc = p.to_json()
+        doc["tiers"] = [{**asdict(f), "agent_bytes": f.agent_bytes, "fits": f.fits} for f in fits]
+        cost = costs.profiles.get(p.precision) if costs else None
+        doc["quality"] = None if costs is None or cost is None else asdict(cost) | costs.provenance
+        echo(json.dumps(doc, indent=2))
     else:
         for line in format_plan(p, req):
+            echo(line)
+        for line in format_quality(p, costs):
+            echo(line)
+        for line in tiers.format_tiers(fits, board):
             echo(line)
         for line in format_mock(p):
             echo(line)

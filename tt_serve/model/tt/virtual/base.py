@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from tt_serve.model.tt.boards import ChipSpec
+from tt_serve.model.tt.formats import round_to
 from tt_serve.model.tt.virtual import dram, rules
 from tt_serve.model.tt.virtual.tensors import (
     INT_TYPES,
@@ -35,6 +36,8 @@ class DeviceBase:
 
     bfloat4_b = DataType.BFLOAT4_B
     CoreCoord = CoreCoord
+    # ``hook(op name, compute) -> compute``: what ``_op`` runs instead of ``compute`` (None: it)
+    compute_hook: Callable[[str, Callable[[], Any]], Callable[[], Any]] | None = None
 
     def __init__(
         self,
@@ -43,8 +46,12 @@ class DeviceBase:
         chip: ChipSpec,
         require_sdpa_program_config: bool = False,
         shape_only: bool = False,
+        card_formats: bool = False,
     ) -> None:
         self._num_devices = num_devices
+        # card_formats: every stored value is rounded to its tensor's dtype as the card stores it
+        # (``tt_serve/model/tt/formats.py``: bf16, tt-metal's block floats); off, all is float32.
+        self.card_formats = card_formats
         # shape_only: tensors hold torch ``meta`` data (shape, no storage); ops check every rule
         # and produce outputs of the right shape and dtype without computing; host reads give
         # zeros. Used by the planner (``plan/planner.py``) to run real-size models.
@@ -86,10 +93,10 @@ class DeviceBase:
     def _new(self, data: torch.Tensor, dtype: DataType, layout: Layout, device: bool) -> Tensor:
         if dtype in (DataType.BFLOAT8_B, DataType.BFLOAT4_B) and layout is not Layout.TILE:
             raise ContractViolation("dtype", "Layout must be Layout::TILE for bfloat8_b")
-        data = data.to(torch.int64 if dtype in INT_TYPES else torch.float32)
+        data = self._stored(data.to(torch.int64 if dtype in INT_TYPES else torch.float32), dtype)
         if self.shape_only and not data.is_meta:
             data = torch.empty(data.shape, dtype=data.dtype, device="meta")
-        buf = Buffer(data, next(self._serial), device)
+        buf = Buffer(data, next(self._serial), device, dtype=dtype)
         if device:
             info = rules.TensorInfo(tuple(data.shape), dtype.value, layout.value)
             with self._rules():
@@ -97,6 +104,12 @@ class DeviceBase:
             self.dram_peak_per_bank = max(self.dram_peak_per_bank, self.dram.used_per_bank)
             self._buffers.add(buf)
         return Tensor(self, buf, dtype, layout)
+
+    def _stored(self, data: torch.Tensor, dtype: DataType | None) -> torch.Tensor:
+        """``data`` as a buffer of ``dtype`` holds it: unchanged unless ``card_formats``."""
+        if not self.card_formats or dtype is None or dtype in INT_TYPES or data.is_meta:
+            return data
+        return round_to(data, dtype.value)
 
     def _release(self, buf: Buffer) -> None:
         buf.freed = True
@@ -136,7 +149,10 @@ class DeviceBase:
         self._live(*inputs)
         self.counts[name] = self.counts.get(name, 0) + 1
         sig = (name, tuple((t.shape, t.dtype, t.layout) for t in inputs))
-        result = compute()
+        # The golden tier (``tt/golden/``) may stand a checked compute in for the op's own, for
+        # this run and every replay of it.
+        run = compute if self.compute_hook is None else self.compute_hook(name, compute)
+        result = run()
         outs = write(result)
         if self._capturing is None:
             self._program_cache.add(sig)
@@ -154,8 +170,9 @@ class DeviceBase:
         targets = [b for b in outs] if isinstance(outs, list) else []
 
         def replay() -> None:
-            for buf, new in zip(targets, _flat(compute()), strict=True):
-                buf.data = new.detach().to(buf.data.dtype, copy=True)  # as _new stores it
+            for buf, new in zip(targets, _flat(run()), strict=True):
+                # as _new stores it
+                buf.data = self._stored(new.detach().to(buf.data.dtype, copy=True), buf.dtype)
 
         trace.steps.append((replay, in_bufs))
         _detach_closure(compute)
@@ -192,7 +209,7 @@ class DeviceBase:
         cores: int | None = None,
     ) -> Tensor:
         def write(res: torch.Tensor) -> list[Buffer]:
-            target.buffer.data = res.detach().clone()
+            target.buffer.data = self._stored(res.detach().clone(), target.dtype)
             return [target.buffer]
 
         if self.shape_only:  # the target keeps its shape; nothing to compute

@@ -30,6 +30,11 @@ compared token for token with the torch reference; device numerics are tested on
   ``synchronize_device``. The fake copies the value when the read is enqueued, as the in-order
   device would read it then, whatever later replays write into the source buffer.
 
+``VirtualTTNN(card_formats=True)``: every value a tensor stores is rounded to its dtype as the
+card stores it (bf16 round to nearest even; bfloat8_b / bfloat4_b as tt-metal's block-float
+packer, ``tt_serve/model/tt/formats.py``), so a run carries the card's storage error; ops still
+compute in float32 (math fidelity and bf16 accumulation are not modelled). Off by default.
+
 Replay re-runs the recorded ops on the recorded buffers, in place, like a device trace.
 
 ``VirtualTTNN(shape_only=True)`` (the planner's device model, ``plan/planner.py``): tensors hold torch
@@ -95,12 +100,14 @@ class VirtualTTNN(
         require_sdpa_program_config: bool = False,
         shape_only: bool = False,
         cluster_type: str | None = None,
+        card_formats: bool = False,
     ) -> None:
         super().__init__(
             num_devices=num_devices,
             chip=chip,
             require_sdpa_program_config=require_sdpa_program_config,
             shape_only=shape_only,
+            card_formats=card_formats,
         )
         # ``ttnn.cluster.get_cluster_type()``: given, or the box of ``num_devices`` such chips
         self.cluster = _cluster(cluster_type or cluster_type_of(chip, num_devices))

@@ -145,6 +145,11 @@ class GdnOps(DeviceBase):
                 [c.info() for c in consts if c is not None],
             )
 
+        # The flat (rank-3) form takes raw q/k and L2-normalises them in the kernel; the rank-4
+        # form expects them normalised already (use_qk_l2norm stays False): the 0.81.1
+        # docstring's "Input layouts", and its golden, which normalises only when asked.
+        norm = l2norm if len(q.shape) == 3 else (lambda x: x)
+
         def fn() -> tuple[torch.Tensor, torch.Tensor]:
             dk = initial_state.shape[2]
             qd = q.buffer.data.reshape(b, t, -1, dk)
@@ -153,8 +158,8 @@ class GdnOps(DeviceBase):
             sc = scale if scale is not None else dk**-0.5
             outs, finals = [], []
             for i in range(b):
-                qi = l2norm(qd[i]).repeat_interleave(rep, 1) * sc
-                ki = l2norm(kd[i]).repeat_interleave(rep, 1)
+                qi = norm(qd[i]).repeat_interleave(rep, 1) * sc
+                ki = norm(kd[i]).repeat_interleave(rep, 1)
                 vi = v.buffer.data[i].reshape(t, hv, dv)
                 o, s = chunk_gated_delta(
                     qi,

@@ -47,6 +47,7 @@ class Buffer:
     freed: bool = False
     shard: rules.Shard | None = None  # L1 height-sharded (interleaved_to_sharded)
     pending: int = 0  # stamp of a non-blocking read not yet synchronized (0: readable)
+    dtype: DataType | None = None  # what a replay's write is stored as (``card_formats``)
 
     @property
     def sharded(self) -> bool:
