@@ -3,8 +3,11 @@ device pool lost is restored from a tier and gives the cold run's tokens and log
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.engine.test_engine_model import assert_idle, llm, lp_tol, toks
 from tt_serve import LLM, SamplingParams
@@ -126,3 +129,32 @@ def test_restore_of_a_request_left_out_of_its_first_step(engine_model_dir: Path)
     assert warm.cached_tokens == 256 and first.cached_tokens == 0
     _same(warm, cold, lp_tol(engine_model_dir))
     assert_idle(m)
+
+
+def test_a_full_disk_turns_the_disk_tier_off_and_answers_stay_right(
+    engine_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk fills up mid-run: the write-back fails, is counted, the disk tier turns off,
+    and the host tier still restores the conversation with the cold run's answer."""
+    head = toks(256, 81)
+    prompt = head + toks(40, 82)
+    cold = llm(engine_model_dir, prefix_caching=False, **SMALL).generate([prompt], SP)[0]
+    m = llm(engine_model_dir, host_cache_gb=0.05, disk_cache_dir=str(tmp_path), **SMALL)
+    tiers = m.engine.scheduler.cache.tiers
+    assert tiers is not None and tiers.disk is not None
+
+    def full(path: Path, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tiers.disk, "_atomic_write", full)
+    m.generate([head + toks(30, 83)], SP)
+    tiers.flush()
+    _flood(m, 90)
+    (w,) = m.generate([prompt], SP)
+    assert w.cached_tokens == 256
+    _same(w, cold, lp_tol(engine_model_dir))
+    st = m.engine.stats().tiers
+    assert st is not None and not st.disk_enabled and st.disk_errors == 1
+    assert st.host_hits == 1 and st.disk_hits == 0
+    assert_idle(m)
+    m.engine.close()
