@@ -158,3 +158,36 @@ def test_a_full_disk_turns_the_disk_tier_off_and_answers_stay_right(
     assert st.host_hits == 1 and st.disk_hits == 0
     assert_idle(m)
     m.engine.close()
+
+
+def test_a_failed_restore_write_is_an_error_then_a_correct_answer(
+    engine_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The device write of a restore fails once: that request ends with an error (never an
+    answer from what the write left), the cache forgets the unit's registrations, and the
+    same request again gets the cold run's answer."""
+    head = toks(256, 91)
+    prompt = head + toks(40, 92)
+    cold = llm(engine_model_dir, prefix_caching=False, **SMALL).generate([prompt], SP)[0]
+    m = llm(engine_model_dir, host_cache_gb=0.05, **SMALL)
+    m.generate([head + toks(30, 93)], SP)
+    _flood(m, 95)
+    backend = m.engine.backend
+    real = backend.write_unit
+    calls: list[int] = []
+
+    def flaky(*a: Any) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("injected host-to-device copy fault")
+        real(*a)
+
+    monkeypatch.setattr(backend, "write_unit", flaky)
+    (bad,) = m.generate([prompt], SP)
+    assert bad.finish_reason == "error" and "restoring cached state" in (bad.error or "")
+    m.engine.scheduler.cache.check_invariants()
+    assert m.engine.scheduler.cache.match(prompt) == 0  # nothing of the failed write is found
+    (good,) = m.generate([prompt], SP)
+    assert good.cached_tokens == 256 and len(calls) == 2  # restored again, this time written
+    _same(good, cold, lp_tol(engine_model_dir))
+    assert_idle(m)

@@ -52,6 +52,7 @@ from tt_serve.cache.results import (
     CacheStats,
     SnapshotSave,
     UnitRead,
+    UnitWrite,
 )
 from tt_serve.cache.resume import ResumeKind, ResumePoints, ResumeRule
 from tt_serve.cache.snapshot_pool import SnapshotKey, SnapshotPool
@@ -487,6 +488,16 @@ class PrefixCache:
         self._snapshots.publish(save.snapshot_slot)
         if self._link is not None:
             self._link.published(save.snapshot_slot, save.boundary)
+
+    def drop_unit(self, write: UnitWrite) -> None:
+        """A restore's write failed: forget what it registered (its blocks, and its snapshot
+        once no request pins it), so no later lookup finds what the write left. The engine
+        first ends every request holding one of its blocks."""
+        for blk in write.blocks:
+            self._blocks.unregister(blk)
+        slot = write.snapshot_slot
+        if write.snapshot is not None and self._snapshots.is_evictable(slot):
+            self._snapshots.evict(slot)
 
     def take_unit_reads(self) -> list[UnitRead]:
         """The units published since the last call, to read from the device now: before the

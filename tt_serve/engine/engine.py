@@ -375,14 +375,14 @@ class Engine:
                 write.blocks, write.block_data, write.snapshot_slot, write.snapshot
             )
         except Exception as exc:
-            # The registrations of its blocks stay: a later hit on them reads what the failed
-            # write left (a known gap; a torch or ttnn host-to-device copy of a checked size
-            # does not fail short of a dead device).
+            # Whoever holds a block of the unit (its request, and any admitted behind it on
+            # the same blocks) ends; the cache forgets the unit, so nothing reads the bytes the
+            # failed write left.
             log.error("tier restore failed: %r", exc)
             self.unit_io_errors += 1
-            if req is not None:
-                failed.add(id(req))
-                self.scheduler.finish(req, FinishReason.ERROR, error=f"backend error: {exc}")
+            error = f"backend error: restoring cached state failed: {exc}"
+            for ended in self.scheduler.unit_failed(write, error):
+                failed.add(id(ended))
             return
         self.scheduler.unit_restored(write, time.perf_counter() - start)
 

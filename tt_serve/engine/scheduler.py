@@ -501,6 +501,17 @@ class Scheduler:
         if tiers is not None:
             tiers.record_writethrough(seconds)
 
+    def unit_failed(self, write: UnitWrite, error: str) -> list[Request]:
+        """A restore's write failed: every running request holding one of its blocks ends
+        with ``error`` (they would read what the write left), then the cache forgets the
+        unit. Returns the requests ended."""
+        written = set(write.blocks)
+        hit = [r for r in self.running if written.intersection(r.block_table)]
+        for req in hit:
+            self.finish(req, FinishReason.ERROR, error=error)
+        self.cache.drop_unit(write)
+        return hit
+
     def unit_restored(self, write: UnitWrite, seconds: float) -> None:
         """A tier restore is on the device after ``seconds`` of writing (for the metrics)."""
         tiers = self.cache.tiers
