@@ -14,7 +14,7 @@ from tt_serve.engine.scheduler import SchedulerConfig
 from tt_serve.model.spec import ModelSpec
 
 
-def _engine(path: Path, **tiers: Any) -> Engine:
+def _engine(path: Path, mesh: int = 0, **tiers: Any) -> Engine:
     """The harness engine's shape with a pool too small to keep a conversation across three
     others (48 blocks of 64 tokens, 2 snapshot slots) and the given tiers."""
     spec = ModelSpec.from_hf_dir(path)
@@ -28,7 +28,8 @@ def _engine(path: Path, **tiers: Any) -> Engine:
         vocab_size=spec.vocab_size,
         **tiers,
     )
-    return Engine(h.tt_backend(path), config)
+    backend = h.mesh_backend(path, mesh) if mesh else h.tt_backend(path)
+    return Engine(backend, config)
 
 
 def test_tier_restore_equals_cold_bitwise(dense_dir: Path, tmp_path: Path) -> None:
@@ -60,3 +61,19 @@ def test_tier_restore_equals_cold_bitwise(dense_dir: Path, tmp_path: Path) -> No
         assert st.host_hits + st.disk_hits == 1 and st.restore_bytes > 0
         eng.scheduler.cache.check_invariants()
         eng.close()
+
+
+def test_tier_restore_on_a_mesh_equals_cold_bitwise(dense_dir: Path) -> None:
+    """Tensor parallel over a 1 x 2 mesh: a unit holds every chip's shard of each pool row (a
+    dump keeps the mesh distribution) and restores them bit for bit."""
+    head = h.prompt(400, 31)
+    hit = head[:384] + h.prompt(SUFFIX, 32)
+    others = [h.prompt(400, 40 + i) for i in range(3)]
+    (cold,) = h.outputs(_engine(dense_dir, mesh=2), [hit], PARAMS)
+    eng = _engine(dense_dir, mesh=2, host_cache_bytes=64 << 20)
+    h.outputs(eng, [head, *others], PARAMS)
+    assert eng.scheduler.cache.match(hit) == 0
+    (warm,) = h.outputs(eng, [hit], PARAMS)
+    assert warm.cached_tokens == 384 and cold.cached_tokens == 0
+    assert mismatch(warm, cold, atol=0) is None
+    eng.close()
