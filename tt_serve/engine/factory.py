@@ -42,7 +42,7 @@ def build_engine(
         spec = ModelSpec.from_hf_dir(cfg.model)
     limit = spec.max_position_embeddings
     max_len = min(cfg.max_model_len or limit, limit)
-    from tt_serve.engine.tier_setup import checkpoint_fingerprint
+    from tt_serve.engine.cache_fingerprint import checkpoint_fingerprint
     from tt_serve.model.launch import launch_backend
 
     tiered = cfg.prefix_caching and cfg.disk_cache_dir is not None

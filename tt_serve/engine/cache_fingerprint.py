@@ -15,7 +15,6 @@ from pathlib import Path
 
 from tt_serve.config.serve_config import ServeConfig
 
-GIB = 1 << 30
 _SAMPLES, _SAMPLE_BYTES = 16, 64 << 10
 
 
