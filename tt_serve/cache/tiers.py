@@ -63,7 +63,8 @@ class TierStats:
     writethrough_seconds: float = 0.0  # engine-thread time reading units out of the device
     writebacks_queued: int = 0
     writebacks_pending: int = 0
-    writebacks_dropped: int = 0
+    writebacks_dropped: int = 0  # the queue was full (in units or bytes)
+    writebacks_pending_bytes: int = 0
     writebacks_done: int = 0
 
 
@@ -81,13 +82,24 @@ class Tiers:
     """A host tier, a disk store, or both (module docstring)."""
 
     def __init__(
-        self, host: HostTier | None, disk: DiskStore | None, *, queue_units: int = 64
+        self,
+        host: HostTier | None,
+        disk: DiskStore | None,
+        *,
+        queue_units: int = 64,
+        queue_bytes: int = 1 << 30,
     ) -> None:
+        """``queue_units`` / ``queue_bytes``: the most write-backs, and their bytes, waiting
+        for the disk (a unit the host tier evicts meanwhile is held by its write-back alone,
+        so the queue is bounded in bytes too; one unit always fits an empty queue)."""
         if host is None and disk is None:
             raise ValueError("Tiers needs a host tier, a disk store or both")
         self.host = host
         self.disk = disk
         self._queue: queue.Queue[object] = queue.Queue(maxsize=max(1, queue_units))
+        self._queue_bytes = queue_bytes
+        self._pending_bytes = 0
+        self._pending_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._hits = {HOST: 0, DISK: 0}
         self._hit_tokens = {HOST: 0, DISK: 0}
@@ -204,11 +216,18 @@ class Tiers:
         for h in hashes:
             got = new.get(h) or (self.host.block(h) if self.host is not None else None)
             blocks.append(got or b"")
-        try:
-            self._queue.put_nowait(_WriteBack(key, hashes, UnitData(snapshot, tuple(blocks))))
-        except queue.Full:
-            self._dropped += 1
-            return
+        item = _WriteBack(key, hashes, UnitData(snapshot, tuple(blocks)))
+        size = item.data.nbytes
+        with self._pending_lock:
+            if self._pending_bytes and self._pending_bytes + size > self._queue_bytes:
+                self._dropped += 1
+                return
+            try:
+                self._queue.put_nowait(item)
+            except queue.Full:
+                self._dropped += 1
+                return
+            self._pending_bytes += size
         self._queued += 1
         self._start_writer()
 
@@ -227,7 +246,11 @@ class Tiers:
                 if item is _STOP:
                     return
                 assert isinstance(item, _WriteBack)
-                self.disk.write(item.key, item.hashes, item.data)
+                try:
+                    self.disk.write(item.key, item.hashes, item.data)
+                finally:
+                    with self._pending_lock:
+                        self._pending_bytes -= item.data.nbytes
                 self._done += 1
             except Exception as exc:  # never let the writer die: the engine must not notice
                 log.error("disk cache: write-back failed: %r", exc)
@@ -284,5 +307,6 @@ class Tiers:
             writebacks_queued=self._queued,
             writebacks_pending=self._queue.unfinished_tasks,
             writebacks_dropped=self._dropped,
+            writebacks_pending_bytes=self._pending_bytes,
             writebacks_done=self._done,
         )

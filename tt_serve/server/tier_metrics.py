@@ -101,6 +101,11 @@ class TierCollector(Collector):
             "Disk write-backs not yet written.",
             value=t.writebacks_pending,
         )
+        yield GaugeMetricFamily(
+            f"{P}cache_tier_writebacks_pending_bytes",
+            "Bytes of disk write-backs not yet written (bounded; past it they are dropped).",
+            value=t.writebacks_pending_bytes,
+        )
         yield CounterMetricFamily(
             f"{P}cache_tier_disk_errors",
             "Disk tier I/O errors (the first write error turns the disk tier off).",

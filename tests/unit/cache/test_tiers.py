@@ -222,3 +222,30 @@ def test_two_replicas_sharing_a_folder_do_not_corrupt_it(tmp_path: Path) -> None
             assert store.read(key) == data
         assert store.corrupt == 0 and store.errors == 0
     assert not list(tmp_path.rglob("*.tmp.*"))
+
+
+def test_tiers_write_back_queue_is_bounded_in_bytes(tmp_path: Path) -> None:
+    """Units the disk has not taken yet hold their bytes: past ``queue_bytes`` they are
+    dropped (the first always fits an empty queue)."""
+    import threading
+
+    disk = DiskStore.open(tmp_path, FP, 1 << 20)
+    tiers = Tiers(None, disk, queue_units=64, queue_bytes=500)
+    gate = threading.Event()
+    real = disk.write
+
+    def slow(*a: object) -> bool:
+        gate.wait(5)
+        return real(*a)  # type: ignore[arg-type]
+
+    disk.write = slow  # type: ignore[method-assign]
+    for c in range(3):  # 372 bytes each: one fits, the rest would exceed 500
+        key, hashes, data = unit([c] * 40, 16)
+        tiers.store(key, hashes, data.snapshot, dict(zip(hashes, data.blocks, strict=True)))
+    assert tiers.stats.writebacks_pending_bytes == 372
+    gate.set()
+    tiers.flush()
+    st = tiers.stats
+    assert st.writebacks_done == 1 and st.writebacks_dropped == 2
+    assert st.writebacks_pending_bytes == 0
+    tiers.close()
