@@ -191,3 +191,35 @@ def test_a_failed_restore_write_is_an_error_then_a_correct_answer(
     assert good.cached_tokens == 256 and len(calls) == 2  # restored again, this time written
     _same(good, cold, lp_tol(engine_model_dir))
     assert_idle(m)
+
+
+def test_disk_unit_evicted_while_restoring_is_a_miss_and_a_right_answer(
+    engine_model_dir: Path, tmp_path: Path
+) -> None:
+    """Another replica removes the unit file between the lookup and the read: the restore
+    falls back to a shorter cut (or none) and the answer is still the cold run's."""
+    head = toks(256, 101)
+    prompt = head + toks(40, 102)
+    cold = llm(engine_model_dir, prefix_caching=False, **SMALL).generate([prompt], SP)[0]
+    first = llm(engine_model_dir, disk_cache_dir=str(tmp_path), **SMALL)
+    first.generate([head + toks(30, 103)], SP)
+    first.engine.close()
+    m = llm(engine_model_dir, disk_cache_dir=str(tmp_path), **SMALL)
+    tiers = m.engine.scheduler.cache.tiers
+    assert tiers is not None and tiers.disk is not None
+    disk = tiers.disk
+    real = disk.read
+    gone: list[int] = []
+
+    def evicted_first(key: Any) -> Any:
+        if not gone:  # the longest cut's file goes just before its read
+            gone.append(key[1])
+            next(tmp_path.rglob(f"{key[0].hex()}-{key[1]}.unit")).unlink()
+        return real(key)
+
+    disk.read = evicted_first  # type: ignore[method-assign]
+    (w,) = m.generate([prompt], SP)
+    assert gone == [256] and w.cached_tokens < 256
+    _same(w, cold, lp_tol(engine_model_dir))
+    assert_idle(m)
+    m.engine.close()
