@@ -18,8 +18,9 @@ at the next start), and two replicas sharing the folder write identical bytes un
 (content addressing), so the last rename wins harmlessly. One replica evicting what another
 still lists makes the other's read a miss, nothing worse.
 
-The folder is bounded by ``budget_bytes``: past it, the units read or written least recently
-(file mtime, touched on every read) are removed, then blocks no remaining unit lists. An I/O
+The folder is bounded by ``budget_bytes``: past it, the units of least value are removed (as the
+host tier: tokens a hit spares x uses, aging; units found at start count one use, the least
+recently touched first), then blocks no remaining unit lists. An I/O
 error while writing (a full disk, a folder gone read-only) is logged and counted and turns the
 tier off for the rest of the process: a degradation, never a crash. ``open`` checks at start
 that the folder is usable and raises ``DiskStoreError`` with the reason if it is not.
@@ -71,6 +72,8 @@ class DiskStore:
         self._lock = threading.Lock()
         self._units: dict[SnapshotKey, tuple[BlockHash, ...]] = {}
         self._blocks: set[BlockHash] = set()
+        self._uses: dict[SnapshotKey, tuple[float, int]] = {}  # key -> (value, uses)
+        self._inflation = 0.0  # L: the value of the last unit evicted
         self._bytes = 0
         self.enabled = True
         self.errors = 0  # I/O errors (writes, reads, removals)
@@ -200,6 +203,7 @@ class DiskStore:
         with self._lock:
             self._units[key] = hashes
         self._touch(path)
+        self._used(key)
         return UnitData(snapshot, tuple(blocks))
 
     def _read_block(self, h: BlockHash) -> bytes | None:
@@ -286,6 +290,7 @@ class DiskStore:
             self._write_file(self._unit_path(key), _UNIT_MAGIC, body)
             with self._lock:
                 self._units[key] = hashes
+            self._used(key)
             self.writes += 1
             self._evict()
         except OSError as exc:
@@ -313,24 +318,38 @@ class DiskStore:
             tmp.unlink(missing_ok=True)
             raise
 
+    def _used(self, key: SnapshotKey) -> None:
+        """A write or a restore of ``key``: its value (as the host tier's) rises."""
+        with self._lock:
+            uses = self._uses.get(key, (0.0, 0))[1] + 1
+            self._uses[key] = (self._inflation + key[1] * uses, uses)
+
     def _evict(self) -> None:
-        """Past the budget: drop the least recently used units, then the blocks none lists."""
+        """Past the budget: drop the units of least value (``L + b x uses``, as the host tier;
+        units a previous run or another replica wrote count one use at this run's start, the
+        least recently touched first), then the blocks no unit lists."""
         if self._bytes <= self._budget:
             return
         with self._lock:
             units = list(self._units)
-        ages = []
+        ranked = []
         for key in units:
             try:
-                ages.append((self._unit_path(key).stat().st_mtime, key))
+                mtime = self._unit_path(key).stat().st_mtime
             except FileNotFoundError:
                 with self._lock:
                     self._units.pop(key, None)
-        ages.sort()
-        for _, key in ages:
+                continue
+            value = self._uses.get(key, (float(key[1]), 0))[0]
+            ranked.append((value, mtime, key))
+        ranked.sort()
+        for value, _, key in ranked:
             if self._bytes <= self._budget:
                 break
             self._forget_unit(key, self._unit_path(key))
+            with self._lock:
+                self._uses.pop(key, None)
+                self._inflation = max(self._inflation, value)
             self.evictions += 1
             self._sweep_blocks()
 

@@ -249,3 +249,17 @@ def test_tiers_write_back_queue_is_bounded_in_bytes(tmp_path: Path) -> None:
     assert st.writebacks_done == 1 and st.writebacks_dropped == 2
     assert st.writebacks_pending_bytes == 0
     tiers.close()
+
+
+def test_disk_store_evicts_by_value(tmp_path: Path) -> None:
+    """A deep unit restored often outlives shallow ones written after it."""
+    d = DiskStore.open(tmp_path, FP, 2600)
+    deep = unit([7] * 40, 32)  # 8 blocks
+    d.write(*deep)
+    for _ in range(3):
+        assert d.read(deep[0]) == deep[2]
+    for c in range(8):  # shallow units (1 block each) push the folder past its budget
+        d.write(*unit([c] * 40, 4))
+    assert d.evictions > 0
+    assert d.read(deep[0]) == deep[2]
+    assert d.used_bytes <= 2600
