@@ -259,7 +259,7 @@ in
       separate dynamic users, so give each its own folder unless they share a group.
     '';
     diskCacheGb = opt types.number d.diskCacheGb
-      "GiB the disk tier may hold (least recently used units are removed past it).";
+      "GiB the disk tier may hold (past it, the units of least value are removed, as in the host tier).";
     maxBatchSize = opt types.int d.maxBatchSize
       "Running requests at once; 0 = the backend's default (32 on torch, 16 on ttnn).";
     maxWaiting = opt types.int d.maxWaiting "Maximum queued requests before 503.";
