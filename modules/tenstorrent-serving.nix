@@ -103,7 +103,11 @@ let
       # path (e.g. a newer driver that charges it) from failing at run time.
       LimitMEMLOCK = "infinity";
     }
-    // optionalAttrs hugepages { ReadWritePaths = [ hugepageDir ]; }
+    // optionalAttrs (hugepages || cfg.diskCacheDir != null) {
+      # The disk tier's folder lives outside the unit's own directories when it is set.
+      ReadWritePaths = optionals hugepages [ hugepageDir ]
+        ++ optionals (cfg.diskCacheDir != null) [ cfg.diskCacheDir ];
+    }
     // optionalAttrs (cfg.apiKeyFile != null) {
       LoadCredential = [ "api-key:${cfg.apiKeyFile}" ];
     };
@@ -237,6 +241,25 @@ in
     '';
     snapshotsPerConversation = opt types.int d.snapshotsPerConversation
       "Most GDN snapshots on one conversation's path; past it the least valuable is evicted (0: no cap).";
+    hostCacheGb = opt types.number d.hostCacheGb ''
+      GiB of host memory for the prefix cache's host tier (0: off). Every published GDN
+      snapshot is written through with the KV of its prefix as one unit per resume point; a
+      conversation the device pool lost is restored from here, bit for bit, instead of being
+      recomputed. One budget, evicted by value (tokens a unit spares x its uses); the tier
+      never holds KV without its snapshot.
+    '';
+    diskCacheDir = opt (types.nullOr types.str) d.diskCacheDir ''
+      Folder of the disk tier (null: off): the same units as checksummed files, written
+      atomically in the background, in a subfolder named by the checkpoint, backend, dtype and
+      precision, so a restarted server (or a replica sharing the folder) finds its
+      conversations warm and a changed checkpoint never restores an old state. A torn or
+      corrupted file is a miss and is removed. An unusable folder fails the start; a full disk
+      at run time turns the tier off (logged, counted in the metrics). The folder must exist
+      and be writable by the service (it is added to ReadWritePaths=); replica workers run as
+      separate dynamic users, so give each its own folder unless they share a group.
+    '';
+    diskCacheGb = opt types.number d.diskCacheGb
+      "GiB the disk tier may hold (past it, the units of least value are removed, as in the host tier).";
     maxBatchSize = opt types.int d.maxBatchSize
       "Running requests at once; 0 = the backend's default (32 on torch, 16 on ttnn).";
     maxWaiting = opt types.int d.maxWaiting "Maximum queued requests before 503.";

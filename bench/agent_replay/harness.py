@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import shlex
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +117,21 @@ def parser() -> argparse.ArgumentParser:
         help="the resume rule (default %(default)s; chunks: the A/B control)",
     )
     i.add_argument("--max-batch", type=int, default=0, help="0: the number of agents")
+    i.add_argument(
+        "--pool-agents",
+        type=int,
+        default=0,
+        help="size the KV pool (and snapshot slots) for this many agents' whole histories "
+        "(0: the default pool)",
+    )
+    i.add_argument("--rounds", type=int, default=1, help="repeat the arms, interleaved (default 1)")
+    i.add_argument(
+        "--tiers-ab",
+        type=float,
+        default=0.0,
+        metavar="GB",
+        help="run every mode twice in one run: host tier off, then on with GB GiB",
+    )
     return p
 
 
@@ -255,22 +271,51 @@ def main_inprocess(a: argparse.Namespace, model: str, workload: Workload, tok: A
     from bench.agent_replay import inprocess as I
 
     sizes = workload.sizes
+    # The rendered first prompt (a small --head is outgrown by the tools' schemas), then every
+    # later turn's answer, tool result and template tokens.
+    first = len(workload.conversation(0, a.modes[0]).prompt_ids(tok))
+    last = max(sizes.longest_prompt(), first + (sizes.turns - 1) * (sizes.answer + sizes.tool + 64))
     shape = I.EngineShape(
         backend=a.backend,
         chunk=a.chunk,
-        max_model_len=sizes.longest_prompt() + sizes.answer + a.chunk,
+        max_model_len=last + sizes.answer + a.chunk,
         max_batch=a.max_batch or sizes.agents,
         resume_points=a.resume_points,
     )
+    if a.pool_agents:
+        bs = ServeConfig.block_size
+        per_agent = -(-(last + sizes.answer) // bs)
+        shape = replace(
+            shape,
+            kv_blocks=a.pool_agents * per_agent + 1,
+            snapshot_slots=max(1, a.pool_agents * ServeConfig.snapshots_per_conversation // 2),
+        )
     rule = a.resume_points
+    arms = [("", 0.0)] if not a.tiers_ab else [("tiers off", 0.0), ("tiers on", a.tiers_ab)]
     runs: dict[str, Any] = {}
     for mode in a.modes:
-        print(f"{a.backend} C={a.chunk} {rule} {mode} ...", file=sys.stderr, flush=True)
-        engine = I.build_engine(model, shape, tok)  # a fresh engine (cold cache) for every mode
-        records, makespan = I.replay(engine, workload, mode, tok, progress=_progress)
-        runs[f"{a.backend} C={a.chunk} {rule} {mode}"] = S.summarize(records, makespan)
+        # Rounds interleave the arms, the order alternating, so that other load on a shared
+        # machine falls on both: compare the makespans of one round, or their medians.
+        for r in range(a.rounds):
+            for arm, gb in arms if r % 2 == 0 else arms[::-1]:
+                label = f"{a.backend} C={a.chunk} {rule} {mode}" + (f" {arm}" if arm else "")
+                label += f" r{r}" if a.rounds > 1 else ""
+                print(f"{label} ...", file=sys.stderr, flush=True)
+                # A fresh engine (cold cache) for every mode, arm and round.
+                engine = I.build_engine(model, replace(shape, host_cache_gb=gb), tok)
+                load0 = os.getloadavg()[0]
+                records, makespan = I.replay(engine, workload, mode, tok, progress=_progress)
+                runs[label] = S.summarize(records, makespan)
+                runs[label]["prefill_tokens_computed"] = engine.stats().prefill_tokens_computed
+                runs[label]["loadavg_1m"] = [round(load0, 2), round(os.getloadavg()[0], 2)]
+                tiers = engine.stats().tiers
+                if tiers is not None:
+                    runs[label]["tiers"] = asdict(tiers)
+                engine.close()
     print(S.markdown(runs))
-    _ledger(a, model, runs, engine={"backend": a.backend, "chunk": a.chunk, "rule": rule})
+    engine_fields = {"backend": a.backend, "chunk": a.chunk, "rule": rule}
+    engine_fields |= {"kv_blocks": shape.kv_blocks, "snapshot_slots": shape.snapshot_slots}
+    _ledger(a, model, runs, engine=engine_fields)
     return 1 if any(r["failed"] for r in runs.values()) else 0
 
 

@@ -44,6 +44,11 @@ class EngineShape:
     snapshot_slots: int = ServeConfig.snapshot_slots
     resume_points: str = ServeConfig.resume_points
     """``messages`` or ``chunks`` (the A/B control)."""
+    kv_blocks: int = 0
+    """The KV pool in blocks (0: sized from memory on torch, every row twice on the virtual
+    device): a pool smaller than the agents' histories makes the tiers matter."""
+    host_cache_gb: float = 0.0
+    """The prefix cache's host tier (0: off)."""
 
 
 def serve_config(model: str, shape: EngineShape) -> ServeConfig:
@@ -59,7 +64,9 @@ def serve_config(model: str, shape: EngineShape) -> ServeConfig:
         snapshot_slots=shape.snapshot_slots,
         # The virtual device plans nothing here: room for every row's context twice over (the
         # cached prefixes of finished turns stay in the pool), and the tests' trace region.
-        kv_blocks=0 if backend == "torch" else 2 * shape.max_batch * blocks_per_seq + 1,
+        kv_blocks=shape.kv_blocks
+        or (0 if backend == "torch" else 2 * shape.max_batch * blocks_per_seq + 1),
+        host_cache_gb=shape.host_cache_gb,
         trace_region_size=0 if backend == "torch" else VIRTUAL_TRACE_REGION,
         resume_points=shape.resume_points,
     )

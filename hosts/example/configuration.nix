@@ -34,6 +34,11 @@
       enable = true;
       snapshotSlots = 64;
     };
+    # Conversations the device pool lost come back from host memory, and from disk after a
+    # restart (the KV + GDN snapshot of each resume point, bit for bit).
+    hostCacheGb = 96;
+    diskCacheDir = "/var/cache/tt-serve";
+    diskCacheGb = 512;
     maxBatchSize = 32;
     maxNumBatchedTokens = 4096;
     # Created out of band (not in the Nix store), readable by root only.

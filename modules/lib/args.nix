@@ -45,6 +45,8 @@ rec {
       "--snapshot-slots" (toString cfg.prefixCaching.snapshotSlots)
       "--resume-points" cfg.resumePoints
       "--snapshots-per-conversation" (toString cfg.snapshotsPerConversation)
+      "--host-cache-gb" (toString cfg.hostCacheGb)
+      "--disk-cache-gb" (toString cfg.diskCacheGb)
       "--max-batch-size" (toString cfg.maxBatchSize)
       "--max-waiting" (toString cfg.maxWaiting)
       "--max-num-batched-tokens" (toString cfg.maxNumBatchedTokens)
@@ -59,6 +61,7 @@ rec {
     ++ optional (cfg.tracedPrefill != null) [ (flag "traced-prefill" cfg.tracedPrefill) ]
     ++ optional (cfg.model != null) [ "--model" cfg.model ]
     ++ optional (cfg.servedModelName != null) [ "--served-model-name" cfg.servedModelName ]
+    ++ optional (cfg.diskCacheDir != null) [ "--disk-cache-dir" cfg.diskCacheDir ]
 
     ++ optional (cfg.apiKeyFile != null) [ "--api-key-file" cfg.apiKeyFile ];
 

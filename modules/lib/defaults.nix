@@ -26,6 +26,9 @@
   };
   resumePoints = "messages"; # chunks: cut only at prefill-chunk multiples (the A/B control)
   snapshotsPerConversation = 8; # 0: no cap
+  hostCacheGb = 0; # GiB of host memory for the prefix cache's host tier; 0: off
+  diskCacheDir = null; # folder of the disk tier (kept across restarts); null: off
+  diskCacheGb = 64; # GiB the disk tier may hold
   maxBatchSize = 0; # 0: the backend's default (32 on torch, 16 on ttnn)
   maxWaiting = 256;
   maxNumBatchedTokens = 2048;

@@ -71,6 +71,10 @@ TRUTH_TABLE: list[tuple[str, dict[str, Any], bool]] = [
     ("resume-chunks", {"resumePoints": "chunks", "snapshotsPerConversation": 0}, True),
     ("resume-unknown", {"resumePoints": "turns"}, False),
     ("snapshot-cap-negative", {"snapshotsPerConversation": -1}, False),
+    ("tiers-on", {"hostCacheGb": 0.5, "diskCacheDir": "/var/cache/tt", "diskCacheGb": 8}, True),
+    ("host-tier-negative", {"hostCacheGb": -1}, False),
+    ("disk-tier-size-0", {"diskCacheDir": "/var/cache/tt", "diskCacheGb": 0}, False),
+    ("disk-size-0-no-dir", {"diskCacheGb": 0}, True),
     ("no-prefix-zero-slots", {"prefixCaching": {"enable": False, "snapshotSlots": 0}}, True),
     (
         "traced-chunk-not-block-multiple",

@@ -51,6 +51,9 @@ EXAMPLE_HOST = {
     "maxModelLen": 32768,
     "maxNumBatchedTokens": 4096,
     "apiKeyFile": "/run/keys/api key",
+    "hostCacheGb": 96,
+    "diskCacheDir": "/var/cache/tt-serve",
+    "diskCacheGb": 512.5,
 }
 
 
@@ -146,7 +149,7 @@ def test_ttnn_host_wiring() -> None:
     sc = out["serviceConfig"]
     assert sc["DeviceAllow"] == ["char-tenstorrent rw"] and sc["PrivateDevices"] is False
     assert sc["LoadCredential"] == ["api-key:/run/keys/api key"]
-    assert sc["ReadWritePaths"] == ["/dev/hugepages-1G"]
+    assert sc["ReadWritePaths"] == ["/dev/hugepages-1G", "/var/cache/tt-serve"]  # + disk tier
     assert out["kernelParams"] == ["hugepagesz=1G", "hugepages=4"]
     assert out["mounts"] == ["/dev/hugepages-1G"]
     assert 'SUBSYSTEM=="tenstorrent"' in out["udevRules"]

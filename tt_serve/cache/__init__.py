@@ -14,9 +14,17 @@ from tt_serve.cache.hashing import (
     root_hash,
 )
 from tt_serve.cache.prefix_cache import PrefixCache
-from tt_serve.cache.results import Admission, AdmitResult, CacheStats, SnapshotSave
+from tt_serve.cache.results import (
+    Admission,
+    AdmitResult,
+    CacheStats,
+    SnapshotSave,
+    UnitRead,
+    UnitWrite,
+)
 from tt_serve.cache.resume import ResumeKind, ResumePoints, ResumeRule
 from tt_serve.cache.snapshot_pool import SnapshotKey, SnapshotPool
+from tt_serve.cache.tiers import Tiers, TierStats
 
 __all__ = [
     "PAD_BLOCK",
@@ -32,6 +40,10 @@ __all__ = [
     "SnapshotKey",
     "SnapshotPool",
     "SnapshotSave",
+    "TierStats",
+    "Tiers",
+    "UnitRead",
+    "UnitWrite",
     "block_hashes",
     "chain_hash",
     "extend_block_hashes",

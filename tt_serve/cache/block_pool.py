@@ -142,6 +142,20 @@ class BlockPool:
         self.registrations += 1
         return True
 
+    def unregister(self, block: int) -> None:
+        """Drop a block's registration (its content is not what its hash names: a restore
+        into it failed). An inactive block becomes free; an owned one stays owned. Counted
+        as an eviction."""
+        h = self._hash[block]
+        if h is None:
+            return
+        del self._by_hash[h]
+        self._hash[block] = None
+        self.evictions += 1
+        if self._refcount[block] == 0:
+            del self._inactive[block]
+            self._free.append(block)
+
     def release(self, blocks: Sequence[int]) -> None:
         """Drop one reference on each block. Blocks reaching refcount 0 become inactive if
         registered, free otherwise. The table's tail is released first so that, among one

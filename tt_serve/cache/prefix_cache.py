@@ -30,6 +30,12 @@ Rules enforced here (where a prompt is cut and may resume: ``cache/resume.py``):
 * A failed step: the engine calls ``release``; nothing of that step was registered or
   published. If admission had to reclaim inactive blocks, their registrations stay dropped
   (the failed forward may have written into them).
+* Tiers (``cache/tiers.py``), when given: every published snapshot's unit is handed out to be
+  read (``take_unit_reads``) and stored (``store_unit``) at once; lookup also asks the tiers
+  for a longer cut than the device holds, and a tier hit is admitted like a device hit whose
+  missing blocks and snapshot are allocated, registered and published at once, with a
+  ``UnitWrite`` the engine applies before the step that first reads them (the cuts are the
+  same, so the restored bits are the cold run's).
 """
 
 from __future__ import annotations
@@ -40,9 +46,18 @@ from dataclasses import dataclass, field
 
 from tt_serve.cache.block_pool import BlockPool
 from tt_serve.cache.hashing import BlockHash, extend_block_hashes, root_hash
-from tt_serve.cache.results import Admission, AdmitResult, CacheStats, SnapshotSave
+from tt_serve.cache.results import (
+    Admission,
+    AdmitResult,
+    CacheStats,
+    SnapshotSave,
+    UnitRead,
+    UnitWrite,
+)
 from tt_serve.cache.resume import ResumeKind, ResumePoints, ResumeRule
 from tt_serve.cache.snapshot_pool import SnapshotKey, SnapshotPool
+from tt_serve.cache.tier_link import Later, TierLink
+from tt_serve.cache.tiers import Tiers
 
 
 @dataclass
@@ -72,9 +87,11 @@ class PrefixCache:
         salt: bytes = b"",
         snapshot_policy: str = "value",
         snapshots_per_conversation: int = 0,
+        tiers: Tiers | None = None,
     ) -> None:
         """``stride``: the prefill chunk, the cut rule of requests that come without
-        ``ResumePoints``. ``snapshots_per_conversation``: the cap (0: none)."""
+        ``ResumePoints``. ``snapshots_per_conversation``: the cap (0: none). ``tiers``: the
+        host / disk tiers below the device pool (none: the device pool only)."""
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         if stride < 1 or stride % block_size:
@@ -106,6 +123,11 @@ class PrefixCache:
         self._resumes: Counter[ResumeKind] = Counter()
         self._cap_evictions = 0
         self._peak_path = 0  # most snapshots seen on one request's path
+        self._link = (
+            TierLink(tiers, self._blocks, self._snapshots, block_size)
+            if tiers is not None and enabled and num_snapshot_slots
+            else None
+        )
 
     # -- introspection -----------------------------------------------------------------------
 
@@ -128,6 +150,10 @@ class PrefixCache:
     @property
     def snapshot_pool(self) -> SnapshotPool:
         return self._snapshots
+
+    @property
+    def tiers(self) -> Tiers | None:
+        return self._link.tiers if self._link is not None else None
 
     @property
     def num_free_blocks(self) -> int:
@@ -268,6 +294,10 @@ class PrefixCache:
         points = self._points(tokens, points)
         hashes: list[BlockHash] = []
         b = self._lookup(tokens, hashes, points)
+        if self._link is not None:
+            tier = self._admit_from_tier(request_id, tokens, hashes, points, b, pages)
+            if tier is not None:
+                return tier
         hit = [self._hit_block(h) for h in hashes[: b // self._bs]]
         # Active hit blocks are shared for free; inactive ones leave the reclaimable pool.
         hit_inactive = sum(1 for blk in hit if self._blocks.refcount(blk) == 0)
@@ -284,6 +314,19 @@ class PrefixCache:
             self._snapshots.pin(slot)
             self._restores += 1
             self._resumes[points.kind(b)] += 1
+        self._add_request(request_id, tokens, points, table, b, hashes, slot)
+        return AdmitResult(Admission.NOW, b, table, slot)
+
+    def _add_request(
+        self,
+        request_id: str,
+        tokens: Sequence[int],
+        points: ResumePoints,
+        table: tuple[int, ...],
+        b: int,
+        hashes: list[BlockHash],
+        slot: int | None,
+    ) -> None:
         req = _Request(
             points=points,
             prompt_len=len(tokens),
@@ -299,7 +342,32 @@ class PrefixCache:
         self._requests[request_id] = req
         self._queries += len(tokens)
         self._hits += b
-        return AdmitResult(Admission.NOW, b, table, slot)
+
+    def _admit_from_tier(
+        self,
+        request_id: str,
+        tokens: Sequence[int],
+        hashes: list[BlockHash],
+        points: ResumePoints,
+        b_dev: int,
+        pages: int,
+    ) -> AdmitResult | None:
+        """Admit with a hit restored from a tier at a cut past ``b_dev`` (``tier_link.py``),
+        or None: the device hit applies."""
+        assert self._link is not None
+        cuts = [q for q in points.cuts if q > b_dev]
+        if not cuts:
+            return None
+        extend_block_hashes(hashes, tokens, self._bs, self._root, cuts[-1] // self._bs)
+        got = self._link.restore(hashes, [(hashes[q // self._bs - 1], q) for q in cuts], pages)
+        if got is None:
+            return None
+        if isinstance(got, Later):
+            return AdmitResult(Admission.LATER)
+        self._restores += 1
+        self._resumes[points.kind(got.b)] += 1
+        self._add_request(request_id, tokens, points, got.table, got.b, hashes, got.snapshot_slot)
+        return AdmitResult(Admission.NOW, got.b, got.table, got.snapshot_slot, unit_write=got.write)
 
     def _hit_block(self, block_hash: BlockHash) -> int:
         block = self._blocks.lookup(block_hash)
@@ -376,6 +444,9 @@ class PrefixCache:
         slot = self._snapshots.reserve(key)
         if slot is None:
             return None
+        if self._link is not None:
+            n = num_computed // self._bs
+            self._link.reserved(slot, req.table[:n], tuple(req.hashes[:n]))
         self._unpublished[slot] = (request_id, key)
         self._inflight[key] += 1  # still in flight until published or aborted
         return SnapshotSave(request_id, slot, num_computed)
@@ -415,10 +486,35 @@ class PrefixCache:
         if not self._take_unpublished(save):
             raise ValueError(f"{save} is not pending (already published or aborted)")
         self._snapshots.publish(save.snapshot_slot)
+        if self._link is not None:
+            self._link.published(save.snapshot_slot, save.boundary)
+
+    def drop_unit(self, write: UnitWrite) -> None:
+        """A restore's write failed: forget what it registered (its blocks, and its snapshot
+        once no request pins it), so no later lookup finds what the write left. The engine
+        first ends every request holding one of its blocks."""
+        for blk in write.blocks:
+            self._blocks.unregister(blk)
+        slot = write.snapshot_slot
+        if write.snapshot is not None and self._snapshots.is_evictable(slot):
+            self._snapshots.evict(slot)
+
+    def take_unit_reads(self) -> list[UnitRead]:
+        """The units published since the last call, to read from the device now: before the
+        next admission can reuse their blocks or evict their snapshot slot."""
+        return self._link.take_reads() if self._link is not None else []
+
+    def store_unit(self, read: UnitRead, snapshot: bytes, blocks: Sequence[bytes]) -> None:
+        """The bytes of ``read`` (its snapshot and its ``blocks``, in order) go to the tiers."""
+        if self._link is None:
+            raise ValueError("store_unit without tiers")
+        self._link.store(read, snapshot, tuple(blocks))
 
     def abort(self, save: SnapshotSave) -> None:
         """The copy failed or the step is dropped: free the slot. Idempotent."""
         if self._take_unpublished(save):
+            if self._link is not None:
+                self._link.aborted(save.snapshot_slot)
             self._snapshots.abort(save.snapshot_slot)
 
     # -- release -----------------------------------------------------------------------------
@@ -464,6 +560,8 @@ class PrefixCache:
             assert self._snapshots.key_of(slot) == key, f"pending slot {slot} key"
             assert not self._snapshots.is_published(slot), f"pending slot {slot} published"
             inflight[key] += 1
+        if self._link is not None:
+            self._link.check_invariants(set(self._unpublished))
         n_unpublished = self._snapshots.num_used - self._snapshots.num_published
         assert n_unpublished == len(self._unpublished), "reserved snapshot slots without an owner"
         assert +inflight == self._inflight, "in-flight boundary index out of sync"

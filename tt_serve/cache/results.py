@@ -31,6 +31,7 @@ class AdmitResult:
     block_table: tuple[int, ...] = ()
     restore_snapshot: int | None = None
     reason: str = ""
+    unit_write: UnitWrite | None = None  # a hit restored from a tier: its bytes to write first
 
 
 @dataclass(frozen=True)
@@ -66,3 +67,36 @@ class CacheStats:
     @property
     def hit_rate(self) -> float:
         return self.hits / self.queries if self.queries else 0.0
+
+
+@dataclass(frozen=True)
+class UnitWrite:
+    """A restore from a tier (``cache/tiers.py``): write ``block_data`` into the device blocks
+    ``blocks`` and, unless ``snapshot`` is None (the device still had it), the snapshot bytes
+    into ``snapshot_slot``, all before the step that first uses them. ``tier`` and
+    ``fetch_seconds`` are for the metrics."""
+
+    blocks: tuple[int, ...]
+    block_data: tuple[bytes, ...]
+    snapshot_slot: int
+    snapshot: bytes | None
+    tokens: int
+    tier: str
+    fetch_seconds: float
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(b) for b in self.block_data) + len(self.snapshot or b"")
+
+
+@dataclass(frozen=True)
+class UnitRead:
+    """A write-through to the tiers: read the snapshot slot ``snapshot_slot`` and the device
+    blocks ``blocks`` (the unit's blocks no tier holds yet, hashes ``block_hashes``) now, then
+    hand the bytes back (``PrefixCache.store_unit``). The unit is keyed ``(hashes[-1], b)``."""
+
+    b: int
+    hashes: tuple[bytes, ...]
+    snapshot_slot: int
+    blocks: tuple[int, ...]
+    block_hashes: tuple[bytes, ...]

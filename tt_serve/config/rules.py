@@ -153,6 +153,16 @@ def validate(cfg: ServeConfig) -> list[str]:
             f"(got {cfg.snapshots_per_conversation}).",
         ),
         (
+            cfg.host_cache_gb >= 0,
+            f"{p}.hostCacheGb must not be negative (0 = no host tier; got "
+            f"{_num(cfg.host_cache_gb)}).",
+        ),
+        (
+            cfg.disk_cache_dir is None or cfg.disk_cache_gb > 0,
+            f"{p}.diskCacheGb must be positive when {p}.diskCacheDir is set (got "
+            f"{_num(cfg.disk_cache_gb)}).",
+        ),
+        (
             cfg.snapshot_slots >= 0,
             f"{p}.prefixCaching.snapshotSlots must not be negative (got {cfg.snapshot_slots}).",
         ),
@@ -267,3 +277,8 @@ def _multiple(value: int, of: int) -> bool:
 
 def _distinct(cfg: ServeConfig) -> bool:
     return len(set(cfg.device_ids)) == len(cfg.device_ids)
+
+
+def _num(value: float) -> str:
+    """A number as Nix's ``toString`` writes it (ints plain, floats with six decimals)."""
+    return str(value) if isinstance(value, int) else f"{value:.6f}"

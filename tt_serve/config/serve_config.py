@@ -118,6 +118,18 @@ class ServeConfig:
         "most GDN snapshots on one conversation's path (its message starts and chunk ends); "
         "past it the least valuable is evicted; 0: no cap",
     )
+    host_cache_gb: float = _opt(
+        0.0,
+        "GiB of host memory for the host tier of the prefix cache: KV blocks and GDN snapshots "
+        "written through as one unit per resume point, restored when the device pool lost "
+        "them; 0: off",
+    )
+    disk_cache_dir: str | None = _opt(
+        None,
+        "folder of the disk tier: resume-point units as checksummed files, kept across "
+        "restarts and shareable by replicas of the same model and precision; None: off",
+    )
+    disk_cache_gb: float = _opt(64.0, "GiB the disk tier may hold (with --disk-cache-dir)")
     max_batch_size: int = _opt(
         0, "running requests at once; 0 = the backend's default (32 on torch, 16 on ttnn)"
     )

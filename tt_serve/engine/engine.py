@@ -23,13 +23,20 @@ from typing import Protocol
 import numpy as np
 
 from tt_serve.engine import sampler
-from tt_serve.engine.scheduler import ScheduledStep, Scheduler, SchedulerConfig
+from tt_serve.engine.scheduler import (
+    ScheduledStep,
+    Scheduler,
+    SchedulerConfig,
+    TierStats,
+    UnitWrite,
+)
 from tt_serve.model.interface import (
     Backend,
     PendingOutput,
     PipelinedBackend,
     StepBatch,
     StepOutput,
+    UnitIO,
     device_top_k_limit,
 )
 from tt_serve.sequence import (
@@ -72,6 +79,12 @@ class EngineConfig:
     prefix_caching: bool = True
     cache_salt: bytes = b""
     snapshots_per_conversation: int = 0  # the prefix cache's per-path cap (0: none)
+    # The tiers below the device pool (``cache/tiers.py``): host bytes (0: none), the disk
+    # folder (None: none), its bytes, and the fingerprint that names its subfolder.
+    host_cache_bytes: int = 0
+    disk_cache_dir: str | None = None
+    disk_cache_bytes: int = 0
+    cache_fingerprint: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -97,6 +110,8 @@ class EngineStats:
     failed_steps: int = 0
     sampled_rows_device: int = 0  # rows whose token the backend picked (argmax or a draw)
     sampled_rows_host: int = 0  # rows sampled on the host from logits
+    tiers: TierStats | None = None  # the host / disk tiers, when configured
+    unit_io_errors: int = 0  # tier reads or restores the backend failed
 
 
 @dataclass
@@ -136,8 +151,17 @@ class Engine:
         *,
         text_streams: TextStreamFactory | None = None,
     ) -> None:
+        tiered = config.prefix_caching and (
+            config.host_cache_bytes > 0 or config.disk_cache_dir is not None
+        )
+        if tiered and not isinstance(backend, UnitIO):
+            raise ValueError(
+                f"{type(backend).__name__} cannot move KV blocks and snapshots to host memory: "
+                "run without --host-cache-gb and --disk-cache-dir"
+            )
         self.backend = backend
         self.config = config
+        self.unit_io_errors = 0
         self.scheduler = Scheduler.with_cache(
             config.scheduler,
             num_kv_blocks=config.num_kv_blocks,
@@ -145,6 +169,10 @@ class Engine:
             prefix_caching=config.prefix_caching,
             salt=config.cache_salt,
             snapshots_per_conversation=config.snapshots_per_conversation,
+            host_cache_bytes=config.host_cache_bytes,
+            disk_cache_dir=config.disk_cache_dir,
+            disk_cache_bytes=config.disk_cache_bytes,
+            cache_fingerprint=config.cache_fingerprint,
             uniform=self._uniform,
             device_top_k=device_top_k_limit(backend),
         )
@@ -154,6 +182,7 @@ class Engine:
             num_state_slots=self.scheduler.num_state_slots,
             num_snapshot_slots=max(config.num_snapshot_slots, 1),
         )
+        self._tiers = self.scheduler.cache.tiers
         self._text_streams = text_streams
         self._tracked: dict[str, _Tracked] = {}
         self._seq_ids = itertools.count(1)
@@ -264,10 +293,15 @@ class Engine:
             failed_steps=self.num_failed_steps,
             sampled_rows_device=self.sampled_rows_device,
             sampled_rows_host=self.sampled_rows_host,
+            tiers=self._tiers.stats if self._tiers is not None else None,
+            unit_io_errors=self.unit_io_errors,
         )
 
     def close(self) -> None:
-        """Release the backend's device resources (traces, device handles). Idempotent."""
+        """Finish queued write-backs to disk, then release the backend's device resources
+        (traces, device handles). Idempotent."""
+        if self._tiers is not None:
+            self._tiers.close()
         self.backend.close()
 
     # -- the step ----------------------------------------------------------------------------
@@ -297,6 +331,7 @@ class Engine:
             return self._collect()
         saved = self._update(step, tokens, logprobs)  # 3. update
         self.scheduler.commit(step, saved=saved)  # 4. commit
+        self._write_through()
         return self._collect()
 
     def _pre_copies(self, step: ScheduledStep) -> ScheduledStep:
@@ -305,6 +340,11 @@ class Engine:
         request owning the slot, whose row leaves the step; the others run."""
         owners = {req.state_slot: req for req in self.scheduler.running}
         failed: set[int] = set()
+        # Every running request, not only this step's rows: a hit admitted behind a chunk that
+        # filled the token budget runs later, but its blocks are registered already.
+        by_id = {req.request_id: req for req in self.scheduler.running}
+        for rid, write in step.unit_writes:
+            self._restore_unit(by_id.get(rid), write, failed)
         for op in step.pre_copies:
             try:
                 self.backend.copy_states([op])
@@ -324,6 +364,43 @@ class Engine:
             requests=[step.requests[i] for i in keep],
             pre_copies=[],
         )
+
+    def _restore_unit(self, req: Request | None, write: UnitWrite, failed: set[int]) -> None:
+        """Write a tier hit's bytes into the device before any step can read them. Written
+        even when ``req`` ended meanwhile: its restored blocks stay registered."""
+        assert isinstance(self.backend, UnitIO)
+        start = time.perf_counter()
+        try:
+            self.backend.write_unit(
+                write.blocks, write.block_data, write.snapshot_slot, write.snapshot
+            )
+        except Exception as exc:
+            # Whoever holds a block of the unit (its request, and any admitted behind it on
+            # the same blocks) ends; the cache forgets the unit, so nothing reads the bytes the
+            # failed write left.
+            log.error("tier restore failed: %r", exc)
+            self.unit_io_errors += 1
+            error = f"backend error: restoring cached state failed: {exc}"
+            for ended in self.scheduler.unit_failed(write, error):
+                failed.add(id(ended))
+            return
+        self.scheduler.unit_restored(write, time.perf_counter() - start)
+
+    def _write_through(self) -> None:
+        """Read the units published this step out to the tiers, before the next schedule can
+        reuse their blocks or snapshot slots (``cache/tiers.py``)."""
+        if self._tiers is None:
+            return
+        for read in self.scheduler.take_unit_reads():
+            assert isinstance(self.backend, UnitIO)
+            start = time.perf_counter()
+            try:
+                snapshot, blocks = self.backend.read_unit(read.blocks, read.snapshot_slot)
+            except Exception as exc:  # the unit is not stored: a later miss, nothing wrong
+                log.error("tier write-through failed at b=%d: %r", read.b, exc)
+                self.unit_io_errors += 1
+                continue
+            self.scheduler.store_unit(read, snapshot, blocks, time.perf_counter() - start)
 
     def _step_pipelined(self, prev: _InFlight, *, run_ahead: bool = True) -> list[RequestOutput]:
         """Submit the follow-up of ``prev`` (if ``run_ahead`` and the scheduler has one), then
@@ -351,6 +428,7 @@ class Engine:
             return self._collect()
         self._inflight = nxt  # set first: whatever happens below, nxt is read later
         self.scheduler.commit(prev.step, saved=self._update(prev.step, tokens, logprobs))
+        self._write_through()
         outs = self._collect()  # stops of ``prev`` (tokens and strings) count before a failure
         if refused is not None and follow is not None:
             # Only requests still running lose anything: a row of one that just stopped was

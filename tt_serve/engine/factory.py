@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from tt_serve.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
+GIB = 1 << 30
 
 
 def build_engine(
@@ -41,7 +42,10 @@ def build_engine(
         spec = ModelSpec.from_hf_dir(cfg.model)
     limit = spec.max_position_embeddings
     max_len = min(cfg.max_model_len or limit, limit)
+    from tt_serve.engine.cache_fingerprint import checkpoint_fingerprint
     from tt_serve.model.launch import launch_backend
+
+    tiered = cfg.prefix_caching and cfg.disk_cache_dir is not None
 
     if launched is None:
         launched = launch_backend(cfg, spec, max_len)
@@ -70,6 +74,10 @@ def build_engine(
         prefix_caching=cfg.prefix_caching,
         cache_salt=f"{spec.model_id}|{cfg.resolved_dtype}".encode(),
         snapshots_per_conversation=cfg.snapshots_per_conversation,
+        host_cache_bytes=int(cfg.host_cache_gb * GIB) if cfg.prefix_caching else 0,
+        disk_cache_dir=cfg.disk_cache_dir if cfg.prefix_caching else None,
+        disk_cache_bytes=int(cfg.disk_cache_gb * GIB),
+        cache_fingerprint=checkpoint_fingerprint(cfg, spec.model_id) if tiered else b"",
     )
     streams: TextStreamFactory | None = None
     if tokenizer is not None:

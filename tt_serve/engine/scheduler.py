@@ -42,7 +42,13 @@ from tt_serve.cache import (
     PrefixCache,
     ResumeRule,
     SnapshotSave,
+    Tiers,
+    TierStats,
+    UnitRead,
+    UnitWrite,
 )
+
+__all__ = ["ScheduledStep", "Scheduler", "SchedulerConfig", "TierStats", "UnitWrite"]
 from tt_serve.config.serve_config import RESUME_POINTS, ServeConfig
 from tt_serve.model.interface import RowSampling, StateCopy, StepBatch, StepRow
 from tt_serve.sequence import FinishReason, Request, RequestError, RequestStatus
@@ -116,6 +122,8 @@ class ScheduledStep:
     pre_copies: list[StateCopy] = field(default_factory=list)
     restored: list[str] = field(default_factory=list)
     saves: list[SnapshotSave] = field(default_factory=list)
+    # Restores from a tier (request id, bytes to write), applied before ``pre_copies``.
+    unit_writes: list[tuple[str, UnitWrite]] = field(default_factory=list)
 
 
 class Scheduler:
@@ -145,6 +153,7 @@ class Scheduler:
         self._prefill_streak = 0
         self._queued_copies: list[StateCopy] = []
         self._queued_restored: list[str] = []
+        self._queued_writes: list[tuple[str, UnitWrite]] = []
         # The head of the queue did not fit and nothing was released since: admission would
         # fail again, so it need not drain a pipelined decode.
         self._admission_blocked = False
@@ -161,8 +170,22 @@ class Scheduler:
         uniform: Callable[[Request], float],
         device_top_k: int = 0,
         snapshots_per_conversation: int = 0,
+        host_cache_bytes: int = 0,
+        disk_cache_dir: str | None = None,
+        disk_cache_bytes: int = 0,
+        cache_fingerprint: bytes = b"",
     ) -> Scheduler:
-        """A scheduler over a new prefix cache of these sizes (the cache is its alone)."""
+        """A scheduler over a new prefix cache of these sizes (the cache is its alone), with
+        the host / disk tiers asked for (``Tiers.open``: ValueError for an unusable folder)."""
+        tiers = None
+        if prefix_caching:
+            tiers = Tiers.open(
+                block_size=config.block_size,
+                host_bytes=host_cache_bytes,
+                disk_dir=disk_cache_dir,
+                disk_bytes=disk_cache_bytes,
+                fingerprint=cache_fingerprint,
+            )
         cache = PrefixCache(
             num_blocks=num_kv_blocks,
             block_size=config.block_size,
@@ -171,6 +194,7 @@ class Scheduler:
             enabled=prefix_caching,
             salt=salt,
             snapshots_per_conversation=snapshots_per_conversation,
+            tiers=tiers,
         )
         return cls(config, cache, uniform=uniform, device_top_k=device_top_k)
 
@@ -227,6 +251,8 @@ class Scheduler:
             req.cached_tokens = res.cached_tokens
             req.num_computed = res.cached_tokens
             req.first_scheduled_time = time.monotonic()
+            if res.unit_write is not None:
+                self._queued_writes.append((req.request_id, res.unit_write))
             if res.restore_snapshot is not None:
                 self._queued_copies.append(StateCopy.restore(res.restore_snapshot, req.state_slot))
                 self._queued_restored.append(req.request_id)
@@ -338,8 +364,14 @@ class Scheduler:
             self._prefill_streak += 1
         else:
             self._prefill_streak = 0
-        step = ScheduledStep(_batch(rows), reqs, self._queued_copies, self._queued_restored)
-        self._queued_copies, self._queued_restored = [], []
+        step = ScheduledStep(
+            _batch(rows),
+            reqs,
+            self._queued_copies,
+            self._queued_restored,
+            unit_writes=self._queued_writes,
+        )
+        self._queued_copies, self._queued_restored, self._queued_writes = [], [], []
         return step
 
     def follow_up(self, prev: ScheduledStep, resident: frozenset[int]) -> ScheduledStep | None:
@@ -455,6 +487,41 @@ class Scheduler:
                 self.cache.abort(save)
         for rid in step.restored:
             self.cache.restore_done(rid)
+
+    # -- tiers -------------------------------------------------------------------------------
+
+    def take_unit_reads(self) -> list[UnitRead]:
+        """Units published since the last call, to read from the device before the next
+        ``schedule`` (``PrefixCache.take_unit_reads``)."""
+        return self.cache.take_unit_reads()
+
+    def store_unit(
+        self, read: UnitRead, snapshot: bytes, blocks: list[bytes], seconds: float
+    ) -> None:
+        """The bytes of a unit read in ``seconds`` go to the tiers."""
+        self.cache.store_unit(read, snapshot, blocks)
+        tiers = self.cache.tiers
+        if tiers is not None:
+            tiers.record_writethrough(seconds)
+
+    def unit_failed(self, write: UnitWrite, error: str) -> list[Request]:
+        """A restore's write failed: every running request holding one of its blocks ends
+        with ``error`` (they would read what the write left), then the cache forgets the
+        unit. Returns the requests ended."""
+        written = set(write.blocks)
+        hit = [r for r in self.running if written.intersection(r.block_table)]
+        for req in hit:
+            self.finish(req, FinishReason.ERROR, error=error)
+        self.cache.drop_unit(write)
+        return hit
+
+    def unit_restored(self, write: UnitWrite, seconds: float) -> None:
+        """A tier restore is on the device after ``seconds`` of writing (for the metrics)."""
+        tiers = self.cache.tiers
+        if tiers is not None:
+            tiers.record_restore(
+                write.tier, write.tokens, write.nbytes, write.fetch_seconds + seconds
+            )
 
     def fail(self, requests: list[Request], error: str) -> None:
         for req in requests:

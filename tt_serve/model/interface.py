@@ -28,7 +28,7 @@ picks, e.g. under a grammar, skips the step after it and rejoins with its id).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -202,6 +202,30 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Release device resources (traces, device handles). Idempotent."""
+        ...
+
+
+@runtime_checkable
+class UnitIO(Protocol):
+    """A backend that moves resume-point units (``cache/tiers.py``) between its pools and host
+    bytes: the KV of some blocks (every attention layer) and one GDN snapshot slot (every GDN
+    layer). The encoding is the backend's own; a unit read by a backend restores exactly the
+    same bits into a backend of the same model, dtype and precision."""
+
+    def read_unit(self, blocks: Sequence[int], snapshot_slot: int) -> tuple[bytes, list[bytes]]:
+        """The snapshot in ``snapshot_slot`` and the KV of each of ``blocks``, as bytes."""
+        ...
+
+    def write_unit(
+        self,
+        blocks: Sequence[int],
+        block_data: Sequence[bytes],
+        snapshot_slot: int,
+        snapshot: bytes | None,
+    ) -> None:
+        """Write ``block_data`` into ``blocks`` and ``snapshot`` (unless None) into
+        ``snapshot_slot``, ordered before the next step; ValueError for a payload of another
+        size, before any write."""
         ...
 
 

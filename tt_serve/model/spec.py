@@ -109,6 +109,16 @@ class ModelSpec:
         per_layer = 2 * self.num_kv_heads * block_size * self.head_dim * dtype_bytes
         return per_layer * self.num_attention_layers
 
+    def resume_unit_bytes(self, tokens: int, block_size: int, dtype_bytes: int) -> int:
+        """Bytes of one resume-point unit at ``tokens`` in the host and disk tiers
+        (``cache/host_tier.py``): one GDN snapshot plus the KV of every block of [0, tokens).
+        A conversation's later units share its earlier blocks, so an agent of context T costs
+        about one unit at T: a tier of B bytes holds about B // this many such agents."""
+        blocks = tokens // block_size
+        return self.state_bytes_per_slot() + blocks * self.kv_bytes_per_block(
+            block_size, dtype_bytes
+        )
+
     def state_bytes_per_slot(self) -> int:
         """Bytes of one GDN state slot (conv + recurrent, fp32) over all GDN layers."""
         conv = self.conv_dim * self.conv_state_len

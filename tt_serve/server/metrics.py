@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 
 from tt_serve.engine.engine import EngineStats
 from tt_serve.sequence import RequestOutput
+from tt_serve.server.tier_metrics import TierCollector
 
 P = "tt_serve:"
 _LATENCY_BUCKETS = (
@@ -163,6 +164,7 @@ class Metrics:
         self.registry = CollectorRegistry()
         r = self.registry
         r.register(_EngineCollector(gauges))
+        r.register(TierCollector(gauges))
         self.ttft = Histogram(
             f"{P}time_to_first_token_seconds",
             "Time to first token.",

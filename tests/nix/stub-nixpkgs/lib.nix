@@ -23,6 +23,7 @@ let
       rec {
         bool = mk "boolean" builtins.isBool;
         int = mk "signed integer" isInt;
+        number = mk "signed integer or floating point number" (v: isInt v || builtins.isFloat v);
         float = mk "floating point number" builtins.isFloat;
         str = mk "string" builtins.isString;
         path = mk "path" (v: builtins.isPath v || (builtins.isString v && builtins.substring 0 1 v == "/"));

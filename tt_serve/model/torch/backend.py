@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict, Unpack
 
@@ -32,6 +33,7 @@ from tt_serve.model.ref.layers import cpu_bf16
 from tt_serve.model.ref.plan import StepPlan
 from tt_serve.model.resident import ResidentSlots
 from tt_serve.model.spec import ModelSpec
+from tt_serve.model.torch import units
 from tt_serve.model.torch.memory import DeviceMemory, StepMemory
 from tt_serve.model.torch.model import HybridModel
 from tt_serve.model.torch.outputs import fill_logprobs, pick_on_device, pick_screened, screens
@@ -405,6 +407,25 @@ class TorchBackend:
         with torch.no_grad():
             self._pools().copy_states(ops)
         self.resident.forget(ops)
+
+    def read_unit(self, blocks: Sequence[int], snapshot_slot: int) -> tuple[bytes, list[bytes]]:
+        """``UnitIO`` (``torch/units.py``)."""
+        return units.read_unit(self._pools(), blocks, snapshot_slot)
+
+    def write_unit(
+        self,
+        blocks: Sequence[int],
+        block_data: Sequence[bytes],
+        snapshot_slot: int,
+        snapshot: bytes | None,
+    ) -> None:
+        """``UnitIO`` (``torch/units.py``)."""
+        units.write_unit(self._pools(), blocks, block_data, snapshot_slot, snapshot)
+
+    def unit_nbytes(self) -> tuple[int, int]:
+        """(bytes of one block's KV, bytes of one snapshot): the planner's unit size."""
+        pools = self._pools()
+        return units.block_nbytes(pools), units.snapshot_nbytes(pools)
 
     def close(self) -> None:
         """Nothing to release: the pools and graphs go with the object."""

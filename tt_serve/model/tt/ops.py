@@ -352,6 +352,24 @@ class Ops:
         """A :meth:`dump` file onto the open device or mesh, distributed as it was written."""
         return self.ttnn.load_tensor(str(path), device=self.device)
 
+    def tensor_bytes(self, t: Tensor, scratch: Path) -> bytes:
+        """A device tensor as ``dump_tensor`` bytes, in its own layout and dtype (TILE stays
+        TILE, block floats stay packed: no conversion on the host, so :meth:`tensor_from_bytes`
+        gives back the same bits). ``scratch``: a file path the dump may use. Blocking."""
+        self.ttnn.dump_tensor(str(scratch), self.ttnn.from_device(t))
+        try:
+            return scratch.read_bytes()
+        finally:
+            scratch.unlink(missing_ok=True)
+
+    def tensor_from_bytes(self, data: bytes, scratch: Path) -> Tensor:
+        """The device tensor of :meth:`tensor_bytes` bytes, distributed as it was dumped."""
+        scratch.write_bytes(data)
+        try:
+            return self.load_tensor(scratch)
+        finally:
+            scratch.unlink(missing_ok=True)
+
     def deallocate(self, t: Tensor) -> None:
         self.ttnn.deallocate(t)
 

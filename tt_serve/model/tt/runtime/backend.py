@@ -34,7 +34,7 @@ one that fails on any chip raises :class:`StateCopyError` for the whole call.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 
 import numpy as np
@@ -56,6 +56,7 @@ from tt_serve.model.tt.runtime.pending import PendingStep, PickReads
 from tt_serve.model.tt.runtime.pools import DevicePools
 from tt_serve.model.tt.runtime.programs import TracePrograms
 from tt_serve.model.tt.runtime.sampling import CANDIDATES
+from tt_serve.model.tt.runtime.units import UnitMover
 
 
 class StateCopyError(RuntimeError):
@@ -115,6 +116,7 @@ class TTBackend:
         # The state slot whose GDN state lives in the prefill working buffers, not yet written
         # back: consecutive prefill chunks of one row load and store it once, not per replay.
         self._work_slot: int | None = None
+        self._unit_mover: UnitMover | None = None  # made at the first tier read or write
         self._closed = False
 
     # ---- pools and traces ----------------------------------------------------------------
@@ -318,9 +320,32 @@ class TTBackend:
             # (slices of the pools, on the chips that ran them) alive past this call.
             raise StateCopyError(failure)
 
+    def read_unit(self, blocks: Sequence[int], snapshot_slot: int) -> tuple[bytes, list[bytes]]:
+        """``UnitIO`` (``runtime/units.py``): TILE tensors as they are, no host conversion."""
+        self.flush_state()
+        return self._units().read(self._pools(), blocks, snapshot_slot)
+
+    def write_unit(
+        self,
+        blocks: Sequence[int],
+        block_data: Sequence[bytes],
+        snapshot_slot: int,
+        snapshot: bytes | None,
+    ) -> None:
+        """``UnitIO`` (``runtime/units.py``)."""
+        self.flush_state()
+        self._units().write(self._pools(), blocks, block_data, snapshot_slot, snapshot)
+
+    def _units(self) -> UnitMover:
+        if self._unit_mover is None:
+            self._unit_mover = UnitMover(self.ops)
+        return self._unit_mover
+
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        if self._unit_mover is not None:
+            self._unit_mover.close()
         self.programs.release()
         self.ops.close_device()

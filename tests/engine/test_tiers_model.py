@@ -1,0 +1,225 @@
+"""The host and disk tiers on the torch backend: a conversation whose KV and snapshots the
+device pool lost is restored from a tier and gives the cold run's tokens and logprobs."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.engine.test_engine_model import assert_idle, llm, lp_tol, toks
+from tt_serve import LLM, SamplingParams
+
+SP = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, logprobs=3)
+# A pool that holds one 300-token conversation but not two (block 16: 19 + 19 > 24), and two
+# snapshot slots: every other conversation evicts the first one's state from the device.
+SMALL: dict[str, Any] = dict(kv_blocks=26, snapshot_slots=2, max_batch_size=2)
+
+
+def _flood(m: LLM, seed: int) -> None:
+    """Push every earlier conversation out of the device pool."""
+    for i in range(3):
+        m.generate([toks(290, seed + i)], SamplingParams(max_tokens=2, temperature=0.0))
+
+
+def _same(a: Any, b: Any, tol: float) -> None:
+    assert a.token_ids == b.token_ids
+    assert len(set(b.token_ids)) > 3  # not vacuous
+    for x, y in zip(a.logprobs, b.logprobs, strict=True):
+        assert x.keys() == y.keys()
+        assert max(abs(x[k] - y[k]) for k in y) <= tol
+
+
+def test_host_tier_restore_equals_cold(engine_model_dir: Path) -> None:
+    head = toks(256, 1)
+    prompt = head + toks(40, 2)
+    cold = llm(engine_model_dir, prefix_caching=False, **SMALL).generate([prompt], SP)[0]
+    m = llm(engine_model_dir, host_cache_gb=0.05, **SMALL)
+    m.generate([head + toks(30, 3)], SP)
+    _flood(m, 10)
+    assert m.engine.scheduler.cache.match(prompt) == 0  # the device pool lost it
+    (w,) = m.generate([prompt], SP)
+    assert w.cached_tokens == 256
+    _same(w, cold, lp_tol(engine_model_dir))
+    st = m.engine.stats().tiers
+    assert st is not None and st.host_hits == 1 and st.host_hit_tokens == 256
+    assert st.host_bytes <= st.host_budget_bytes
+    assert_idle(m)
+    tiers = m.engine.scheduler.cache.tiers
+    assert tiers is not None and tiers.host is not None
+    tiers.host.check_invariants()
+
+
+def test_disk_tier_restore_after_restart_equals_cold(
+    engine_model_dir: Path, tmp_path: Path
+) -> None:
+    head = toks(256, 21)
+    prompt = head + toks(40, 22)
+    cold = llm(engine_model_dir, prefix_caching=False, **SMALL).generate([prompt], SP)[0]
+    first = llm(engine_model_dir, disk_cache_dir=str(tmp_path), **SMALL)
+    first.generate([head + toks(30, 23)], SP)
+    first.engine.close()  # the write-backs reach the disk
+    second = llm(engine_model_dir, disk_cache_dir=str(tmp_path), **SMALL)
+    (w,) = second.generate([prompt], SP)
+    assert w.cached_tokens == 256
+    _same(w, cold, lp_tol(engine_model_dir))
+    st = second.engine.stats().tiers
+    assert st is not None and st.disk_hits == 1 and st.disk_corrupt == 0
+    assert_idle(second)
+
+
+def test_restore_racing_an_eviction_of_the_same_unit(engine_model_dir: Path) -> None:
+    """The host tier drops the unit the moment it was fetched (as an eviction racing the
+    restore): the restore holds its own bytes and still gives the cold run's answer."""
+    head = toks(256, 31)
+    prompt = head + toks(40, 32)
+    cold = llm(engine_model_dir, prefix_caching=False, **SMALL).generate([prompt], SP)[0]
+    m = llm(engine_model_dir, host_cache_gb=0.05, **SMALL)
+    m.generate([head + toks(30, 33)], SP)
+    _flood(m, 40)
+    tiers = m.engine.scheduler.cache.tiers
+    assert tiers is not None and tiers.host is not None
+    host = tiers.host
+    fetch = tiers.fetch
+    dropped: list[object] = []
+
+    def fetch_then_evict(key: Any, hashes: Any) -> Any:
+        got = fetch(key, hashes)
+        dropped.append(host.drop(key))
+        return got
+
+    tiers.fetch = fetch_then_evict  # type: ignore[method-assign]
+    (w,) = m.generate([prompt], SP)
+    assert dropped == [True] and w.cached_tokens == 256
+    _same(w, cold, lp_tol(engine_model_dir))
+    host.check_invariants()
+    assert_idle(m)
+
+
+def test_unit_bytes_are_the_specs(engine_model_dir: Path) -> None:
+    """What the planner counts per unit (``ModelSpec.resume_unit_bytes``) is what the torch
+    backend moves: a block's KV over the attention layers and one snapshot (fp32 here)."""
+    m = llm(engine_model_dir, host_cache_gb=0.05, **SMALL)
+    spec = m.spec
+    block, snapshot = m.engine.backend.unit_nbytes()  # type: ignore[attr-defined]
+    assert block == spec.kv_bytes_per_block(16, 4) and snapshot == spec.state_bytes_per_slot()
+    m.generate([toks(200, 50)], SP)
+    tiers = m.engine.scheduler.cache.tiers
+    assert tiers is not None and tiers.host is not None
+    # The units at 64, 128 and 192 share their blocks: 3 snapshots + 12 distinct blocks.
+    assert tiers.host.num_units == 3
+    assert tiers.host.used_bytes == 3 * snapshot + 12 * block
+    assert spec.resume_unit_bytes(192, 16, 4) == snapshot + 12 * block
+
+
+def test_restore_of_a_request_left_out_of_its_first_step(engine_model_dir: Path) -> None:
+    """A tier hit admitted behind another request whose chunk fills the step's token budget
+    runs a step later: its bytes are still written before anything reads them."""
+    head = toks(256, 61)
+    prompt = head + toks(40, 62)
+    kw: dict[str, Any] = dict(SMALL, kv_blocks=45, max_num_batched_tokens=64)
+    cold = llm(engine_model_dir, prefix_caching=False, **kw).generate([prompt], SP)[0]
+    m = llm(engine_model_dir, host_cache_gb=0.05, **kw)
+    m.generate([head + toks(30, 63)], SP)
+    _flood(m, 70)
+    assert m.engine.scheduler.cache.match(prompt) == 0
+    first, warm = m.generate([toks(300, 64), prompt], SP)
+    assert warm.cached_tokens == 256 and first.cached_tokens == 0
+    _same(warm, cold, lp_tol(engine_model_dir))
+    assert_idle(m)
+
+
+def test_a_full_disk_turns_the_disk_tier_off_and_answers_stay_right(
+    engine_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk fills up mid-run: the write-back fails, is counted, the disk tier turns off,
+    and the host tier still restores the conversation with the cold run's answer."""
+    head = toks(256, 81)
+    prompt = head + toks(40, 82)
+    cold = llm(engine_model_dir, prefix_caching=False, **SMALL).generate([prompt], SP)[0]
+    m = llm(engine_model_dir, host_cache_gb=0.05, disk_cache_dir=str(tmp_path), **SMALL)
+    tiers = m.engine.scheduler.cache.tiers
+    assert tiers is not None and tiers.disk is not None
+
+    def full(path: Path, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tiers.disk, "_atomic_write", full)
+    m.generate([head + toks(30, 83)], SP)
+    tiers.flush()
+    _flood(m, 90)
+    (w,) = m.generate([prompt], SP)
+    assert w.cached_tokens == 256
+    _same(w, cold, lp_tol(engine_model_dir))
+    st = m.engine.stats().tiers
+    assert st is not None and not st.disk_enabled and st.disk_errors == 1
+    assert st.host_hits == 1 and st.disk_hits == 0
+    assert_idle(m)
+    m.engine.close()
+
+
+def test_a_failed_restore_write_is_an_error_then_a_correct_answer(
+    engine_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The device write of a restore fails once: that request ends with an error (never an
+    answer from what the write left), the cache forgets the unit's registrations, and the
+    same request again gets the cold run's answer."""
+    head = toks(256, 91)
+    prompt = head + toks(40, 92)
+    cold = llm(engine_model_dir, prefix_caching=False, **SMALL).generate([prompt], SP)[0]
+    m = llm(engine_model_dir, host_cache_gb=0.05, **SMALL)
+    m.generate([head + toks(30, 93)], SP)
+    _flood(m, 95)
+    backend = m.engine.backend
+    real = backend.write_unit
+    calls: list[int] = []
+
+    def flaky(*a: Any) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("injected host-to-device copy fault")
+        real(*a)
+
+    monkeypatch.setattr(backend, "write_unit", flaky)
+    (bad,) = m.generate([prompt], SP)
+    assert bad.finish_reason == "error" and "restoring cached state" in (bad.error or "")
+    m.engine.scheduler.cache.check_invariants()
+    assert m.engine.scheduler.cache.match(prompt) == 0  # nothing of the failed write is found
+    (good,) = m.generate([prompt], SP)
+    assert good.cached_tokens == 256 and len(calls) == 2  # restored again, this time written
+    _same(good, cold, lp_tol(engine_model_dir))
+    assert_idle(m)
+
+
+def test_disk_unit_evicted_while_restoring_is_a_miss_and_a_right_answer(
+    engine_model_dir: Path, tmp_path: Path
+) -> None:
+    """Another replica removes the unit file between the lookup and the read: the restore
+    falls back to a shorter cut (or none) and the answer is still the cold run's."""
+    head = toks(256, 101)
+    prompt = head + toks(40, 102)
+    cold = llm(engine_model_dir, prefix_caching=False, **SMALL).generate([prompt], SP)[0]
+    first = llm(engine_model_dir, disk_cache_dir=str(tmp_path), **SMALL)
+    first.generate([head + toks(30, 103)], SP)
+    first.engine.close()
+    m = llm(engine_model_dir, disk_cache_dir=str(tmp_path), **SMALL)
+    tiers = m.engine.scheduler.cache.tiers
+    assert tiers is not None and tiers.disk is not None
+    disk = tiers.disk
+    real = disk.read
+    gone: list[int] = []
+
+    def evicted_first(key: Any) -> Any:
+        if not gone:  # the longest cut's file goes just before its read
+            gone.append(key[1])
+            next(tmp_path.rglob(f"{key[0].hex()}-{key[1]}.unit")).unlink()
+        return real(key)
+
+    disk.read = evicted_first  # type: ignore[method-assign]
+    (w,) = m.generate([prompt], SP)
+    assert gone == [256] and w.cached_tokens < 256
+    _same(w, cold, lp_tol(engine_model_dir))
+    assert_idle(m)
+    m.engine.close()
