@@ -232,10 +232,16 @@ def _plan(argv: Sequence[str]) -> int:
         "host and disk tiers (e.g. 8x128k,4x256k)",
     )
     p.add_argument(
-        "--host-cache-gb", type=float, default=0.0, help="host-memory tier for the --agents lines"
+        "--host-cache-gb",
+        type=float,
+        default=0.0,
+        help="GiB of host-memory tier for the --agents lines (as serve's flag)",
     )
     p.add_argument(
-        "--disk-cache-gb", type=float, default=0.0, help="disk tier for the --agents lines"
+        "--disk-cache-gb",
+        type=float,
+        default=0.0,
+        help="GiB of disk tier for the --agents lines (as serve's flag)",
     )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--ops", default=None, help="write every ttnn call as JSON lines to FILE")

@@ -62,7 +62,7 @@ def test_a_conversation_is_its_blocks_and_one_snapshot() -> None:
     assert f.agent_bytes == 111_000_000
     # the pool holds 9 such KV spans but only 4 snapshot slots: 4 conversations
     assert f.device == 4
-    assert f.host == 9 and f.disk == 4  # 1e9 // 111e6, 0.5e9 // 111e6
+    assert f.host == 9 and f.disk == 4  # 2^30 // 111e6, 2^29 // 111e6
     assert f.held == 17 and f.fits and f.overflow_bytes == 4 * 111_000_000
     assert f.restore_peak_s == pytest.approx(111e6 / (BLACKHOLE_LINK.peak_gbps * 1e9))
     assert f.restore_measured_s is None  # tt-metal published no Blackhole figure
@@ -108,7 +108,7 @@ def test_plan_prints_the_tiers_of_the_target_shapes() -> None:
     blocks = math.ceil(2048 / 64)
     assert two["device"] == min(doc["kv_blocks"] // blocks, doc["pools"]["num_snapshot_slots"])
     assert two["kv_bytes"] == doc["kv_bytes"] * blocks // doc["kv_blocks"]
-    assert two["host"] == int(1e9 // two["agent_bytes"])
+    assert two["host"] == int(2**30 // two["agent_bytes"])  # GiB, as the server counts
     assert not long["runs"] and not long["fits"]  # 64k > the 64-block pool
     text = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=600)
     assert "tiers        3 x 2k: one conversation" in text.stdout

@@ -9,7 +9,8 @@ are, so a restore is a copy, not a conversion), over the distinct shards of the 
 replicated on several chips (more chips than KV heads) is kept once.
 
 * device: the KV pool's blocks and the snapshot slots bound the conversations it holds;
-* host / disk: ``--host-cache-gb`` / ``--disk-cache-gb`` divided by the conversation's size;
+* host / disk: ``--host-cache-gb`` / ``--disk-cache-gb`` (GiB, as ``tt-serve serve`` takes
+  them) divided by the conversation's size;
 * a restore of one conversation from host memory crosses the box's PCIe links
   (``boards.HostLink``): each chip's share over its card's link, the links in parallel; the
   time is given at the links' line rate and, where tt-metal published one, at its measured
@@ -29,6 +30,7 @@ from tt_serve.model.tt.options import Target
 from tt_serve.model.tt.plan.planner import Plan
 
 GB = 1e9
+GIB = 1 << 30  # --host-cache-gb and --disk-cache-gb count GiB, as the server's flags do
 
 
 @dataclass(frozen=True)
@@ -127,8 +129,8 @@ def fit(
         snapshot_bytes=snap,
         runs=shape.context <= p.max_context,
         device=device,
-        host=int(host_gb * GB // agent),
-        disk=int(disk_gb * GB // agent),
+        host=int(host_gb * GIB // agent),
+        disk=int(disk_gb * GIB // agent),
         restore_peak_s=peak,
         restore_measured_s=measured,
     )
@@ -187,7 +189,8 @@ def format_tiers(rows: Sequence[TierFit], board: DeviceSpec) -> Iterator[str]:
         else:
             verdict = (
                 f"{r.shape.agents - r.held} of {r.shape.agents} recompute their history; "
-                f"{_gb(r.overflow_bytes)} of host or disk tier keeps the rest warm"
+                f"{r.overflow_bytes / GIB:.1f} GiB of --host-cache-gb / --disk-cache-gb keeps "
+                "the rest warm"
             )
         yield f"               room for {room} conversations: {verdict}"
         if link is not None and r.restore_peak_s is not None:
