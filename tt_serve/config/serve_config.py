@@ -135,11 +135,15 @@ class ServeConfig:
     )
     max_waiting: int = _opt(256, "waiting requests before new ones get 503")
     max_num_batched_tokens: int = _opt(2048, "tokens per engine step (at least one chunk)")
+    # 0 (lockstep) until the arms are measured at a real model's size on a quiet machine: on
+    # the demo model, whose steps cost little per token, one row per step lowered the first
+    # token's p50 and raised the burst's makespan (bench/runs/prefill-order.jsonl).
     max_prefill_rows: int = _opt(
-        1,
-        "requests advancing their prompt in one step, the earliest first (one chunk each); a "
-        "long prompt admitted first holds the others' first tokens until its prefill ends; 0: "
-        "all of them, in lockstep",
+        0,
+        "requests advancing their prompt in one step, the earliest first (one chunk each): a "
+        "burst's first tokens then come one after another instead of all at the end, but a long "
+        "prompt admitted first holds the others' first tokens until its prefill ends; 0: all of "
+        "them, in lockstep",
     )
     max_model_len: int = _opt(0, "context limit in tokens; 0 = the model's own")
     trace_region_size: int = _opt(
