@@ -193,6 +193,71 @@ def test_a_failed_restore_write_is_an_error_then_a_correct_answer(
     assert_idle(m)
 
 
+def test_a_failed_snapshot_only_restore_is_an_error_too(
+    engine_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The device still holds the unit's blocks, only its snapshot was evicted: the restore
+    writes just the snapshot, and that write fails after leaving zeros in the slot. The
+    request restoring from the slot ends with an error (it holds none of the written blocks),
+    nothing of the slot is found again, and the next try is the cold run's answer."""
+    head = toks(256, 91)
+    prompt = head + toks(40, 92)
+    small = dict(kv_blocks=200, snapshot_slots=2, max_batch_size=2)
+    cold = llm(engine_model_dir, prefix_caching=False, **small).generate([prompt], SP)[0]
+    m = llm(engine_model_dir, host_cache_gb=0.05, **small)
+    m.generate([head + toks(30, 93)], SP)
+    for i in range(3):  # short distinct prompts evict the snapshots; the blocks stay
+        m.generate([toks(100, 500 + i)], SamplingParams(max_tokens=2, temperature=0.0))
+    backend = m.engine.backend
+    real = backend.write_unit
+    calls: list[tuple[int, bool]] = []
+
+    def flaky(blocks: Any, data: Any, slot: int, snapshot: bytes | None) -> None:
+        calls.append((len(blocks), snapshot is not None))
+        if len(calls) == 1:
+            real(blocks, data, slot, None if snapshot is None else bytes(len(snapshot)))
+            raise RuntimeError("injected fault after a partial write")
+        real(blocks, data, slot, snapshot)
+
+    monkeypatch.setattr(backend, "write_unit", flaky)
+    (bad,) = m.generate([prompt], SP)
+    assert calls[0] == (0, True)  # a snapshot-only restore
+    assert bad.finish_reason == "error" and "restoring cached state" in (bad.error or "")
+    m.engine.scheduler.cache.check_invariants()
+    (good,) = m.generate([prompt], SP)
+    _same(good, cold, lp_tol(engine_model_dir))
+    assert_idle(m)
+
+
+def test_two_units_of_one_step_sharing_a_head_store_under_a_full_host_tier() -> None:
+    """Storing one unit evicts the host units that held the next unit's shared head: the
+    next unit's read is cut only when it is about to be read, so it carries those blocks and
+    stores (before, its read was cut at publish time and storing it raised)."""
+    from tt_serve.cache.host_tier import HostTier
+    from tt_serve.cache.results import UnitRead
+    from tt_serve.cache.tier_link import TierLink
+    from tt_serve.cache.tiers import Tiers
+
+    def h(i: int) -> bytes:
+        return bytes([i]) * 16
+
+    tiers = Tiers(HostTier(90, 4), None)
+    tiers.store((h(2), 8), (h(1), h(2)), b"s" * 10, {h(1): b"k" * 20, h(2): b"k" * 20})
+    link = TierLink.__new__(TierLink)
+    link.tiers = tiers
+    whole = UnitRead(b=12, hashes=(h(1), h(2), h(3)), snapshot_slot=0, blocks=(7, 8, 9),
+                     block_hashes=(h(1), h(2), h(3)))  # fmt: skip
+    early = link.narrow(whole)  # what a publish-time cut would read: only the new block
+    assert early is not None and early.blocks == (9,)
+    tiers.store((h(11), 8), (h(10), h(11)), b"s" * 10, {h(10): b"k" * 20, h(11): b"k" * 20})
+    late = link.narrow(whole)  # the other unit evicted the shared head: read it too
+    assert late is not None and late.blocks == (7, 8, 9)
+    tiers.store((h(3), 12), whole.hashes, b"s" * 10, dict.fromkeys(late.block_hashes, b"k" * 20))
+    assert tiers.holds((h(3), 12))
+    assert tiers.host is not None
+    tiers.host.check_invariants()
+
+
 def test_disk_unit_evicted_while_restoring_is_a_miss_and_a_right_answer(
     engine_model_dir: Path, tmp_path: Path
 ) -> None:

@@ -499,6 +499,15 @@ class PrefixCache:
         if write.snapshot is not None and self._snapshots.is_evictable(slot):
             self._snapshots.evict(slot)
 
+    def narrow_unit_read(self, read: UnitRead) -> UnitRead | None:
+        """``read`` cut to the blocks the tiers lack now, right before its device read (None:
+        nothing to read, a tier holds the unit)."""
+        return self._link.narrow(read) if self._link is not None else None
+
+    def restoring_from(self, slot: int) -> list[str]:
+        """Requests whose state is restored from snapshot ``slot`` (pinned, not yet done)."""
+        return [rid for rid, r in self._requests.items() if r.restore_slot == slot]
+
     def take_unit_reads(self) -> list[UnitRead]:
         """The units published since the last call, to read from the device now: before the
         next admission can reuse their blocks or evict their snapshot slot."""

@@ -16,7 +16,7 @@ device when snapshots are published, and how a tier hit becomes device blocks an
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tt_serve.cache.block_pool import BlockPool
 from tt_serve.cache.hashing import BlockHash
@@ -68,15 +68,21 @@ class TierLink:
         blocks, hashes = self._unit_of.pop(slot)
         if self.tiers.holds((hashes[-1], b)):
             return
-        idx = self.tiers.missing(hashes)
+        # The whole unit; ``narrow`` picks the blocks to read just before the read, since
+        # storing an earlier unit of the same step may evict blocks this one shares.
         self._reads.append(
-            UnitRead(
-                b=b,
-                hashes=hashes,
-                snapshot_slot=slot,
-                blocks=tuple(blocks[i] for i in idx),
-                block_hashes=tuple(hashes[i] for i in idx),
-            )
+            UnitRead(b=b, hashes=hashes, snapshot_slot=slot, blocks=blocks, block_hashes=hashes)
+        )
+
+    def narrow(self, read: UnitRead) -> UnitRead | None:
+        """``read`` cut to the blocks no tier holds now (None: a tier holds the unit)."""
+        if self.tiers.holds((read.hashes[-1], read.b)):
+            return None
+        idx = self.tiers.missing(read.hashes)
+        return replace(
+            read,
+            blocks=tuple(read.blocks[i] for i in idx),
+            block_hashes=tuple(read.hashes[i] for i in idx),
         )
 
     def take_reads(self) -> list[UnitRead]:

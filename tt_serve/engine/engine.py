@@ -391,16 +391,20 @@ class Engine:
         reuse their blocks or snapshot slots (``cache/tiers.py``)."""
         if self._tiers is None:
             return
-        for read in self.scheduler.take_unit_reads():
+        for whole in self.scheduler.take_unit_reads():
             assert isinstance(self.backend, UnitIO)
+            # cut to what the tiers lack now: storing the step's earlier units may have
+            # evicted blocks this one shares
+            read = self.scheduler.narrow_unit_read(whole)
+            if read is None:
+                continue
             start = time.perf_counter()
             try:
                 snapshot, blocks = self.backend.read_unit(read.blocks, read.snapshot_slot)
+                self.scheduler.store_unit(read, snapshot, blocks, time.perf_counter() - start)
             except Exception as exc:  # the unit is not stored: a later miss, nothing wrong
                 log.error("tier write-through failed at b=%d: %r", read.b, exc)
                 self.unit_io_errors += 1
-                continue
-            self.scheduler.store_unit(read, snapshot, blocks, time.perf_counter() - start)
 
     def _step_pipelined(self, prev: _InFlight, *, run_ahead: bool = True) -> list[RequestOutput]:
         """Submit the follow-up of ``prev`` (if ``run_ahead`` and the scheduler has one), then

@@ -504,12 +504,21 @@ class Scheduler:
         if tiers is not None:
             tiers.record_writethrough(seconds)
 
+    def narrow_unit_read(self, read: UnitRead) -> UnitRead | None:
+        """``read`` cut to the blocks the tiers lack now (``PrefixCache.narrow_unit_read``)."""
+        return self.cache.narrow_unit_read(read)
+
     def unit_failed(self, write: UnitWrite, error: str) -> list[Request]:
-        """A restore's write failed: every running request holding one of its blocks ends
-        with ``error`` (they would read what the write left), then the cache forgets the
-        unit. Returns the requests ended."""
+        """A restore's write failed: every running request holding one of its blocks or
+        restoring from its snapshot slot ends with ``error`` (they would read what the write
+        left), then the cache forgets the unit. Returns the requests ended."""
         written = set(write.blocks)
-        hit = [r for r in self.running if written.intersection(r.block_table)]
+        restoring = set(self.cache.restoring_from(write.snapshot_slot))
+        hit = [
+            r
+            for r in self.running
+            if written.intersection(r.block_table) or r.request_id in restoring
+        ]
         for req in hit:
             self.finish(req, FinishReason.ERROR, error=error)
         self.cache.drop_unit(write)
