@@ -1,5 +1,5 @@
-"""The disk tier's folder name: a changed checkpoint, backend, dtype, precision or cut grid
-looks elsewhere; the same start finds the same folder."""
+"""The disk tier's folder name: a changed checkpoint, backend, device kind or mesh, dtype,
+precision or cut grid looks elsewhere; the same start finds the same folder."""
 
 from __future__ import annotations
 
@@ -32,5 +32,12 @@ def test_fingerprint_follows_everything_that_decides_the_bits(tmp_path: Path) ->
         checkpoint_fingerprint(ServeConfig(model=str(a), backend="ttnn", precision="mixed"), "id"),
         checkpoint_fingerprint(ServeConfig(model=str(a), prefill_chunk=512), "id"),
         checkpoint_fingerprint(ServeConfig(model=str(a), block_size=32), "id"),
+        checkpoint_fingerprint(ServeConfig(model=str(a), device="cuda", dtype="float32"), "id"),
+        checkpoint_fingerprint(
+            ServeConfig(model=str(a), backend="ttnn", device_ids=(0, 1), precision="auto"), "id"
+        ),
     ]
+    # the device index is not the device kind: cuda:0 and cuda:1 share a folder
+    same = ServeConfig(model=str(a), device="cuda:1", dtype="float32")
+    assert checkpoint_fingerprint(same, "id") == others[-2]
     assert len({fp, *others}) == 1 + len(others)

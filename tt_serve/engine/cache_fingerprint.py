@@ -2,9 +2,11 @@
 
 The disk tier's folder is named by a fingerprint of everything that decides a unit's bits: the
 checkpoint (config.json and, per weight file, its name, size and 64 KiB samples at 16 spread
-offsets: a fine-tune of the same shapes changes them), the backend, the compute dtype, the ttnn
-precision profile, the block size and the prefill chunk (the cut grid). A changed checkpoint or
-profile therefore looks in another folder and never restores an old state. Reading the samples
+offsets: a fine-tune of the same shapes changes them), the backend and its device kind (CPU and
+CUDA kernels give other bits; on ttnn the mesh, which decides each chip's shard), the compute
+dtype, the ttnn precision profile, the block size and the prefill chunk (the cut grid), and
+tt-serve's version (kernels change between releases). A changed checkpoint, profile, device or
+release therefore looks in another folder and never restores an old state. Reading the samples
 costs a few milliseconds of I/O at start, not a pass over the weights.
 """
 
@@ -19,13 +21,20 @@ _SAMPLES, _SAMPLE_BYTES = 16, 64 << 10
 
 
 def checkpoint_fingerprint(cfg: ServeConfig, model_id: str) -> bytes:
-    """16 bytes naming the checkpoint, backend, dtype, precision and cut grid (docstring)."""
+    """16 bytes naming the checkpoint, backend, device kind or mesh, release, dtype, precision
+    and cut grid (docstring)."""
     h = hashlib.blake2b(digest_size=16)
+    import tt_serve
+    from tt_serve.config.serve_config import mesh_shape
+
+    ttnn = cfg.backend == "ttnn"
     parts = (
         model_id,
         cfg.backend,
+        "x".join(map(str, mesh_shape(cfg))) if ttnn else cfg.device.split(":")[0],
+        getattr(tt_serve, "__version__", ""),
         cfg.resolved_dtype,
-        cfg.resolved_precision if cfg.backend == "ttnn" else "",
+        cfg.resolved_precision if ttnn else "",
         str(cfg.block_size),
         str(cfg.prefill_chunk),
         cfg.resume_points,

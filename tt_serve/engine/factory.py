@@ -79,6 +79,13 @@ def build_engine(
         disk_cache_bytes=int(cfg.disk_cache_gb * GIB),
         cache_fingerprint=checkpoint_fingerprint(cfg, spec.model_id) if tiered else b"",
     )
+    if cfg.host_cache_gb > 0 and cfg.backend == "torch" and cfg.device == "cpu":
+        # The rule: on the CPU the device pool is host memory already.
+        log.warning(
+            "--host-cache-gb on the CPU keeps a second copy of the KV pool's units in the same "
+            "RAM: a larger --kv-blocks holds more for the same memory; --disk-cache-dir is what "
+            "keeps conversations across restarts"
+        )
     streams: TextStreamFactory | None = None
     if tokenizer is not None:
         from tt_serve.engine.text import text_stream_factory

@@ -1,8 +1,9 @@
 """Resume-point units between the torch pools and host bytes (the tiers: ``cache/tiers.py``).
 
 A unit is the KV of some blocks (every attention layer) and one GDN snapshot slot (every GDN
-layer). Encoding, the same on CPU and CUDA so a disk unit written by one restores on the other
-of the same dtype:
+layer). The encoding is the same on CPU and CUDA, but the disk tier keeps their units apart (the
+device kind is in its fingerprint, ``engine/cache_fingerprint.py``): their kernels compute other
+bits, and a restored state must be the one a cold run on this device reaches. The encoding:
 
 * a block: for each attention layer in order, K then V of that block
   (``[kv_heads, block_size, head_dim]`` in the pool's dtype), raw bytes;

@@ -10,7 +10,9 @@ replicated on several chips (more chips than KV heads) is kept once.
 
 * device: the KV pool's blocks and the snapshot slots bound the conversations it holds;
 * host / disk: ``--host-cache-gb`` / ``--disk-cache-gb`` (GiB, as ``tt-serve serve`` takes
-  them) divided by the conversation's size;
+  them) divided by the conversation's size. The tiers are inclusive (every unit is written
+  through from the device to host and on to disk), so the conversations kept warm are the most
+  any one tier holds, not their sum;
 * a restore of one conversation from host memory crosses the box's PCIe links
   (``boards.HostLink``): each chip's share over its card's link, the links in parallel; the
   time is given at the links' line rate and, where tt-metal published one, at its measured
@@ -81,16 +83,19 @@ class TierFit:
 
     @property
     def held(self) -> int:
-        return self.device + self.host + self.disk
+        """Conversations kept warm: the tiers are inclusive (written through), so the most any
+        one of them holds."""
+        return max(self.device, self.host, self.disk)
 
     @property
     def fits(self) -> bool:
         return self.runs and self.held >= self.shape.agents
 
     @property
-    def overflow_bytes(self) -> int:
-        """Bytes of the conversations the device pool cannot hold."""
-        return max(0, self.shape.agents - self.device) * self.agent_bytes
+    def tier_bytes(self) -> int:
+        """Bytes a host or disk tier needs to keep every agent warm (a copy of each, the
+        device's too: written through)."""
+        return self.shape.agents * self.agent_bytes
 
 
 def fit(
@@ -183,16 +188,16 @@ def format_tiers(rows: Sequence[TierFit], board: DeviceSpec) -> Iterator[str]:
             continue
         room = f"device {r.device}"
         if r.host or r.disk:
-            room += f" + host {r.host} + disk {r.disk}"
+            room += f", host {r.host}, disk {r.disk}"
         if r.fits:
             verdict = f"all {r.shape.agents} warm"
         else:
             verdict = (
                 f"{r.shape.agents - r.held} of {r.shape.agents} recompute their history; "
-                f"{r.overflow_bytes / GIB:.1f} GiB of --host-cache-gb / --disk-cache-gb keeps "
-                "the rest warm"
+                f"{r.tier_bytes / GIB:.1f} GiB of --host-cache-gb or --disk-cache-gb keeps all "
+                "warm"
             )
-        yield f"               room for {room} conversations: {verdict}"
+        yield f"               room for {room} conversations (inclusive tiers): {verdict}"
         if link is not None and r.restore_peak_s is not None:
             measured = (
                 f", {r.restore_measured_s:.2f} s at tt-metal's measured {link.measured_gbps:g} GB/s"
