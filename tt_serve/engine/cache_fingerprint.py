@@ -13,6 +13,7 @@ costs a few milliseconds of I/O at start, not a pass over the weights.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 from pathlib import Path
 
 from tt_serve.config.serve_config import ServeConfig
@@ -20,11 +21,18 @@ from tt_serve.config.serve_config import ServeConfig
 _SAMPLES, _SAMPLE_BYTES = 16, 64 << 10
 
 
+def _release() -> str:
+    """The installed tt-serve's version ("" from a bare source tree)."""
+    try:
+        return importlib.metadata.version("tt-serve")
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
 def checkpoint_fingerprint(cfg: ServeConfig, model_id: str) -> bytes:
     """16 bytes naming the checkpoint, backend, device kind or mesh, release, dtype, precision
     and cut grid (docstring)."""
     h = hashlib.blake2b(digest_size=16)
-    import tt_serve
     from tt_serve.config.serve_config import mesh_shape
 
     ttnn = cfg.backend == "ttnn"
@@ -32,7 +40,7 @@ def checkpoint_fingerprint(cfg: ServeConfig, model_id: str) -> bytes:
         model_id,
         cfg.backend,
         "x".join(map(str, mesh_shape(cfg))) if ttnn else cfg.device.split(":")[0],
-        getattr(tt_serve, "__version__", ""),
+        _release(),
         cfg.resolved_dtype,
         cfg.resolved_precision if ttnn else "",
         str(cfg.block_size),
