@@ -383,8 +383,10 @@ def check_native() -> Check:
             "C kernels", WARN, f"{native.why_not()}; the torch ops run instead (slower)",
             "install a C compiler (cc or gcc, or set $CC); TT_SERVE_NATIVE=0 turns them off",
         )  # fmt: skip
-    gemv = "with" if k.screen_fast else "without (no AVX512-VNNI)"
-    return Check("C kernels", OK, f"compiled, {gemv} the int8 screen GEMV")
+    gemv = {255: "with the 8-bit (AVX512-VNNI)", 127: "with the 7-bit (AVX2)"}.get(
+        k.screen_levels, "without (no AVX2) the"
+    )
+    return Check("C kernels", OK, f"compiled, {gemv} int8 screen GEMV")
 
 
 def torch_checks(device: str) -> list[Check]:

@@ -12,20 +12,29 @@
  * alone: 1.6-2.6 against 3.4-4.8 ms at 1 row, 2.8-4.4 against 4.7-6.4 ms at 8 rows; a whole
  * greedy pick 3.0 against 5.4 ms at 1 row, 5.3 against 7.1 at 8: python -m
  * bench.lm_head_layout). From about 16 rows oneDNN's blocked GEMM is faster (screen.py's
- * NATIVE_ROWS). It needs AVX512-VNNI (vpdpbusd: four u8 x s8 products summed into int32 lanes,
- * no saturation); compiled without it, tt_screen_fast() is 0 and nothing here is used. */
+ * NATIVE_ROWS). With AVX512-VNNI (vpdpbusd: four u8 x s8 products summed into int32 lanes, no
+ * saturation) it takes 8-bit activations; with AVX2 alone (vpmaddubsw + vpmaddwd) 7-bit ones,
+ * where oneDNN's u8 x s8 GEMM reads the 0.8B model's 254 MB head at about 6.5 GB/s at one row.
+ * tt_screen_levels() says which (255, 127, or 0: not compiled, nothing here is used). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
+/* The largest u8 activation code tt_screen_gemv's integer sums are exact for: 255 with
+ * AVX512-VNNI (vpdpbusd sums u8 x s8 products into int32, no saturation); 127 with AVX2
+ * (vpmaddubsw sums pairs of products into int16, which no 7-bit x 8-bit pair can saturate:
+ * 2 x 127 x 128 = 32,512 < 32,768; vpmaddwd then widens to int32); 0 without either (the
+ * kernel is not compiled). */
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
-#define TT_SCREEN_FAST 1
+#define TT_SCREEN_LEVELS 255
+#elif defined(__AVX2__)
+#define TT_SCREEN_LEVELS 127
 #else
-#define TT_SCREEN_FAST 0
+#define TT_SCREEN_LEVELS 0
 #endif
 
 /* x rounded to bf16 (nearest even), as fp32. */
@@ -40,13 +49,14 @@ static inline float tt_bf16(float x) {
 }
 
 /* The interface version native.py expects (bump it with any signature change). */
-int tt_native_abi(void) { return 5; }
+int tt_native_abi(void) { return 6; }
 
-int tt_screen_fast(void) { return TT_SCREEN_FAST; }
+int tt_screen_levels(void) { return TT_SCREEN_LEVELS; }
 
 /* w [vocab][hidden] s8 -> out [vocab / 16][hidden / 4][16][4]: for each block of 16 tokens and
  * each group of 4 hidden positions, the 4 bytes of each token, so one 64-byte load feeds one
- * vpdpbusd for 16 tokens at once (no horizontal sums). vocab % 16 == 0, hidden % 4 == 0. */
+ * vpdpbusd for 16 tokens at once (no horizontal sums); with AVX2 each 32-byte half (8 tokens)
+ * feeds one vpmaddubsw + vpmaddwd. vocab % 16 == 0, hidden % 4 == 0. */
 void tt_screen_pack(const int8_t *w, int64_t vocab, int64_t hidden, int8_t *out) {
     const int64_t groups = hidden / 4;
     for (int64_t b = 0; b < vocab / 16; b++)
@@ -56,12 +66,13 @@ void tt_screen_pack(const int8_t *w, int64_t vocab, int64_t hidden, int8_t *out)
 }
 
 /* out [rows][vocab] fp32 = (qx [rows][hidden] u8 - zx) . packed weight * (sx * scales[j]);
- * wsum[j] = sum_k w[j][k] (int32) carries the zero point. Rows go four at a time through each
- * 16-token block while the block (hidden bytes x 16, 4 KB at hidden 256) sits in L1. */
+ * wsum[j] = sum_k w[j][k] (int32) carries the zero point. Rows go four (AVX512) or two (AVX2)
+ * at a time through each 16-token block while the block (hidden bytes x 16, 4 KB at hidden 256)
+ * sits in L1. qx <= TT_SCREEN_LEVELS. */
 void tt_screen_gemv(const uint8_t *qx, int64_t rows, const int8_t *packed, const int32_t *wsum,
                     const float *scales, int64_t vocab, int64_t hidden, int32_t zx, float sx,
                     float *out) {
-#if TT_SCREEN_FAST
+#if TT_SCREEN_LEVELS == 255
     const int64_t groups = hidden / 4;
     const int64_t blocks = vocab / 16;
 #pragma omp parallel for schedule(static)
@@ -100,9 +111,183 @@ void tt_screen_gemv(const uint8_t *qx, int64_t rows, const int8_t *packed, const
             }
         }
     }
+#elif TT_SCREEN_LEVELS == 127
+    const int64_t groups = hidden / 4;
+    const int64_t blocks = vocab / 16;
+    const __m256i ones = _mm256_set1_epi16(1);
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < blocks; b++) {
+        const int8_t *blk = packed + b * groups * 64;
+        __m256 sc[2];
+        __m256i zero_point[2];
+        for (int h = 0; h < 2; h++) {
+            sc[h] = _mm256_mul_ps(_mm256_loadu_ps(scales + b * 16 + h * 8), _mm256_set1_ps(sx));
+            zero_point[h] = _mm256_mullo_epi32(
+                _mm256_loadu_si256((const __m256i *)(wsum + b * 16 + h * 8)), _mm256_set1_epi32(zx));
+        }
+        for (int64_t r0 = 0; r0 < rows; r0 += 2) {
+            const int two = rows - r0 > 1;
+            const uint8_t *x = qx + r0 * hidden;
+            /* a<row><half>: the int32 sums of 8 tokens each (named, so they stay in registers) */
+            __m256i a00 = _mm256_setzero_si256(), a01 = a00, a10 = a00, a11 = a00;
+            for (int64_t g = 0; g < groups; g++) {
+                const __m256i w0 = _mm256_loadu_si256((const __m256i *)(blk + g * 64));
+                const __m256i w1 = _mm256_loadu_si256((const __m256i *)(blk + g * 64 + 32));
+                int32_t quad;
+                memcpy(&quad, x + g * 4, 4);
+                __m256i xv = _mm256_set1_epi32(quad);
+                a00 = _mm256_add_epi32(a00, _mm256_madd_epi16(_mm256_maddubs_epi16(xv, w0), ones));
+                a01 = _mm256_add_epi32(a01, _mm256_madd_epi16(_mm256_maddubs_epi16(xv, w1), ones));
+                if (two) {
+                    memcpy(&quad, x + hidden + g * 4, 4);
+                    xv = _mm256_set1_epi32(quad);
+                    a10 = _mm256_add_epi32(a10, _mm256_madd_epi16(_mm256_maddubs_epi16(xv, w0), ones));
+                    a11 = _mm256_add_epi32(a11, _mm256_madd_epi16(_mm256_maddubs_epi16(xv, w1), ones));
+                }
+            }
+            const __m256i acc[2][2] = {{a00, a01}, {a10, a11}};
+            for (int64_t i = 0; i < 1 + two; i++)
+                for (int h = 0; h < 2; h++) {
+                    const __m256 v = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[i][h], zero_point[h]));
+                    _mm256_storeu_ps(out + (r0 + i) * vocab + b * 16 + h * 8, _mm256_mul_ps(v, sc[h]));
+                }
+        }
+    }
 #else
     (void)qx, (void)rows, (void)packed, (void)wsum, (void)scales;
     (void)vocab, (void)hidden, (void)zx, (void)sx, (void)out;
+#endif
+}
+
+/* ------------------------------------------------------------------------------------------
+ * fp32 projections y [rows][out] = x [rows][in] . wᵀ (layers.py ``Linear``) on AVX2 + FMA, for
+ * a CPU without AVX512, where oneDNN's packed GEMM reads a decode step's weights at about 16 GB/s
+ * and this kernel streams them at the memory's speed. Every output is one chain of FMAs over k
+ * in ascending order from +0 (stored and reloaded between k-blocks, which is exact), whatever
+ * the number of rows or their blocking: a row's result has the same bits alone, in a decode
+ * batch or in a prefill chunk (what warm == cold needs of a projection).
+ *
+ * The weight is packed once, [out / 8][in][8]: eight outputs' weights of one k in one 32-byte
+ * vector, so a decode row streams each block front to back. A micro-kernel takes up to six rows
+ * and sixteen outputs (twelve accumulators, the 6x16 shape of BLIS's Haswell SGEMM); prefill
+ * rows go in MC-row blocks over KC-wide k-blocks, x packed [6 rows interleaved] per block so
+ * its broadcasts read one cache line, the weight's 16 x KC panel in L1 across the block.
+ * out % 16 == 0 (``tt_linear`` returns 1 and writes nothing otherwise). */
+
+int tt_linear_compiled(void) {
+#if defined(__AVX2__) && defined(__FMA__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* Where this kernel is the default (native.py): AVX2 + FMA without AVX512F. */
+int tt_linear_preferred(void) {
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+void tt_linear_pack(const float *w, int64_t out, int64_t in, float *dst) {
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < out / 8; b++)
+        for (int64_t k = 0; k < in; k++)
+            for (int j = 0; j < 8; j++) dst[(b * in + k) * 8 + j] = w[(b * 8 + j) * in + k];
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+#define TT_MR 6
+#define TT_KC 256
+#define TT_MC 96
+/* n (<= 6, a constant where inlined) rows x 16 outputs over kn steps of k: the row-i value of
+ * step k at x[k * ldk + i * ldi], the weights at w0 / w1 [kn][8]; accumulates into y (row
+ * stride ldy) unless ``first``. Named accumulators: an array of them is spilled by gcc. */
+#define TT_LIN_ACC(i)                                                                             \
+    __m256 c##i##0 = _mm256_setzero_ps(), c##i##1 = _mm256_setzero_ps();                          \
+    if (n > i && !first) {                                                                        \
+        c##i##0 = _mm256_loadu_ps(y + i * ldy);                                                   \
+        c##i##1 = _mm256_loadu_ps(y + i * ldy + 8);                                               \
+    }
+#define TT_LIN_FMA(i)                                                                             \
+    if (n > i) {                                                                                  \
+        const __m256 xv = _mm256_broadcast_ss(xk + i * ldi);                                      \
+        c##i##0 = _mm256_fmadd_ps(xv, u, c##i##0);                                                \
+        c##i##1 = _mm256_fmadd_ps(xv, v, c##i##1);                                                \
+    }
+#define TT_LIN_OUT(i)                                                                             \
+    if (n > i) {                                                                                  \
+        _mm256_storeu_ps(y + i * ldy, c##i##0);                                                   \
+        _mm256_storeu_ps(y + i * ldy + 8, c##i##1);                                               \
+    }
+static inline __attribute__((always_inline)) void
+tt_lin_micro(const float *restrict w0, const float *restrict w1, const float *restrict x,
+             int64_t ldk, int64_t ldi, float *restrict y, int64_t ldy, int64_t kn, int first,
+             const int n) {
+    TT_LIN_ACC(0) TT_LIN_ACC(1) TT_LIN_ACC(2) TT_LIN_ACC(3) TT_LIN_ACC(4) TT_LIN_ACC(5)
+    const float *xk = x;
+    for (int64_t k = 0; k < kn; k++, xk += ldk) {
+        const __m256 u = _mm256_loadu_ps(w0 + k * 8), v = _mm256_loadu_ps(w1 + k * 8);
+        TT_LIN_FMA(0) TT_LIN_FMA(1) TT_LIN_FMA(2) TT_LIN_FMA(3) TT_LIN_FMA(4) TT_LIN_FMA(5)
+    }
+    TT_LIN_OUT(0) TT_LIN_OUT(1) TT_LIN_OUT(2) TT_LIN_OUT(3) TT_LIN_OUT(4) TT_LIN_OUT(5)
+}
+
+static void tt_lin_rows(const float *w0, const float *w1, const float *x, int64_t ldk,
+                        int64_t ldi, float *y, int64_t ldy, int64_t kn, int first, int64_t n) {
+    switch (n) {
+    case 1: tt_lin_micro(w0, w1, x, ldk, ldi, y, ldy, kn, first, 1); break;
+    case 2: tt_lin_micro(w0, w1, x, ldk, ldi, y, ldy, kn, first, 2); break;
+    case 3: tt_lin_micro(w0, w1, x, ldk, ldi, y, ldy, kn, first, 3); break;
+    case 4: tt_lin_micro(w0, w1, x, ldk, ldi, y, ldy, kn, first, 4); break;
+    case 5: tt_lin_micro(w0, w1, x, ldk, ldi, y, ldy, kn, first, 5); break;
+    default: tt_lin_micro(w0, w1, x, ldk, ldi, y, ldy, kn, first, 6); break;
+    }
+}
+#endif
+
+int tt_linear(const float *wb, const float *x, int64_t rows, int64_t out, int64_t in, float *y) {
+#if defined(__AVX2__) && defined(__FMA__)
+    if (out % 16 != 0 || rows < 0 || in < 1) return 1;
+    if (rows == 0) return 0;
+    const int64_t panels = out / 16;
+    if (rows <= TT_MR) { /* decode: x as it lies, one pass over the weight */
+#pragma omp parallel for schedule(static)
+        for (int64_t p = 0; p < panels; p++) {
+            const float *w0 = wb + 2 * p * in * 8;
+            tt_lin_rows(w0, w0 + in * 8, x, 1, in, y + p * 16, out, in, 1, rows);
+        }
+        return 0;
+    }
+    float *xp = malloc(sizeof(float) * TT_MC * TT_KC);
+    if (xp == NULL) return 1;
+#pragma omp parallel
+    for (int64_t k0 = 0; k0 < in; k0 += TT_KC) {
+        const int64_t kn = in - k0 < TT_KC ? in - k0 : TT_KC;
+        for (int64_t m0 = 0; m0 < rows; m0 += TT_MC) {
+            const int64_t mn = rows - m0 < TT_MC ? rows - m0 : TT_MC;
+            /* x[m0 + g + i][k0 + k] -> xp[g][k][i], groups of six rows (the last zero-padded) */
+#pragma omp for schedule(static)
+            for (int64_t g = 0; g < mn; g += TT_MR)
+                for (int64_t k = 0; k < kn; k++)
+                    for (int64_t i = 0; i < TT_MR; i++)
+                        xp[g * kn + k * TT_MR + i] = g + i < mn ? x[(m0 + g + i) * in + k0 + k] : 0.0f;
+#pragma omp for schedule(static)
+            for (int64_t p = 0; p < panels; p++) {
+                const float *w0 = wb + 2 * p * in * 8 + k0 * 8;
+                for (int64_t g = 0; g < mn; g += TT_MR)
+                    tt_lin_rows(w0, w0 + in * 8, xp + g * kn, TT_MR, 1, y + (m0 + g) * out + p * 16,
+                                out, kn, k0 == 0, mn - g < TT_MR ? mn - g : TT_MR);
+            }
+        }
+    }
+    free(xp);
+    return 0;
+#else
+    (void)wb, (void)x, (void)rows, (void)out, (void)in, (void)y;
+    return 1;
 #endif
 }
 

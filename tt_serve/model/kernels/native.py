@@ -33,8 +33,8 @@ from tt_serve.user_cache import user_cache_dir
 
 log = logging.getLogger(__name__)
 
-ABI = 5  # native.c's tt_native_abi()
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+ABI = 6  # native.c's tt_native_abi()
+FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c11")  # and -march (``_build``)
 SOURCE = Path(__file__).with_name("native.c")
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
@@ -52,9 +52,11 @@ def _cpu_flags() -> str:
         return ""
 
 
-def _build(cc: str) -> Path:
-    """The compiled library for this source, compiler, flags and CPU (compiling it if needed);
+def _build(cc: str, march: str = "native") -> Path:
+    """The compiled library for this source, compiler, flags and CPU (compiling it if needed),
+    for ``-march=<march>`` (tests build other instruction sets than the machine's best);
     raises OSError or subprocess.CalledProcessError."""
+    flags = (*FLAGS, f"-march={march}")
     source = SOURCE.read_bytes()
     version = subprocess.run([cc, "--version"], capture_output=True, check=True, timeout=60).stdout
     key = hashlib.sha256(
@@ -62,7 +64,7 @@ def _build(cc: str) -> Path:
             [
                 source,
                 version,
-                " ".join(FLAGS).encode(),
+                " ".join(flags).encode(),
                 _cpu_flags().encode(),
                 platform.machine().encode(),
             ]
@@ -76,7 +78,7 @@ def _build(cc: str) -> Path:
     os.close(fd)
     try:
         subprocess.run(
-            [cc, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, check=True, timeout=300
+            [cc, *flags, str(SOURCE), "-o", tmp], capture_output=True, check=True, timeout=300
         )
         os.replace(tmp, out)  # atomic: a concurrent build of the same key writes the same bytes
     finally:
@@ -86,12 +88,13 @@ def _build(cc: str) -> Path:
 
 
 class NativeKernels:
-    """The loaded library. ``screen_fast``: the int8 screen GEMV is compiled in (AVX512-VNNI)."""
+    """The loaded library. ``screen_levels``: the largest u8 activation code the int8 screen
+    GEMV is compiled for (255 with AVX512-VNNI, 127 with AVX2, 0: not compiled)."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         self.lib = lib
         lib.tt_native_abi.restype = ctypes.c_int
-        lib.tt_screen_fast.restype = ctypes.c_int
+        lib.tt_screen_levels.restype = ctypes.c_int
         lib.tt_screen_pack.argtypes = [_P, _I64, _I64, _P]
         lib.tt_screen_pack.restype = None
         lib.tt_screen_gemv.argtypes = [
@@ -121,9 +124,19 @@ class NativeKernels:
         lib.tt_screen_candidates.argtypes = [_P, _I64, _I64, _I64, _P, _P, _P, _P, _D, _D]
         lib.tt_screen_candidates.argtypes += [ctypes.c_int32, _P, _P, _P, _P, _I64, _P, _P, _P]
         lib.tt_screen_candidates.restype = _I64
+        lib.tt_linear_compiled.restype = ctypes.c_int
+        lib.tt_linear_preferred.restype = ctypes.c_int
+        lib.tt_linear_pack.argtypes = [_P, _I64, _I64, _P]
+        lib.tt_linear_pack.restype = None
+        lib.tt_linear.argtypes = [_P, _P, _I64, _I64, _I64, _P]
+        lib.tt_linear.restype = ctypes.c_int
         if lib.tt_native_abi() != ABI:
             raise RuntimeError(f"native library ABI {lib.tt_native_abi()} is not {ABI}")
-        self.screen_fast = bool(lib.tt_screen_fast())
+        self.screen_levels = int(lib.tt_screen_levels())
+        # The AVX2 projection kernel: compiled in, and the default (no AVX512F: oneDNN's packed
+        # GEMM keeps the CPUs it was measured faster on).
+        self.linear_compiled = bool(lib.tt_linear_compiled())
+        self.linear_preferred = bool(lib.tt_linear_preferred())
 
     @staticmethod
     def screen_fits(vocab: int, hidden: int) -> bool:
@@ -140,6 +153,40 @@ class NativeKernels:
         self.lib.tt_screen_pack(q.data_ptr(), vocab, hidden, out.data_ptr())
         return out
 
+    @staticmethod
+    def linear_fits(weight: torch.Tensor) -> bool:
+        """Whether ``tt_linear`` takes ``weight``: fp32 on the CPU, [16·n, m]."""
+        return (
+            weight.device.type == "cpu"
+            and weight.dtype == torch.float32
+            and weight.dim() == 2
+            and weight.shape[0] % 16 == 0
+            and weight.shape[1] > 0
+        )
+
+    def linear_pack(self, weight: torch.Tensor) -> torch.Tensor:
+        """fp32 [out, in] -> the projection kernel's blocked copy [out / 8, in, 8]."""
+        if not self.linear_compiled or not self.linear_fits(weight):
+            raise ValueError("linear_pack takes a CPU fp32 [16·n, m] weight (AVX2 + FMA)")
+        out, inp = weight.shape
+        weight = weight.contiguous()
+        blocked = torch.empty(out // 8, inp, 8, dtype=torch.float32)
+        self.lib.tt_linear_pack(weight.data_ptr(), out, inp, blocked.data_ptr())
+        return blocked
+
+    def linear(self, blocked: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """fp32 x [rows, in] · wᵀ -> [rows, out] on ``linear_pack``'s copy of w: each output
+        one FMA chain over k ascending, so a row's bits do not depend on the other rows."""
+        blocks, inp, _ = blocked.shape
+        if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != inp or x.device.type != "cpu":
+            raise ValueError(f"linear: fp32 CPU rows of {inp} values, got {tuple(x.shape)}")
+        x = x.contiguous()
+        y = torch.empty(x.shape[0], blocks * 8, dtype=torch.float32)
+        if self.lib.tt_linear(blocked.data_ptr(), x.data_ptr(), x.shape[0], blocks * 8, inp,
+                              y.data_ptr()):  # fmt: skip
+            raise RuntimeError("tt_linear refused its shapes (or ran out of memory)")
+        return y
+
     def screen_gemv(
         self,
         qx: torch.Tensor,
@@ -150,10 +197,10 @@ class NativeKernels:
         sx: float,
     ) -> torch.Tensor:
         """fp32 [rows, vocab] = ((qx - zx) · w_j) * (sx * scales[j]), the integer sum exact:
-        qx u8 [rows, hidden], ``packed`` from ``screen_pack``, wsum int32 [vocab] (each row's
-        sum), scales fp32 [vocab]."""
-        if not self.screen_fast:
-            raise RuntimeError("the screen GEMV was compiled without AVX512-VNNI")
+        qx u8 [rows, hidden] of codes up to ``screen_levels``, ``packed`` from ``screen_pack``,
+        wsum int32 [vocab] (each row's sum), scales fp32 [vocab]."""
+        if not self.screen_levels:
+            raise RuntimeError("the screen GEMV was compiled without AVX512-VNNI or AVX2")
         rows, hidden = qx.shape
         vocab = scales.shape[0]
         if (
@@ -431,9 +478,9 @@ class ScreenWeight:
     @classmethod
     def of(cls, q: torch.Tensor) -> ScreenWeight | None:
         """``q`` prepared for the GEMV, or None where the kernel is not compiled (no compiler,
-        no AVX512-VNNI) or ``q``'s shape does not block."""
+        no AVX512-VNNI or AVX2) or ``q``'s shape does not block."""
         k = kernels()
-        if k is None or not k.screen_fast or not k.screen_fits(*q.shape):
+        if k is None or not k.screen_levels or not k.screen_fits(*q.shape):
             return None
         return cls(k, k.screen_pack(q), q.sum(-1, dtype=torch.int32))
 
@@ -452,17 +499,32 @@ def screen_reference(
 
 
 def _self_check(k: NativeKernels) -> None:
-    if not k.screen_fast:
+    levels = k.screen_levels
+    if not levels:
         return
     gen = torch.Generator().manual_seed(0)
-    w = torch.randint(-127, 128, (64, 32), dtype=torch.int8, generator=gen)
-    w[0] = 127  # the extreme products
+    w = torch.randint(-128, 128, (64, 32), dtype=torch.int8, generator=gen)
+    w[0], w[1] = 127, -128  # the extreme products (and pair sums, for AVX2's int16 step)
     scales = torch.rand(64, generator=gen) + 0.5
-    qx = torch.randint(0, 256, (5, 32), dtype=torch.uint8, generator=gen)
-    qx[0] = 255
+    qx = torch.randint(0, levels + 1, (5, 32), dtype=torch.uint8, generator=gen)
+    qx[0] = levels
     got = k.screen_gemv(qx, k.screen_pack(w), w.sum(-1, dtype=torch.int32), scales, 3, 0.25)
     if not torch.equal(got, screen_reference(qx, w, scales, 3, 0.25)):
         raise RuntimeError("the screen GEMV disagrees with its reference")
+
+
+def _linear_self_check(k: NativeKernels) -> None:
+    if not k.linear_compiled:
+        return
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(48, 300, generator=gen) * 300**-0.5
+    x = torch.randn(13, 300, generator=gen)  # more rows than one micro-kernel takes
+    blocked = k.linear_pack(w)
+    got = k.linear(blocked, x)
+    if not torch.allclose(got, x @ w.T, rtol=1e-4, atol=1e-5):
+        raise RuntimeError("the projection kernel disagrees with torch")
+    if not torch.equal(k.linear(blocked, x[7:8]), got[7:8]):
+        raise RuntimeError("the projection kernel's rows depend on their batch")
 
 
 @functools.cache
@@ -478,6 +540,7 @@ def kernels() -> NativeKernels | None:
     try:
         k = NativeKernels(ctypes.CDLL(str(_build(cc))))
         _self_check(k)
+        _linear_self_check(k)
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         detail = getattr(exc, "stderr", b"") or b""
         tail = f": {detail.decode(errors='replace')[-500:]}" if detail else ""

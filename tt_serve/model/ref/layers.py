@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -88,32 +90,78 @@ PACK_ROWS = 256
 class Linear:
     """``x @ Wᵀ`` for a [out, in] weight, at the fastest kernel of the weight's device.
 
-    On the CPU an fp32 or bf16 weight is reordered once into oneDNN's blocked layout
+    On a CPU with AVX2 and no AVX512 an fp32 weight goes to native.c's projection kernel
+    (``tt_linear``: the weight blocked once, each output one FMA chain over k): oneDNN's packed
+    GEMM reads a decode row's weights there at about 16 GB/s where this kernel streams them at
+    the memory's speed, and its 6x16 micro-kernel matches oneDNN on prefill chunks (2 cores,
+    0.8B shapes: ``python -m bench.linear_kernels --shapes 0.8b``). ``TT_SERVE_LINEAR=onednn``
+    (or ``native``, wherever it is compiled) overrides the choice.
+
+    Elsewhere on the CPU an fp32 or bf16 weight is reordered once into oneDNN's blocked layout
     (``mkldnn._reorder_linear_weight``, the packing torch's own compiler applies to frozen CPU
     linears) and multiplied with ``mkldnn._linear_pointwise``: 2 cores, [256, 256] x [512, 256]
     fp32 runs at 159 us against 358 us for ``F.linear`` (MKL repacks its operand per call),
     2x at 8 and 32 rows, about 2x slower at 1 row for the smallest weights (15 vs 8 us): see
     ``python -m bench.linear_kernels`` and bench/runs/linear-kernels.jsonl. Only the
     summation order differs from ``F.linear`` (<= 4e-5 absolute on unit-variance products).
-    The packed weight replaces the plain one, so memory does not grow. Elsewhere (CUDA, other
-    dtypes, a torch built without oneDNN) it is ``F.linear``.
+    Either copy replaces the plain one, so memory does not grow, and on either a row's result
+    does not depend on how many rows share the call (tests/model/test_linear.py). Elsewhere
+    (CUDA, other dtypes, a torch built without oneDNN) it is ``F.linear``.
     """
 
     def __init__(self, weight: torch.Tensor) -> None:
         self.out_features, self.in_features = int(weight.shape[0]), int(weight.shape[1])
         self.packed: torch.Tensor | None = None
+        self.blocked: torch.Tensor | None = None
         self.weight: torch.Tensor | None = weight
-        if packs(weight):
+        self.native = native_linear(weight)
+        if self.native is not None:
+            self.blocked = self.native.linear_pack(weight)
+            self.weight = None
+        elif packs(weight):
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACK_ROWS)
             self.weight = None
 
+    @property
+    def kernel(self) -> str:
+        """Which kernel runs: ``native``, ``onednn`` or ``torch`` (``F.linear``)."""
+        return (
+            "native"
+            if self.blocked is not None
+            else "onednn"
+            if self.packed is not None
+            else "torch"
+        )
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.blocked is not None:
+            assert self.native is not None
+            flat = x.reshape(-1, self.in_features)
+            return self.native.linear(self.blocked, flat).reshape(*x.shape[:-1], self.out_features)
         if self.packed is None:
             assert self.weight is not None
             return F.linear(x, self.weight)
         flat = x.reshape(-1, self.in_features).contiguous()
         y = torch.ops.mkldnn._linear_pointwise(flat, self.packed, None, "none", [], "")
         return y.reshape(*x.shape[:-1], self.out_features)
+
+
+LINEAR_KERNELS = ("auto", "native", "onednn")
+
+
+def native_linear(weight: torch.Tensor) -> native.NativeKernels | None:
+    """The C kernels when ``Linear`` runs ``weight`` on ``tt_linear``: an fp32 CPU weight of
+    [16·n, m], the kernel compiled (AVX2 + FMA), and preferred on this CPU (no AVX512F) or asked
+    for by ``TT_SERVE_LINEAR=native``; None for oneDNN / ``F.linear``."""
+    choice = os.environ.get("TT_SERVE_LINEAR", "auto")
+    if choice not in LINEAR_KERNELS:
+        raise ValueError(f"TT_SERVE_LINEAR={choice!r}: use one of {', '.join(LINEAR_KERNELS)}")
+    if choice == "onednn" or weight.device.type != "cpu" or weight.dtype != torch.float32:
+        return None
+    k = native.kernels()
+    if k is None or not k.linear_compiled or not k.linear_fits(weight):
+        return None
+    return k if choice == "native" or k.linear_preferred else None
 
 
 def packs(weight: torch.Tensor) -> bool:

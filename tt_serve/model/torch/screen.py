@@ -25,9 +25,9 @@ than the worst token's). The search runs in fine slices of about 100 tokens: a s
 searched only if its maximum reaches ``floor`` minus its largest bound, then each of its
 entries against its own. Activations are quantized to 8
 bits where a probe at startup finds oneDNN's u8·s8 products exact (``activation_levels``), to
-7 bits otherwise (no int16 pair sum can saturate on a CPU without VNNI), and always to 8 bits
-for the C kernel (exact int32 sums): the GEMM's result is then the dequantized product to
-rounding (tested). A row whose candidates exceed
+7 bits otherwise (no int16 pair sum can saturate on a CPU without VNNI), and for the C kernel
+to the bits it is compiled for (8 with AVX512-VNNI, 7 with AVX2: ``screen_levels``): the GEMM's
+result is then the dequantized product to rounding (tested). A row whose candidates exceed
 ``MAX_CANDIDATES`` (a hidden state with outliers the activation scale resolves poorly) has every
 logit computed the exact way; a non-finite hidden state goes back to the full head.
 
@@ -306,7 +306,7 @@ class ScreenedHead:
         """int8 logits a [R, vocab] and each row's bound coefficients (fp64 [R] each):
         ``|x_r·w_j - a_rj| <= act[r] * ||w_j|| + wgt[r] * ||w_j - ŵ_j||`` (``token_bound``)."""
         fast = self.native if x.shape[0] <= NATIVE_ROWS else None
-        levels = 255 if fast is not None else self.levels  # the C kernel's sums are exact
+        levels = fast.kernels.screen_levels if fast is not None else self.levels  # exact sums
         lo, hi = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
         sx = (hi - lo) / levels if hi > lo else 1.0
         zx = min(max(round(-lo / sx), 0), levels)
