@@ -1,18 +1,21 @@
-"""The torch backend's projection kernel, side by side: ``F.linear(x, W)`` (MKL, which repacks
-its operand every call) against ``ref/layers.py`` ``Linear`` (the weight reordered once into
-oneDNN's blocked layout), for every projection shape of a model as the backend runs it (fused
-GDN in-projection, fused q/k/v, fused gate/up, the out / down projections, the LM head), at the
-row counts of decode steps and of a prefill chunk, interleaved over rounds in one process. Also
-checks the packed kernel's batch invariance (a row's result alone equals it inside the batch)
-and its largest difference from ``F.linear``. One ledger line to
-``bench/runs/linear-kernels.jsonl``.
+"""The torch backend's projection kernels, side by side: ``F.linear(x, W)`` (MKL, which repacks
+its operand every call) against ``ref/layers.py`` ``Linear`` on each CPU kernel it can run here
+(oneDNN's packed GEMM, and native.c's projection kernel where it is compiled: AVX2 + FMA), for
+every projection shape of a model as the backend runs it (fused GDN in-projection, fused q/k/v,
+fused gate/up, the out / down projections, the LM head), at the row counts of decode steps and
+of a prefill chunk, interleaved over rounds in one process. Also checks each kernel's batch
+invariance (a row's result alone equals it inside the batch) and its largest difference from
+``F.linear``. One ledger line to ``bench/runs/linear-kernels.jsonl``.
 
-    OMP_NUM_THREADS=2 python -m bench.linear_kernels [--model DIR] [--rows 1 8 32 256]
+    OMP_NUM_THREADS=2 python -m bench.linear_kernels [--model DIR | --shape qwen3.5-0.8b]
+        [--rows 1 8 32 256]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +24,7 @@ import torch.nn.functional as F
 
 from bench.provenance import REPO_ROOT, append_ledger, arguments
 from bench.timing import interleaved_ms
+from tt_serve.model.kernels import native
 from tt_serve.model.ref.layers import Linear, packs
 from tt_serve.model.spec import ModelSpec
 
@@ -47,44 +51,57 @@ def projection_shapes(spec: ModelSpec) -> dict[str, tuple[int, int]]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.linear_kernels", description=__doc__)
     ap.add_argument("--model", type=Path, default=None, help="checkpoint folder; default: demo")
+    ap.add_argument("--shape", default=None, help="a published model's shapes (no weights)")
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 256])
     ap.add_argument("--calls", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--ledger", type=Path, default=LEDGER)
     a = ap.parse_args(argv)
-    if a.model is None:
+    if a.shape is not None:
+        from tt_serve.model.published import write_published_config
+
+        with tempfile.TemporaryDirectory() as tmp:
+            spec = ModelSpec.from_hf_dir(write_published_config(a.shape, Path(tmp)))
+    elif a.model is None:
         from tt_serve.demo import ensure_demo_model
 
         spec = ModelSpec.from_hf_dir(ensure_demo_model())
     else:
         spec = ModelSpec.from_hf_dir(a.model)
     gen = torch.Generator().manual_seed(0)
-    if not packs(torch.empty(1, 1)):
-        print("this torch has no oneDNN packed linear on the CPU: Linear is F.linear here")
+    kernels = ["onednn"] if packs(torch.empty(1, 1)) else []
+    k = native.kernels()
+    if k is not None and k.linear_compiled:
+        kernels.append("native")
+    if not kernels:
+        print("no packed CPU kernel here (no oneDNN, no AVX2): Linear is F.linear")
     results: dict[str, dict[str, dict[str, float]]] = {}
-    checks: dict[str, dict[str, float | bool]] = {}
+    checks: dict[str, dict[str, dict[str, float | bool | str]]] = {}
     for name, (out, inp) in projection_shapes(spec).items():
         w = torch.randn(out, inp, generator=gen) * inp**-0.5
-        packed = Linear(w)
+        lins = {kern: _linear(w, kern) for kern in kernels}
         x_all = torch.randn(max(a.rows), inp, generator=gen)
-        full = packed(x_all)
-        checks[name] = {
-            "batch_invariant": all(torch.equal(packed(x_all[:r]), full[:r]) for r in a.rows),
-            "max_abs_diff_vs_f_linear": float((full - F.linear(x_all, w)).abs().max()),
-        }
+        checks[name] = {}
+        for kern, lin in lins.items():
+            full = lin(x_all)
+            checks[name][kern] = {
+                "kernel": lin.kernel,  # native needs 16-row blocks: else oneDNN's runs
+                "batch_invariant": all(torch.equal(lin(x_all[:r]), full[:r]) for r in a.rows),
+                "max_abs_diff_vs_f_linear": float((full - F.linear(x_all, w)).abs().max()),
+            }
         results[name] = {}
         for rows in a.rows:
             x = x_all[:rows].contiguous()
-            arms: dict[str, Callable[[], object]] = {
-                "f_linear": lambda x=x, w=w: F.linear(x, w),
-                "packed": lambda x=x, p=packed: p(x),
-            }
+            arms: dict[str, Callable[[], object]] = {"f_linear": lambda x=x, w=w: F.linear(x, w)}
+            arms |= {kern: lambda x=x, p=lin: p(x) for kern, lin in lins.items()}
             ms = interleaved_ms(arms, a.calls, a.rounds)
-            speedup = ms["f_linear"] / ms["packed"]
-            results[name][str(rows)] = {**ms, "speedup": speedup}
+            results[name][str(rows)] = ms
+            shown = "".join(
+                f", {kern} {ms[kern]:8.3f} ms (x{ms['f_linear'] / ms[kern]:.2f})" for kern in lins
+            )
             print(
                 f"{name:14s} [{out:6d} x {inp:4d}] rows {rows:3d}: F.linear {ms['f_linear']:8.3f}"
-                f" ms, packed {ms['packed']:8.3f} ms (x{speedup:.2f})",
+                f" ms{shown}",
                 flush=True,
             )
         print(f"{name:14s} {checks[name]}", flush=True)
@@ -93,13 +110,22 @@ def main(argv: list[str] | None = None) -> int:
         "linear_kernels",
         params={
             **arguments(a, "model"),
-            "model": a.model.name if a.model else "demo",
+            "model": a.shape or (a.model.name if a.model else "demo"),
         },
         threads=torch.get_num_threads(),
         results_ms=results,
         checks=checks,
     )
     return 0
+
+
+def _linear(w: torch.Tensor, kernel: str) -> Linear:
+    """``Linear(w)`` on ``kernel`` (``TT_SERVE_LINEAR``, read when it is built)."""
+    os.environ["TT_SERVE_LINEAR"] = kernel
+    try:
+        return Linear(w)
+    finally:
+        os.environ.pop("TT_SERVE_LINEAR")
 
 
 if __name__ == "__main__":

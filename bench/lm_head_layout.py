@@ -1,6 +1,7 @@
 """The torch backend's LM-head kernel, side by side: ``F.linear(x, W)`` on the checkpoint's
-[vocab, H] weight, ``x @ W_t`` on a contiguous [H, vocab] copy, the weight reordered once
-into oneDNN's blocked layout (``torch/model.py`` ``LmHead`` on the CPU), and the int8 screen
+[vocab, H] weight, ``x @ W_t`` on a contiguous [H, vocab] copy, the weight packed once the way
+``torch/model.py`` ``LmHead`` keeps it on the CPU (oneDNN's blocked layout, or native.c's
+projection kernel's on a CPU with AVX2 and no AVX512; the ledger names which), and the int8 screen
 (``torch/screen.py``: a greedy pick, and a top-20 draw, from the candidates alone, with its int8
 GEMV in the C kernel of ``kernels/native.c`` where it is compiled and on oneDNN; the packed
 arm's time is what the full head costs such a pick before its argmax or draw), at the row
@@ -43,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     w = torch.randn(a.vocab, a.hidden) * a.hidden**-0.5
     w_t = w.t().contiguous()
     packed = LmHead(w)
+    # the full head's kernel: native.c's projection kernel on an AVX2-only CPU, else oneDNN's
+    kernel = packed.packed.kernel if packed.packed is not None else "matmul"
     screen = packed.screened
     results = {}
     for rows in a.rows:
@@ -50,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         arms: dict[str, Callable[[], object]] = {
             "linear_vocab_major": lambda x=x: F.linear(x, w),
             "matmul_hidden_major": lambda x=x: x @ w_t,
-            "onednn_packed": lambda x=x: packed(x),
+            "packed": lambda x=x: packed(x),
         }
         if screen is not None:
             greedy, top20 = _rows(rows, 0), _rows(rows, 20)
@@ -64,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
                 arms["screen_top20_onednn"] = lambda x=x, r=top20: _onednn(screen, x, r)
         ms = interleaved_ms(arms, a.calls, a.rounds)
         ratio = ms["linear_vocab_major"] / ms["matmul_hidden_major"]
-        packed_ratio = ms["matmul_hidden_major"] / ms["onednn_packed"]
+        packed_ratio = ms["matmul_hidden_major"] / ms["packed"]
         results[str(rows)] = {**ms, "speedup": ratio, "packed_over_matmul": packed_ratio}
         shown = "".join(
             f", {k} {ms[k]:6.2f} ms"
@@ -79,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"rows {rows:3d}: [V,H] linear {ms['linear_vocab_major']:6.2f} ms, "
             f"[H,V] matmul {ms['matmul_hidden_major']:6.2f} ms, "
-            f"oneDNN packed {ms['onednn_packed']:6.2f} ms (x{packed_ratio:.2f} vs matmul)" + shown,
+            f"packed ({kernel}) {ms['packed']:6.2f} ms (x{packed_ratio:.2f} vs matmul)" + shown,
             flush=True,
         )
     append_ledger(
@@ -87,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         "lm_head_layout",
         params=arguments(a),
         threads=torch.get_num_threads(),
+        packed_kernel=kernel,
         results_ms=results,
     )
     return 0
