@@ -135,9 +135,9 @@ class ServeConfig:
     )
     max_waiting: int = _opt(256, "waiting requests before new ones get 503")
     max_num_batched_tokens: int = _opt(2048, "tokens per engine step (at least one chunk)")
-    # 0 (lockstep) until the arms are measured at a real model's size on a quiet machine: on
-    # the demo model, whose steps cost little per token, one row per step lowered the first
-    # token's p50 and raised the burst's makespan (bench/runs/prefill-order.jsonl).
+    # 0 (lockstep): one row per step lowers a burst's first-token p50 and raises its makespan,
+    # on the demo model and at the 0.8B shape on 2 cores alike (p50 -25%, makespan +10% there:
+    # bench/runs/prefill-order.jsonl), so the choice stays the operator's.
     max_prefill_rows: int = _opt(
         0,
         "requests advancing their prompt in one step, the earliest first (one chunk each): a "
