@@ -15,7 +15,6 @@ One ledger line to ``bench/runs/cpu-decode.jsonl``.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import tempfile
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from bench.linear_kernels import linear_kernel
 from bench.provenance import REPO_ROOT, append_ledger, arguments
 from tt_serve.model.interface import StateCopy, StepBatch, StepRow
 from tt_serve.model.torch import screen as screen_mod
@@ -33,11 +33,8 @@ BLOCK = 64
 
 
 def backend(path: Path, kernel: str, width: int, batch: int) -> TorchBackend:
-    os.environ["TT_SERVE_LINEAR"] = kernel  # read when the model's Linears are built
-    try:
+    with linear_kernel(kernel):
         be = TorchBackend.from_pretrained(path)
-    finally:
-        os.environ.pop("TT_SERVE_LINEAR")
     be.allocate(
         num_kv_blocks=batch * width + 1,
         block_size=BLOCK,

@@ -14,9 +14,10 @@ invariance (a row's result alone equals it inside the batch) and its largest dif
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -119,13 +120,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _linear(w: torch.Tensor, kernel: str) -> Linear:
-    """``Linear(w)`` on ``kernel`` (``TT_SERVE_LINEAR``, read when it is built)."""
+@contextlib.contextmanager
+def linear_kernel(kernel: str) -> Iterator[None]:
+    """``Linear``s built inside run on ``kernel`` (``TT_SERVE_LINEAR``, read at construction)."""
     os.environ["TT_SERVE_LINEAR"] = kernel
     try:
-        return Linear(w)
+        yield
     finally:
         os.environ.pop("TT_SERVE_LINEAR")
+
+
+def _linear(w: torch.Tensor, kernel: str) -> Linear:
+    with linear_kernel(kernel):
+        return Linear(w)
 
 
 if __name__ == "__main__":

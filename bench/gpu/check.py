@@ -26,6 +26,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -316,19 +317,31 @@ def main() -> int:
     )
     ap.add_argument("--ledger", default="bench/runs/gpu-check.jsonl")
     args = ap.parse_args()
+    return run_and_record(args, "gpu-check", run, default_steps=50)
+
+
+def run_and_record(
+    args: argparse.Namespace,
+    name: str,
+    run_fn: Callable[[argparse.Namespace], dict[str, Any]],
+    default_steps: int,
+) -> int:
+    """The device scripts' common main: resolve dtype and steps, run, print each check, and
+    append one ledger line to ``args.ledger`` (and to ``$OUT/<name>.jsonl`` when the device
+    script sets ``OUT``); exit 0 when every check passed."""
     args.dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
-    args.steps = args.steps or (3 if args.tiny else 50)
+    args.steps = args.steps or (3 if args.tiny else default_steps)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("no CUDA device visible to torch; use --device cpu --tiny for the dry run")
         return 2
     if args.device == "cpu":
         torch.set_num_threads(1)  # tiny shapes: extra threads only contend
     t0 = time.perf_counter()
-    res = run(args)
-    for name, ok in res["checks"].items():
-        print(f"{'PASS' if ok else 'FAIL'} {name}")
+    res = run_fn(args)
+    for check, ok in res["checks"].items():
+        print(f"{'PASS' if ok else 'FAIL'} {check}")
     line = {
-        "name": "gpu-check",
+        "name": name,
         "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(args.device) if args.device != "cpu" else "cpu",
         "torch": torch.__version__,
@@ -345,7 +358,7 @@ def main() -> int:
     print(text)
     targets = [Path(args.ledger)]
     if os.environ.get("OUT"):
-        targets.append(Path(os.environ["OUT"]) / "gpu-check.jsonl")
+        targets.append(Path(os.environ["OUT"]) / f"{name}.jsonl")
     for path in targets:
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a") as f:

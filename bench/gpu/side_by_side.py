@@ -29,20 +29,23 @@ Triton kernels, 30-50 s, before the timed calls).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
-import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from bench.gpu.check import FULL, TINY, Setup, decode_ms, generate, make_config, sync
-from bench.provenance import arguments, git_info, machine_info
+from bench.gpu.check import (
+    FULL,
+    TINY,
+    Setup,
+    decode_ms,
+    generate,
+    make_config,
+    run_and_record,
+    sync,
+)
 from tt_serve.engine.engine import Engine, EngineConfig
 from tt_serve.engine.scheduler import SchedulerConfig
 from tt_serve.model.interface import StepBatch, StepRow
@@ -316,41 +319,7 @@ def main() -> int:
     ap.add_argument("--skip-hf", action="store_true", help="tt-serve only (no transformers)")
     ap.add_argument("--ledger", default="bench/runs/gpu-side-by-side.jsonl")
     args = ap.parse_args()
-    args.dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
-    args.steps = args.steps or (3 if args.tiny else 30)
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        print("no CUDA device visible to torch; use --device cpu --tiny for the dry run")
-        return 2
-    if args.device == "cpu":
-        torch.set_num_threads(1)
-    t0 = time.perf_counter()
-    res = run(args)
-    for name, ok in res["checks"].items():
-        print(f"{'PASS' if ok else 'FAIL'} {name}")
-    line = {
-        "name": "gpu-side-by-side",
-        "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name(args.device) if args.device != "cpu" else "cpu",
-        "torch": torch.__version__,
-        "python": sys.version.split()[0],
-        "model": "random qwen3_5 tiny" if args.tiny else "random qwen3_5 ~0.75B (0.8B shape)",
-        "dtype": args.dtype,
-        "total_s": round(time.perf_counter() - t0, 1),
-        "git": git_info(),
-        "machine": machine_info(),
-        "flags": arguments(args),
-        **res,
-    }
-    text = json.dumps(line, sort_keys=True)
-    print(text)
-    targets = [Path(args.ledger)]
-    if os.environ.get("OUT"):
-        targets.append(Path(os.environ["OUT"]) / "gpu-side-by-side.jsonl")
-    for path in targets:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a") as f:
-            f.write(text + "\n")
-    return 0 if all(res["checks"].values()) else 1
+    return run_and_record(args, "gpu-side-by-side", run, default_steps=30)
 
 
 if __name__ == "__main__":

@@ -26,11 +26,11 @@ raise SystemExit(main())
 """
 
 
-def test_check_dry_run(tmp_path: Path) -> None:
-    ledger = tmp_path / "runs" / "gpu-check.jsonl"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OUT": str(tmp_path / "out")}
+def _dry_run(driver: str, ledger: Path, out: Path) -> subprocess.CompletedProcess[str]:
+    """Run a device script's CPU dry run in a fresh interpreter; it must exit 0."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OUT": str(out)}
     proc = subprocess.run(
-        [sys.executable, "-c", DRIVER, str(ledger)],
+        [sys.executable, "-c", driver, str(ledger)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -38,6 +38,12 @@ def test_check_dry_run(tmp_path: Path) -> None:
         timeout=600,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def test_check_dry_run(tmp_path: Path) -> None:
+    ledger = tmp_path / "runs" / "gpu-check.jsonl"
+    proc = _dry_run(DRIVER, ledger, tmp_path / "out")
     for name in (
         "graph_equals_buffered",
         "warm_equals_cold",
@@ -68,16 +74,7 @@ def test_side_by_side_dry_run(tmp_path: Path) -> None:
     limit, kernels per step, the agents' workload) and the agents' turn 2 is warm == cold and
     resumes everything turn 1 left."""
     ledger = tmp_path / "runs" / "gpu-side-by-side.jsonl"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OUT": str(tmp_path / "out")}
-    proc = subprocess.run(
-        [sys.executable, "-c", SIDE_BY_SIDE, str(ledger)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = _dry_run(SIDE_BY_SIDE, ledger, tmp_path / "out")
     assert "PASS turn2_warm_equals_cold" in proc.stdout
     assert "PASS turn2_resumes_its_history" in proc.stdout
     (line,) = ledger.read_text().splitlines()
