@@ -114,9 +114,10 @@ class PrefixCache:
         # (hash at b, b) -> number of admitted requests that will still compute boundary b,
         # plus reserved saves at b not yet published or aborted.
         self._inflight: Counter[SnapshotKey] = Counter()
-        # Reserved snapshot slot -> (request id, key). Outlives the request: a request that
-        # finishes in the step that reserved a save is released before the engine publishes.
-        self._unpublished: dict[int, tuple[str, SnapshotKey]] = {}
+        # Reserved snapshot slot -> (request id, key, parent key: ``_parent_key``). Outlives
+        # the request: one that finishes in the step that reserved a save is released before
+        # the engine publishes.
+        self._unpublished: dict[int, tuple[str, SnapshotKey, SnapshotKey | None]] = {}
         self._queries = 0
         self._hits = 0
         self._restores = 0
@@ -447,9 +448,22 @@ class PrefixCache:
         if self._link is not None:
             n = num_computed // self._bs
             self._link.reserved(slot, req.table[:n], tuple(req.hashes[:n]))
-        self._unpublished[slot] = (request_id, key)
+        self._unpublished[slot] = (request_id, key, self._parent_key(req, num_computed))
         self._inflight[key] += 1  # still in flight until published or aborted
         return SnapshotSave(request_id, slot, num_computed)
+
+    def _parent_key(self, req: _Request, b: int) -> SnapshotKey | None:
+        """The snapshot a save at ``b`` hangs from in the pool's tree: the deepest one held
+        below ``b`` on the request's path. None for a prompt-end save: it serves only requests
+        cut there too, not the conversation's next turn, so its parent stays a leaf."""
+        pts = req.points
+        if b in pts.cuts and pts.kind(b) is ResumeKind.PROMPT_END:
+            return None
+        for q in sorted((q for q in pts.saves if q < b), reverse=True):
+            key = (req.hashes[q // self._bs - 1], q)
+            if self._snapshots.slot_for(key) is not None:
+                return key
+        return None
 
     def _within_cap(self, req: _Request, key: SnapshotKey) -> bool:
         """Make room on ``req``'s path for a new snapshot at ``key``: while the path holds the
@@ -465,27 +479,30 @@ class PrefixCache:
             evictable = [s for s in held if self._snapshots.is_evictable(s)]
             if not evictable:
                 return False
-            victim = min(evictable, key=self._snapshots.value)
+            victim = min(evictable, key=self._snapshots.rank)
             self._snapshots.evict(victim)
             self._cap_evictions += 1
             held.remove(victim)
         self._peak_path = max(self._peak_path, len(held) + 1)
         return True
 
-    def _take_unpublished(self, save: SnapshotSave) -> bool:
+    def _take_unpublished(
+        self, save: SnapshotSave
+    ) -> tuple[str, SnapshotKey, SnapshotKey | None] | None:
         entry = self._unpublished.get(save.snapshot_slot)
         if entry is None or entry[0] != save.request_id or entry[1][1] != save.boundary:
-            return False
+            return None
         del self._unpublished[save.snapshot_slot]
         self._drop_inflight(entry[1])
-        return True
+        return entry
 
     def publish(self, save: SnapshotSave) -> None:
         """The engine copied the state into the slot: make the snapshot visible. Valid even
         after the request was released (it may finish in the step that reserved the save)."""
-        if not self._take_unpublished(save):
+        entry = self._take_unpublished(save)
+        if entry is None:
             raise ValueError(f"{save} is not pending (already published or aborted)")
-        self._snapshots.publish(save.snapshot_slot)
+        self._snapshots.publish(save.snapshot_slot, parent=entry[2])
         if self._link is not None:
             self._link.published(save.snapshot_slot, save.boundary)
 
@@ -521,7 +538,7 @@ class PrefixCache:
 
     def abort(self, save: SnapshotSave) -> None:
         """The copy failed or the step is dropped: free the slot. Idempotent."""
-        if self._take_unpublished(save):
+        if self._take_unpublished(save) is not None:
             if self._link is not None:
                 self._link.aborted(save.snapshot_slot)
             self._snapshots.abort(save.snapshot_slot)
@@ -565,7 +582,7 @@ class PrefixCache:
             )
         self._blocks.check_invariants(owners)
         self._snapshots.check_invariants(pins)
-        for slot, (_, key) in self._unpublished.items():
+        for slot, (_, key, _) in self._unpublished.items():
             assert self._snapshots.key_of(slot) == key, f"pending slot {slot} key"
             assert not self._snapshots.is_published(slot), f"pending slot {slot} published"
             inflight[key] += 1

@@ -14,6 +14,15 @@ device memory belongs to the backend; this class only decides which slot holds w
   pending, the insert is skipped softly (counted). Plain LRU (``policy="lru"``) is the A/B
   control: it lets a burst of shallow states push out a deep, often resumed one (SGLang's
   users lost most branch hits that way).
+* Redundant first: a snapshot published with a ``parent`` (the deepest snapshot below it on
+  the publishing request's path) makes that parent an interior node; one with exactly one
+  child is *redundant* (every conversation that went through it went on to the deeper one,
+  which a resumed turn now hits instead) and goes before any other, whatever its value, and
+  without raising L. Without this an agent's shallow state, restored turn after turn while its
+  fresher deeper ones were evicted, kept gaining value from those very restores and pushed out
+  the state its next turn needed. A branch point (two children or more: a head several
+  conversations share) and a leaf keep their value. A dropped entry's children hang from its
+  parent.
 * A duplicate key (published or pending) counts as a use and asks for no copy.
 * ``evict`` drops one chosen entry (the prefix cache's per-conversation cap).
 * A snapshot never references a KV block: its KV may be reclaimed, which makes it a miss.
@@ -48,6 +57,9 @@ class SnapshotPool:
         self._evictable: dict[int, tuple[float, int]] = {}
         self._uses = [0] * num_slots
         self._inflation = 0.0  # L: the value of the last entry evicted for room
+        # The snapshot tree among published entries: parent slot, child slots.
+        self._parent: list[int | None] = [None] * num_slots
+        self._children: list[set[int]] = [set() for _ in range(num_slots)]
         self._clock = 0
         self.evictions = 0
         self.skips = 0
@@ -107,10 +119,11 @@ class SnapshotPool:
         if self._free:
             slot = self._free.pop()
         elif self._evictable:
-            slot = min(self._evictable, key=self._evictable.__getitem__)
-            value = self._evictable[slot][0]
+            slot = min(self._evictable, key=self.rank)
+            kept_over_redundant, value, _ = self.rank(slot)
             self._drop(slot)
-            if not self._lru_policy:  # L rises to the least value: what stays idle ages
+            if kept_over_redundant and not self._lru_policy:
+                # L rises to the least value: what stays idle ages.
                 self._inflation = max(self._inflation, value)
         else:
             self.skips += 1
@@ -120,9 +133,18 @@ class SnapshotPool:
         self._uses[slot] = 0
         return slot
 
-    def value(self, slot: int) -> tuple[float, int]:
-        """An evictable slot's (value, last use); the least is evicted first."""
-        return self._evictable[slot]
+    def rank(self, slot: int) -> tuple[bool, float, int]:
+        """An evictable slot's eviction rank, the least evicted first: (not redundant, value,
+        last use). Under ``policy="lru"`` the last use alone."""
+        value, last = self._evictable[slot]
+        if self._lru_policy:
+            return (True, value, last)
+        return (not self.is_redundant(slot), value, last)
+
+    def is_redundant(self, slot: int) -> bool:
+        """Whether the entry has exactly one child: a deeper snapshot every path through it
+        went on to (see the module docstring)."""
+        return len(self._children[slot]) == 1
 
     def is_evictable(self, slot: int) -> bool:
         return slot in self._evictable
@@ -135,8 +157,17 @@ class SnapshotPool:
         self._free.append(slot)
 
     def _drop(self, slot: int) -> None:
-        """Forget an evictable slot's entry (the caller frees or reuses the slot)."""
+        """Forget an evictable slot's entry (the caller frees or reuses the slot); its
+        children hang from its parent."""
         del self._evictable[slot]
+        parent = self._parent[slot]
+        if parent is not None:
+            self._children[parent].discard(slot)
+            self._children[parent] |= self._children[slot]
+        for child in self._children[slot]:
+            self._parent[child] = parent
+        self._parent[slot] = None
+        self._children[slot] = set()
         old = self._key[slot]
         assert old is not None
         del self._by_key[old]
@@ -158,10 +189,19 @@ class SnapshotPool:
         assert key is not None
         return (self._inflation + key[1] * max(self._uses[slot], 1), self._clock)
 
-    def publish(self, slot: int) -> None:
+    def publish(self, slot: int, parent: SnapshotKey | None = None) -> None:
+        """Make a reserved slot visible. ``parent``: the key of the snapshot below it on the
+        path it was computed on, if any (the entry it makes interior; ignored when that key is
+        not published)."""
         key = self._key[slot]
         if key is None or self._published[slot]:
             raise ValueError(f"snapshot slot {slot} is not reserved")
+        above = None if parent is None else self.lookup(parent)
+        if parent is not None and parent[1] >= key[1]:
+            raise ValueError(f"parent depth {parent[1]} is not below {key[1]}")
+        if above is not None:
+            self._parent[slot] = above
+            self._children[above].add(slot)
         self._published[slot] = True
         self._uses[slot] += 1
         self._evictable[slot] = self._valued(slot)
@@ -203,6 +243,7 @@ class SnapshotPool:
                 assert key is None and not self._published[s] and self._pins[s] == 0, (
                     f"free slot {s} holds state"
                 )
+                assert self._parent[s] is None and not self._children[s], f"free slot {s} linked"
                 continue
             assert key is not None, f"used slot {s} has no key"
             assert isinstance(key[0], bytes) and isinstance(key[1], int), f"slot {s} key {key!r}"
@@ -214,6 +255,12 @@ class SnapshotPool:
             assert evictable == (self._published[s] and self._pins[s] == 0), (
                 f"slot {s} eviction state"
             )
+            parent = self._parent[s]
+            if parent is not None:
+                assert self._published[s] and self._published[parent], f"slot {s} tree link"
+                assert s in self._children[parent], f"slot {s} not its parent's child"
+            for child in self._children[s]:
+                assert self._parent[child] == s, f"slot {s} child {child} parent link"
         assert len(self._by_key) == self._num_slots - len(free), "key map size"
         assert self.num_published == self.publishes - self.evictions, "publish/evict counts"
         if pins is not None:

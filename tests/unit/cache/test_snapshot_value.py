@@ -7,6 +7,7 @@ import random
 import pytest
 
 from tt_serve.cache import PrefixCache, ResumeRule, SnapshotPool
+from tt_serve.cache.resume import ResumeKind
 
 IM, G, C = 5, 16, 64
 
@@ -116,3 +117,107 @@ def test_a_conversation_holds_at_most_its_cap_and_still_resumes(cap: int) -> Non
     assert st.snapshot_cap_evictions > 0
     # Every snapshot lies on the last prompt's path (each turn extends the one before).
     assert cache.snapshot_pool.num_published <= cap
+
+
+def _agents(rng: random.Random, agents: int, turns: int) -> list[list[list[int]]]:
+    """Every agent's prompts: a shared system prompt, its own task, then turns as ``_turns``."""
+    head = [IM, *(rng.randrange(10, 900) for _ in range(90))]
+    out = []
+    for _ in range(agents):
+        history = head + [IM] + [rng.randrange(10, 900) for _ in range(30)]
+        prompts = []
+        for _ in range(turns):
+            history += [IM, 2, 3]
+            prompts.append(list(history))
+            history += [rng.randrange(10, 900) for _ in range(20)] + [IM]
+            history += [rng.randrange(10, 900) for _ in range(70)]
+        out.append(prompts)
+    return out
+
+
+def _run_turn(cache: PrefixCache, rule: ResumeRule, rid: str, toks: list[int]) -> int:
+    """One request through the cache as the scheduler drives it; its cached tokens."""
+    pts = rule.points(toks)
+    res = cache.admit(rid, toks, 1, pts)
+    cache.restore_done(rid)
+    done = res.cached_tokens
+    while done < len(toks):
+        done = pts.next_end(done)
+        save = cache.on_computed(rid, toks, done, snapshot_ok=True)
+        if save is not None:
+            cache.publish(save)
+    cache.release(rid)
+    cache.check_invariants()
+    return res.cached_tokens
+
+
+@pytest.mark.parametrize("slots", [24, 32])
+def test_agents_served_one_after_another_keep_every_resume_point(slots: int) -> None:
+    """Eight agents on a shared head, each turn served whole before the next agent's (what
+    one prefill row per step does), in a pool of three or four snapshots per agent: every
+    later turn resumes at the previous turn's generation prompt. Before the snapshot tree an
+    agent's shallow state, restored turn after turn while its deeper ones were evicted, gained
+    value from those restores and pushed out the state the next turn needed (17 of 40 turns
+    within the resume bound on the demo model)."""
+    rule = ResumeRule(chunk=C, grid=G, boundary_ids=frozenset({IM}))
+    cache = PrefixCache(
+        num_blocks=4096,
+        block_size=G,
+        num_snapshot_slots=slots,
+        stride=C,
+        snapshots_per_conversation=8,
+    )
+    convs = _agents(random.Random(slots), 8, 6)
+    short = []
+    for t in range(6):
+        for a, prompts in enumerate(convs):
+            cached = _run_turn(cache, rule, f"a{a}t{t}", prompts[t])
+            want = (len(prompts[t - 1]) - 3) // G * G if t else 0
+            if cached < want:
+                short.append((a, t, cached, want))
+    assert not short
+    assert cache.snapshot_pool.evictions > 0  # the pool was under pressure
+
+
+def test_a_redundant_state_goes_first_a_branch_point_keeps_its_value() -> None:
+    """A state with one published child (every path through it went on deeper) is evicted
+    before any other, however often it was restored; a head two paths share keeps its value;
+    a dropped entry's children hang from its parent."""
+    pool = SnapshotPool(5)
+    head, a1, a2, b1 = key(512, 0), key(640, 1), key(768, 1), key(640, 2)
+    publish(pool, head)
+    for _ in range(6):
+        resume(pool, head)
+    for k, parent in ((a1, head), (a2, a1)):
+        slot = pool.reserve(k)
+        assert slot is not None
+        pool.publish(slot, parent=parent)
+    assert pool.is_redundant(pool.lookup(head))  # one child so far: a1
+    for _ in range(6):
+        resume(pool, a1)  # restored often, then its path went on to a2
+    slot = pool.reserve(b1)
+    assert slot is not None
+    pool.publish(slot, parent=head)  # a second path: head is a branch point now
+    assert not pool.is_redundant(pool.lookup(head))
+    publish(pool, key(64, 9))  # the pool is full now
+    publish(pool, key(64, 10))  # room: the redundant a1 goes, not the shallow leaf
+    assert not pool.contains(a1) and pool.contains(key(64, 9))
+    assert pool.contains(head) and pool.contains(a2)
+    pool.check_invariants()  # a2 hangs from head now
+    assert not pool.is_redundant(pool.lookup(head))
+
+
+def test_a_prompt_end_save_leaves_its_parent_a_leaf() -> None:
+    """The prompt-end cut serves only a prompt cut there too, not the conversation's next
+    turn: the generation prompt's state below it is no interior node for it."""
+    rule = ResumeRule(chunk=C, grid=G, boundary_ids=frozenset({IM}))
+    cache = PrefixCache(num_blocks=256, block_size=G, num_snapshot_slots=16, stride=C)
+    toks = [IM, *range(10, 100), IM, 2, 3, *range(100, 130)]  # message start at 91
+    pts = rule.points(toks)
+    assert pts.kind(80) is ResumeKind.MESSAGE and pts.kind(112) is ResumeKind.PROMPT_END
+    _run_turn(cache, rule, "r", toks)
+    pool = cache.snapshot_pool
+    keys = sorted(pool.published_keys().items(), key=lambda kv: kv[0][1])
+    assert [k[1] for k, _ in keys] == [64, 80, 112]
+    assert pool.is_redundant(keys[0][1])  # 64 -> 80
+    assert not pool.is_redundant(keys[1][1])  # 80 is the leaf the next turn resumes from
