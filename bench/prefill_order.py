@@ -1,14 +1,17 @@
 """How many requests prefill in one step, and which first: arms side by side in one process.
 
 Usage: python -m bench.prefill_order [--model DIR] [--agents 8] [--head 1472] [--tail 480]
-       [--output 16] [--rows 1,2,4,0] [--orders arrival,shortest] [--rounds 3]
+       [--output 16] [--rows 1,2,4,0,auto] [--orders arrival,shortest] [--steps split,mixed]
+       [--rounds 3]
 
 The agents' burst of ``bench/agent_replay``: ``--agents`` turns arrive together, each a
 ``--head``-token shared system prompt + its own ``--tail``-token history (tails of different
 lengths, so "shortest first" has something to choose), ``--output`` new tokens each, greedy.
 The shared head is computed once and resumed by the rest (the prefix cache on, as served). Each
-arm is one ``max_prefill_rows`` (0: every prefilling request, the old lockstep) and one
-``prefill_order``; each round runs every arm once, in rotated order, on one engine over the
+arm is one ``max_prefill_rows`` (0: every prefilling request, lockstep; ``auto``: the
+measured rule of ``tt_serve/engine/prefill_rows.py``, its measure kept across rounds as a
+server's would be), one ``prefill_order`` and one step shape (``--steps``: ``split``, all-prefill
+and all-decode steps, or ``mixed``, decode rows riding in the prefill steps); each round runs every arm once, in rotated order, on one engine over the
 demo model (or ``--model``), so noise hits every arm alike. Each burst draws a new head, so
 every arm computes its head cold and resumes it for the rest of its agents.
 
@@ -30,6 +33,7 @@ import torch
 
 from bench.provenance import REPO_ROOT, append_ledger, arguments
 from tt_serve.demo import ensure_demo_model
+from tt_serve.engine.prefill_rows import PrefillRows
 from tt_serve.llm import LLM
 from tt_serve.sequence import SamplingParams
 
@@ -42,17 +46,26 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 def burst(
-    llm: LLM, rows: int, order: str, prompts: list[list[int]], a: argparse.Namespace
+    llm: LLM,
+    arm: Arm,
+    prompts: list[list[int]],
+    a: argparse.Namespace,
+    measured: PrefillRows,
 ) -> dict[str, Any]:
-    """One burst under one arm: TTFTs, makespan, prompt tokens/s."""
+    """One burst under one arm: TTFTs, makespan, prompt tokens/s. ``measured``: the one
+    measure the "auto" arms share (it learns from every arm's steps, as a server's would)."""
     eng = llm.engine
     eng.scheduler.config = dataclasses.replace(
-        eng.scheduler.config, max_prefill_rows=rows, prefill_order=order
+        eng.scheduler.config,
+        max_prefill_rows=0 if arm.rows == "auto" else int(arm.rows),
+        prefill_order=arm.order,
+        mixed_steps=arm.steps == "mixed",
     )
+    eng.scheduler.prefill_rows = measured if arm.rows == "auto" else None
     params = SamplingParams(max_tokens=a.output, temperature=0, ignore_eos=True)
     hits0, queries0 = eng.stats().prefix_hits, eng.stats().prefix_queries
     t0 = time.perf_counter()
-    ids = [f"{rows}-{order}-{i}-{t0}" for i in range(len(prompts))]
+    ids = [f"{arm.label}-{i}-{t0}" for i in range(len(prompts))]
     for rid, p in zip(ids, prompts, strict=True):
         eng.add_request(rid, p, params)
     first: dict[str, float] = {}
@@ -73,6 +86,17 @@ def burst(
     }
 
 
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    rows: str  # a max_prefill_rows (0: all) or "auto" (measured, engine/prefill_rows.py)
+    order: str
+    steps: str  # "split" (all-prefill / all-decode steps) or "mixed"
+
+    @property
+    def label(self) -> str:
+        return f"rows={self.rows} {self.order} {self.steps}"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.prefill_order", description=__doc__)
     ap.add_argument("--model", type=Path, default=None, help="checkpoint folder; default: demo")
@@ -80,8 +104,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--head", type=int, default=1472, help="shared head tokens")
     ap.add_argument("--tail", type=int, default=480, help="longest own-history tokens")
     ap.add_argument("--output", type=int, default=16)
-    ap.add_argument("--rows", default="1,2,4,0", help="max_prefill_rows arms (0: all)")
+    ap.add_argument(
+        "--rows", default="1,2,4,0,auto", help="max_prefill_rows arms (0: all; auto: measured)"
+    )
     ap.add_argument("--orders", default="arrival,shortest")
+    ap.add_argument(
+        "--steps", default="split", help="step shapes: split (the default on both backends), mixed"
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ledger", type=Path, default=LEDGER)
@@ -90,23 +119,32 @@ def main(argv: list[str] | None = None) -> int:
     llm = LLM(model, max_batch_size=max(a.agents, 1))
     hi = llm.spec.vocab_size - 1
     lo = min(1000, hi // 2)  # past the special and byte tokens of a real vocabulary
-    arms = [(int(r), o) for r in a.rows.split(",") for o in a.orders.split(",")]
-    arms = [(r, o) for r, o in arms if not (r == 0 and o == "shortest")] or arms
-    runs: dict[str, list[dict[str, Any]]] = {f"rows={r} {o}": [] for r, o in arms}
+    arms = [
+        Arm(r, o, st)
+        for r in a.rows.split(",")
+        for o in a.orders.split(",")
+        for st in a.steps.split(",")
+    ]
+    arms = [x for x in arms if not (x.rows == "0" and x.order == "shortest")] or arms
+    runs: dict[str, list[dict[str, Any]]] = {x.label: [] for x in arms}
+    sched = llm.engine.scheduler.config
+    measured = PrefillRows(sched.chunk, sched.max_batch)
     rng = random.Random(a.seed)
     for rnd in range(a.rounds + 1):  # round 0 warms every shape up, not recorded
         tails = [a.tail * (i + 1) // a.agents for i in range(a.agents)]
         rng.shuffle(tails)  # one arrival order per round, the same for every arm
         k = rnd % len(arms)
-        for rows, order in arms[k:] + arms[:k]:
+        for arm in arms[k:] + arms[:k]:
             head = [rng.randrange(lo, hi) for _ in range(a.head)]
             prompts = [head + [rng.randrange(lo, hi) for _ in range(n)] for n in tails]
-            res = burst(llm, rows, order, prompts, a)
+            res = burst(llm, arm, prompts, a, measured)
+            if arm.rows == "auto":
+                res["auto_rows"] = measured.limit
             if rnd == 0:
                 continue
-            runs[f"rows={rows} {order}"].append(res)
+            runs[arm.label].append(res)
             print(
-                f"round {rnd} rows={rows} {order:8s} TTFT p50 {res['ttft_p50_s']:.2f} s, "
+                f"round {rnd} {arm.label:28s} TTFT p50 {res['ttft_p50_s']:.2f} s, "
                 f"max {res['ttft_max_s']:.2f} s, makespan {res['makespan_s']:.2f} s, "
                 f"{res['prompt_tok_s']:.0f} prompt tok/s",
                 flush=True,
@@ -124,7 +162,9 @@ def main(argv: list[str] | None = None) -> int:
         params=arguments(a, "model") | {"model": Path(model).name},
         threads=torch.get_num_threads(),
         medians=summary,
-        rounds={arm: [{k: x[k] for k in keys} for x in v] for arm, v in runs.items()},
+        rounds=runs,
+        auto_rows=measured.limit,
+        auto_fit=measured.fit(),
     )
     return 0
 

@@ -268,7 +268,10 @@ in
       Requests advancing their prompt in one step, the earliest admitted first (one chunk
       each): agents whose turns arrive together get their first tokens one after another
       instead of all at the end; a long prompt admitted first holds the others' first tokens
-      until its prefill ends. 0: every prefilling request, in lockstep.
+      until its prefill ends. 0: the backend's default (ttnn 1: its prefill traces replay one
+      row per chunk; torch measures its own steps, 1 where a chunk's compute dwarfs a step's
+      fixed cost, as on a CPU at the 0.8B shape, all of them where it does not). At least
+      maxBatchSize: every prefilling request, in lockstep.
     '';
     maxModelLen = opt types.int d.maxModelLen "Context limit in tokens; 0 = the model's own.";
     traceRegionSize = opt types.int d.traceRegionSize ''

@@ -126,6 +126,14 @@ def parser() -> argparse.ArgumentParser:
     )
     i.add_argument("--rounds", type=int, default=1, help="repeat the arms, interleaved (default 1)")
     i.add_argument(
+        "--schedules",
+        type=_schedules,
+        default=["default"],
+        help="comma-separated step schedules: default (the server's) and lockstep (every "
+        "prefilling request in every step, all-prefill and all-decode steps: the default "
+        "before issue 47)",
+    )
+    i.add_argument(
         "--tiers-ab",
         type=float,
         default=0.0,
@@ -267,6 +275,16 @@ def _progress(r: Any) -> None:
     )
 
 
+def _schedules(text: str) -> list[str]:
+    from bench.agent_replay.inprocess import SCHEDULES
+
+    out = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in out if x not in SCHEDULES]
+    if bad or not out:
+        raise argparse.ArgumentTypeError(f"schedules are among {SCHEDULES}, got {text!r}")
+    return out
+
+
 def main_inprocess(a: argparse.Namespace, model: str, workload: Workload, tok: Any) -> int:
     from bench.agent_replay import inprocess as I
 
@@ -292,6 +310,8 @@ def main_inprocess(a: argparse.Namespace, model: str, workload: Workload, tok: A
         )
     rule = a.resume_points
     arms = [("", 0.0)] if not a.tiers_ab else [("tiers off", 0.0), ("tiers on", a.tiers_ab)]
+    if a.schedules != ["default"]:
+        arms = [(f"{x} {sched}".strip(), gb) for x, gb in arms for sched in a.schedules]
     runs: dict[str, Any] = {}
     for mode in a.modes:
         # Rounds interleave the arms, the order alternating, so that other load on a shared
@@ -302,11 +322,22 @@ def main_inprocess(a: argparse.Namespace, model: str, workload: Workload, tok: A
                 label += f" r{r}" if a.rounds > 1 else ""
                 print(f"{label} ...", file=sys.stderr, flush=True)
                 # A fresh engine (cold cache) for every mode, arm and round.
-                engine = I.build_engine(model, replace(shape, host_cache_gb=gb), tok)
+                schedule = "lockstep" if arm.endswith("lockstep") else "default"
+                engine = I.build_engine(
+                    model, replace(shape, host_cache_gb=gb, schedule=schedule), tok
+                )
                 load0 = os.getloadavg()[0]
                 records, makespan = I.replay(engine, workload, mode, tok, progress=_progress)
                 runs[label] = S.summarize(records, makespan)
                 runs[label]["prefill_tokens_computed"] = engine.stats().prefill_tokens_computed
+                sched = engine.scheduler
+                fit = sched.prefill_rows.fit() if sched.prefill_rows is not None else None
+                runs[label]["schedule"] = {
+                    "prefill_rows": sched.max_prefill_rows,  # at the end; 0: all
+                    "measured": sched.prefill_rows is not None,
+                    "fit_a_s_b_s_per_token": fit,
+                    "mixed_steps": sched.config.mixed_steps,
+                }
                 runs[label]["loadavg_1m"] = [round(load0, 2), round(os.getloadavg()[0], 2)]
                 tiers = engine.stats().tiers
                 if tiers is not None:

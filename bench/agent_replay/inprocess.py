@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bench.agent_replay.client import answer_start
 from bench.agent_replay.records import TurnRecord
@@ -27,6 +27,7 @@ from tt_serve.sequence import RequestOutput, SamplingParams
 from tt_serve.tokenizer import Tokenizer
 
 BACKENDS = ("torch", "ttnn-virtual")
+SCHEDULES = ("default", "lockstep")
 THINK_CLOSE = "</think>"
 VIRTUAL_TRACE_REGION = 64 << 20
 """The virtual device's trace region (the tiny models' tests open the same; the fake charges
@@ -49,6 +50,9 @@ class EngineShape:
     device): a pool smaller than the agents' histories makes the tiers matter."""
     host_cache_gb: float = 0.0
     """The prefix cache's host tier (0: off)."""
+    schedule: str = "default"
+    """``default`` (the server's step schedule) or ``lockstep`` (every prefilling request in
+    every step, all-prefill and all-decode steps: the A/B control)."""
 
 
 def serve_config(model: str, shape: EngineShape) -> ServeConfig:
@@ -91,7 +95,16 @@ def build_engine(model: str, shape: EngineShape, tok: Tokenizer) -> Engine:
 
         max_len = min(shape.max_model_len, spec.max_position_embeddings)
         launched = launch(cfg, spec, max_model_len=max_len, ops=Ops(VirtualTTNN()))
-    return factory_engine(cfg, spec=spec, tokenizer=tok, launched=launched)
+    engine = factory_engine(cfg, spec=spec, tokenizer=tok, launched=launched)
+    if shape.schedule == "lockstep":
+        sched = engine.scheduler
+        sched.config = replace(
+            sched.config, max_prefill_rows=0, measured_prefill_rows=False, mixed_steps=False
+        )
+        sched.prefill_rows = None
+    elif shape.schedule != "default":
+        raise ValueError(f"schedule must be one of {SCHEDULES}, not {shape.schedule!r}")
+    return engine
 
 
 def split_answer(ids: list[int], tok: Tokenizer, thinking: bool) -> Answer:

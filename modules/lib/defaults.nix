@@ -32,7 +32,7 @@
   maxBatchSize = 0; # 0: the backend's default (32 on torch, 16 on ttnn)
   maxWaiting = 256;
   maxNumBatchedTokens = 2048;
-  maxPrefillRows = 0; # requests prefilling per step, earliest first (0: all, in lockstep)
+  maxPrefillRows = 0; # requests prefilling per step, earliest first (0: the backend's default)
   maxModelLen = 0; # 0: the model's own context length
   traceRegionSize = 0; # 0: sized from the traces the ttnn backend captures
   apiKeyFile = null;

@@ -112,7 +112,7 @@ in
     "${p}.maxNumBatchedTokens (${s cfg.maxNumBatchedTokens}) must be at least ${p}.prefillChunk (${s cfg.prefillChunk}): one step must fit a whole chunk.")
   (rule (cfg.maxWaiting >= 0) "${p}.maxWaiting must not be negative (got ${s cfg.maxWaiting}).")
   (rule (cfg.maxPrefillRows >= 0)
-    "${p}.maxPrefillRows must not be negative (0 = every prefilling request; got ${s cfg.maxPrefillRows}).")
+    "${p}.maxPrefillRows must not be negative (0 = the backend's default; got ${s cfg.maxPrefillRows}).")
   (rule (cfg.kvBlocks == 0 || cfg.kvBlocks >= 2)
     "${p}.kvBlocks must be 0 (size from memory) or at least 2 (block 0 is reserved for padding; got ${s cfg.kvBlocks}).")
   (rule (cfg.maxModelLen >= 0)

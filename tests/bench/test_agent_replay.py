@@ -295,3 +295,29 @@ def test_http_client_against_tt_serve(demo_dir: Path, qwen_tok: Tokenizer) -> No
     assert all(r.ttft is not None and r.e2el is not None and r.ttft <= r.e2el for r in recs)
     s = S.summarize(recs, makespan)
     assert s["failed"] == 0 and s["render_mismatches"] == 0
+
+
+@pytest.mark.slow
+def test_inprocess_replay_on_the_virtual_device_one_prefill_row_per_step(
+    demo_dir: Path, qwen_tok: Tokenizer
+) -> None:
+    """The ttnn default (one prefill row per step) on the virtual device: every step fits a
+    captured trace (a step that did not would fail its requests), no step prefills two
+    requests, and every later turn resumes as in lockstep."""
+    from bench.agent_replay import inprocess as I
+
+    wl = build(SMALL, 0, qwen_tok)
+    shape = I.EngineShape(backend="ttnn-virtual", chunk=128, max_model_len=2048, max_batch=2)
+    engine = I.build_engine(str(demo_dir), shape, qwen_tok)
+    assert engine.scheduler.max_prefill_rows == 1
+    execute = engine.backend.execute
+    prefill_rows: list[int] = []
+
+    def counted(batch):  # type: ignore[no-untyped-def]
+        prefill_rows.append(sum(r.num_tokens > 1 for r in batch.rows))
+        return execute(batch)
+
+    engine.backend.execute = counted  # type: ignore[method-assign]
+    recs, _ = I.replay(engine, wl, "verbatim", qwen_tok)
+    check_replay(recs, 128)
+    assert max(prefill_rows) == 1 and prefill_rows.count(1) > SMALL.agents * SMALL.turns

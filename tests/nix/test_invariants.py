@@ -54,7 +54,7 @@ TRUTH_TABLE: list[tuple[str, dict[str, Any], bool]] = [
         True,
     ),
     ("gpu-memory-half", {"device": "cuda", "gpuMemoryUtilization": 0.5}, True),
-    ("prefill-rows-all", {"maxPrefillRows": 0}, True),
+    ("prefill-rows-default", {"maxPrefillRows": 0}, True),
     ("prefill-rows-negative", {"maxPrefillRows": -1}, False),
     ("gpu-memory-zero", {"device": "cuda", "gpuMemoryUtilization": 0.0}, False),
     ("gpu-memory-over-one", {"device": "cuda", "gpuMemoryUtilization": 1.5}, False),
@@ -305,7 +305,7 @@ NEW_RULE_MESSAGES = {
     ],
     "drain-0": [f"{P}.drainTimeout must be at least 1 second (got 0)."],
     "prefill-rows-negative": [
-        f"{P}.maxPrefillRows must not be negative (0 = every prefilling request; got -1)."
+        f"{P}.maxPrefillRows must not be negative (0 = the backend's default; got -1)."
     ],
     "gpu-memory-zero": [
         f"{P}.gpuMemoryUtilization must be more than 0 and at most 1 (a fraction of the GPU's "

@@ -187,7 +187,7 @@ def validate(cfg: ServeConfig) -> list[str]:
         (cfg.max_waiting >= 0, f"{p}.maxWaiting must not be negative (got {cfg.max_waiting})."),
         (
             cfg.max_prefill_rows >= 0,
-            f"{p}.maxPrefillRows must not be negative (0 = every prefilling request; got "
+            f"{p}.maxPrefillRows must not be negative (0 = the backend's default; got "
             f"{cfg.max_prefill_rows}).",
         ),
         (

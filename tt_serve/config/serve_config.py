@@ -135,15 +135,14 @@ class ServeConfig:
     )
     max_waiting: int = _opt(256, "waiting requests before new ones get 503")
     max_num_batched_tokens: int = _opt(2048, "tokens per engine step (at least one chunk)")
-    # 0 (lockstep): one row per step lowers a burst's first-token p50 and raises its makespan,
-    # on the demo model and at the 0.8B shape on 2 cores alike (p50 -25%, makespan +10% there:
-    # bench/runs/prefill-order.jsonl), so the choice stays the operator's.
     max_prefill_rows: int = _opt(
         0,
         "requests advancing their prompt in one step, the earliest first (one chunk each): a "
         "burst's first tokens then come one after another instead of all at the end, but a long "
-        "prompt admitted first holds the others' first tokens until its prefill ends; 0: all of "
-        "them, in lockstep",
+        "prompt admitted first holds the others' first tokens until its prefill ends; 0: the "
+        "backend's default (ttnn 1; torch measures its own steps: 1 where a chunk's compute "
+        "dwarfs a step's fixed cost, as on a CPU at the 0.8B shape, all of them where it does "
+        "not); at least --max-batch-size: all of them, in lockstep",
     )
     max_model_len: int = _opt(0, "context limit in tokens; 0 = the model's own")
     trace_region_size: int = _opt(
@@ -225,14 +224,29 @@ class ServeConfig:
 
     @property
     def mixed_steps(self) -> bool:
-        """Decode rows and prefill chunks in one step: off on both backends (ttnn traces need
-        all-prefill or all-decode steps). On torch, prefill-first steps (decodes wait at most
-        ``max_prefill_streak`` = 2 prefill steps, as SGLang's default) gave a burst of 32
-        256-token prompts a lower max TTFT than mixed steps in 10 of 10 interleaved rounds
-        (median 1.09 s against 1.17 s on 2 cores, equal tokens/s: ``python -m
-        bench.step_policy``, bench/runs/step-policy.jsonl). The cost: while a burst prefills,
-        a running decode's longest gap is two prefill steps instead of one."""
-        return False
+        """Decode rows and prefill chunks in one step: on torch on the CPU, where a prefill step
+        costs in proportion to its tokens and reads the weights once, so running decodes ride
+        in it almost for free. With one prefill row per step (the 0.8B shape on 2 cores, agent
+        replay 8 x 6 in process) they cut the makespan from 377.9 to 347.0 s, first-token p50
+        4.8 against 5.4 s; on the demo model (lockstep) makespan and p50 are unchanged
+        (bench/runs/agent-replay.jsonl). Off on ttnn (its traces need all-prefill or
+        all-decode steps) and on CUDA (its decode graphs), where a decode step runs after at
+        most ``max_prefill_streak`` = 2 prefill steps."""
+        return self.backend == "torch" and self.device == "cpu"
+
+    @property
+    def measured_prefill_rows(self) -> bool:
+        """Whether the prefill rows per step are measured from the step times
+        (``engine/prefill_rows.py``): torch's default."""
+        return self.max_prefill_rows == 0 and self.backend == "torch"
+
+    @property
+    def resolved_max_prefill_rows(self) -> int:
+        """The fixed cap on prefill rows per step (0: all; unused when measured). ttnn's
+        default is 1: its prefill traces replay one row per chunk, so rows in one step add
+        their whole cost and raise no throughput, and one row gives a burst its first tokens
+        in turn."""
+        return self.max_prefill_rows or (1 if self.backend == "ttnn" else 0)
 
     @property
     def num_snapshot_slots(self) -> int:

@@ -325,7 +325,10 @@ class Engine:
             if self._pipelined is not None and self._is_pipelinable(step):
                 self._inflight = _InFlight(step, self._pipelined.submit(step.batch))
                 return self._collect()
-            tokens, logprobs = self._pick_tokens(step, self.backend.execute(step.batch))
+            start = time.perf_counter()
+            result = self.backend.execute(step.batch)
+            self.scheduler.observe_step(step.batch, time.perf_counter() - start)
+            tokens, logprobs = self._pick_tokens(step, result)
         except Exception as exc:  # the batch fails; the engine keeps serving
             self._fail_step(step, exc)
             return self._collect()

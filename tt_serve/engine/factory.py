@@ -57,7 +57,8 @@ def build_engine(
         scheduler=SchedulerConfig(
             max_batch=cfg.resolved_max_batch_size,
             max_num_batched_tokens=cfg.max_num_batched_tokens,
-            max_prefill_rows=cfg.max_prefill_rows,
+            max_prefill_rows=cfg.resolved_max_prefill_rows,
+            measured_prefill_rows=cfg.measured_prefill_rows,
             chunk=cfg.prefill_chunk,
             block_size=cfg.block_size,
             mixed_steps=cfg.mixed_steps,

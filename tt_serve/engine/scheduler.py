@@ -11,20 +11,22 @@ every page it can ever need is reserved, so a running request never waits for me
 is ever preempted. A request whose shared prefix is being computed right now by another request
 waits for that computation instead of repeating it.
 
-Two step shapes: mixed steps (decode rows plus prefill chunks; ``SchedulerConfig``'s own
-default) and all-prefill / all-decode steps, which the server runs on both backends
-(``ServeConfig.mixed_steps``: Tenstorrent traces need them, and on torch they gave a burst of
-prompts a lower max TTFT). In the latter a decode step runs after at most
-``max_prefill_streak`` consecutive prefill steps, bounding decode stalls.
+Two step shapes: mixed steps (decode rows ride in the prefill steps; the server's choice for
+torch on the CPU, where a step reads the weights once whatever its rows) and all-prefill /
+all-decode steps (``ServeConfig.mixed_steps``: ttnn traces need them, and CUDA's decode
+graphs). In the latter a decode step runs after at most ``max_prefill_streak`` consecutive
+prefill steps, bounding decode stalls.
 
-Prefill rows: at most ``max_prefill_rows`` requests advance their prompt in one step, the
-earliest admitted first (``prefill_order`` "arrival"; "shortest" takes the fewest remaining
-prompt tokens first), one chunk each. Where a step costs in proportion to its tokens (the CPU;
-the graphed CUDA and ttnn prefill, which replay one row at a time) a burst of agents' turns then
-gets its first tokens one after another instead of all at the end, at the same throughput; an
-eager GPU step, which batches rows, loses throughput. The cost: a long prompt admitted first
-holds the others' first tokens until its prefill ends (head-of-line blocking; a cap above 1, or
-0 for lockstep, trades it back). A request's chunks stay its own resume segments (one row per
+Prefill rows: at most ``max_prefill_rows`` requests advance their prompt in one step (0: all;
+with ``measured_prefill_rows``, as many as ``engine/prefill_rows.py`` measures the backend's
+steps to want), the earliest admitted first (``prefill_order`` "arrival"; "shortest" takes the
+fewest remaining prompt tokens first), one chunk each. Where a step costs in proportion to its
+tokens (the CPU at the 0.8B shape; the graphed CUDA and ttnn prefill, which replay one row at a
+time) a burst of agents' turns then gets its first tokens one after another instead of all at
+the end, at nearly the same throughput; where a step's fixed part dominates (a tiny model, an
+eager GPU step that batches rows) rows at once amortise it. The cost of one row: a long prompt
+admitted first holds the others' first tokens until its prefill ends (head-of-line blocking;
+a cap above 1 trades it back). A request's chunks stay its own resume segments (one row per
 request per step), so the cut points, and warm == cold, do not depend on this choice.
 """
 
@@ -50,6 +52,7 @@ from tt_serve.cache import (
 
 __all__ = ["ScheduledStep", "Scheduler", "SchedulerConfig", "TierStats", "UnitWrite"]
 from tt_serve.config.serve_config import RESUME_POINTS, ServeConfig
+from tt_serve.engine.prefill_rows import PrefillRows
 from tt_serve.model.interface import RowSampling, StateCopy, StepBatch, StepRow
 from tt_serve.sequence import FinishReason, Request, RequestError, RequestStatus
 
@@ -73,8 +76,11 @@ class SchedulerConfig:
     max_prefill_streak: int = 2
     # Requests advancing their prompt in one step (0: all of them, the budget permitting), and
     # which first: "arrival" (admission order) or "shortest" (fewest prompt tokens left).
-    max_prefill_rows: int = _D.max_prefill_rows
+    max_prefill_rows: int = 0
     prefill_order: str = "arrival"
+    # The cap measured from the engine's own step times instead (``PrefillRows``; the torch
+    # backend's default), max_prefill_rows then ignored.
+    measured_prefill_rows: bool = False
     # Where prompts are cut (and hits resume): "messages" adds message starts and the prompt
     # end to the chunk multiples; "chunks" is the chunk-only control arm.
     resume_points: str = _D.resume_points
@@ -157,6 +163,9 @@ class Scheduler:
         # The head of the queue did not fit and nothing was released since: admission would
         # fail again, so it need not drain a pipelined decode.
         self._admission_blocked = False
+        self.prefill_rows = (
+            PrefillRows(config.chunk, config.max_batch) if config.measured_prefill_rows else None
+        )
 
     @classmethod
     def with_cache(
@@ -347,8 +356,9 @@ class Scheduler:
         if run_prefill:
             if self.config.prefill_order == "shortest":
                 prefills.sort(key=lambda r: r.prompt_len - r.num_computed)  # stable: ties FCFS
-            if self.config.max_prefill_rows:
-                prefills = prefills[: self.config.max_prefill_rows]
+            cap = self.max_prefill_rows
+            if cap:
+                prefills = prefills[:cap]
             for r in prefills:
                 row = self._prefill_row(r, budget, force=not rows)
                 if row is None:
@@ -373,6 +383,18 @@ class Scheduler:
         )
         self._queued_copies, self._queued_restored, self._queued_writes = [], [], []
         return step
+
+    @property
+    def max_prefill_rows(self) -> int:
+        """Requests that may prefill in the next step (0: all of them)."""
+        if self.prefill_rows is not None:
+            return self.prefill_rows.limit
+        return self.config.max_prefill_rows
+
+    def observe_step(self, batch: StepBatch, seconds: float) -> None:
+        """A step ran synchronously in ``seconds`` (feeds the measured prefill rows)."""
+        if self.prefill_rows is not None:
+            self.prefill_rows.observe(batch.num_tokens, seconds)
 
     def follow_up(self, prev: ScheduledStep, resident: frozenset[int]) -> ScheduledStep | None:
         """The decode step to submit while ``prev`` (a submitted, unread decode step) runs.

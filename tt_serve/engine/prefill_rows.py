@@ -1,0 +1,93 @@
+"""How many requests prefill in one step when the torch backend chooses (``--max-prefill-rows``
+0): measured from the engine's own steps.
+
+A step of n tokens costs about a + b·n. ``a`` is what every step pays whatever its rows: the
+weights read once per step (a CPU or GPU decode is bound by it), the host's per-step work; b is
+a token's compute. With k requests prefilling one chunk of C tokens each, a share
+a / (a + k·b·C) of a prefill step is that fixed part. One row per step gives a burst of agents
+their first tokens one after another instead of all at the end; more rows amortise a. The rule
+keeps the fixed part under ``SHARE`` of a prefill step with the fewest rows:
+
+    k = ceil(a·(1 - SHARE) / (SHARE·b·C)), at least 1
+
+and all rows (lockstep) when k reaches the batch limit. The fit is two medians, over the recent
+steps below and from C/2 tokens on (decode steps and short tails against whole chunks), so a
+noisy machine moves it little. Until both kinds were seen, all rows: today's lockstep, and the
+first burst on a fresh server.
+
+Measured (bench/runs/prefill-order.jsonl, 2 AMD EPYC cores): on the 0.8B shape a ≈ 0.1 s and
+b·C ≈ 1.6 s, so k = 1; on the demo model every step is host overhead (a ≈ 10 ms, b·C about
+0), so all rows, where one row per step made its agent replay 7 % slower. The cut points, and
+so warm == cold, do not depend on k.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+from collections import deque
+
+log = logging.getLogger(__name__)
+
+SHARE = 0.1
+"""The largest share of a prefill step the fixed part may take."""
+WINDOW = 32
+"""Steps of each kind the medians look back over."""
+MIN_STEPS = 4
+"""Steps of each kind seen before the rule applies."""
+
+
+class PrefillRows:
+    """The online measure behind ``SchedulerConfig.measured_prefill_rows``."""
+
+    def __init__(self, chunk: int, max_rows: int) -> None:
+        self._chunk = chunk
+        self._max_rows = max_rows
+        self._small: deque[tuple[int, float]] = deque(maxlen=WINDOW)
+        self._large: deque[tuple[int, float]] = deque(maxlen=WINDOW)
+        self._limit = 0
+
+    @property
+    def limit(self) -> int:
+        """Requests that may prefill in the next step; 0: all of them."""
+        return self._limit
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        """One synchronous step of ``tokens`` tokens (a decode row counts 1) took ``seconds``."""
+        if tokens < 1 or seconds <= 0:
+            return
+        (self._small if 2 * tokens < self._chunk else self._large).append((tokens, seconds))
+        limit = self._rule()
+        if limit != self._limit:
+            fit = self.fit()
+            assert fit is not None, "the rule moves only once it has a fit"
+            log.info(
+                "prefill rows per step: %s (measured: a step's fixed part %.3f s, a chunk's "
+                "compute %.3f s)",
+                limit or "all",
+                fit[0],
+                fit[1] * self._chunk,
+            )
+        self._limit = limit
+
+    def fit(self) -> tuple[float, float] | None:
+        """(a, b) in seconds and seconds per token, or None before both kinds were seen."""
+        if len(self._small) < MIN_STEPS or len(self._large) < MIN_STEPS:
+            return None
+        n_s = statistics.median(n for n, _ in self._small)
+        t_s = statistics.median(t for _, t in self._small)
+        n_l = statistics.median(n for n, _ in self._large)
+        t_l = statistics.median(t for _, t in self._large)
+        b = (t_l - t_s) / (n_l - n_s)
+        return max(t_s - b * n_s, 0.0), b
+
+    def _rule(self) -> int:
+        fit = self.fit()
+        if fit is None:
+            return 0
+        a, b = fit
+        if b <= 0:  # a chunk costs no more than a decode step: all host overhead
+            return 0
+        k = max(1, math.ceil(a * (1 - SHARE) / (SHARE * b * self._chunk)))
+        return 0 if k >= self._max_rows else k
