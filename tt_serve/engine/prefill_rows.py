@@ -12,13 +12,16 @@ keeps the fixed part under ``SHARE`` of a prefill step with the fewest rows:
 
 and all rows (lockstep) when k reaches the batch limit. The fit is two medians, over the recent
 steps below and from C/2 tokens on (decode steps and short tails against whole chunks), so a
-noisy machine moves it little. Until both kinds were seen, all rows: today's lockstep, and the
-first burst on a fresh server.
+noisy machine moves it little. Until both kinds were seen, all rows (lockstep): a fresh
+server's first burst. Only steps the engine runs synchronously are timed: where decode is
+pipelined (torch on CUDA with device-resident state) decode steps are not, and the rule stays at
+lockstep, the behaviour before it.
 
-Measured (bench/runs/prefill-order.jsonl, 2 AMD EPYC cores): on the 0.8B shape a ≈ 0.1 s and
-b·C ≈ 1.6 s, so k = 1; on the demo model every step is host overhead (a ≈ 10 ms, b·C about
-0), so all rows, where one row per step made its agent replay 7 % slower. The cut points, and
-so warm == cold, do not depend on k.
+Measured in the agent replay (bench/runs/agent-replay.jsonl, 2 AMD EPYC cores, the fit it
+ends with): at the 0.8B shape a = 0.14 s and a chunk b·C = 2.4 s (contexts of 2-4k tokens,
+decode rows riding along), so k = 1; on the demo model a = 14 ms and b·C = 12 ms, so k = 11:
+all of its 8 agents, where one row per step had made its replay 7 % slower. The cut points,
+and so warm == cold, do not depend on k.
 """
 
 from __future__ import annotations
