@@ -222,7 +222,11 @@ def test_arguments() -> None:
     assert a.arms == ["default"] and a.modes == ["rerendered"] and a.sizes.turns == 2
     i = harness.parse_args(["inprocess", "--backend", "ttnn-virtual", "--chunk", "2048"])
     assert (i.backend, i.chunk, i.resume_points) == ("ttnn-virtual", 2048, "messages")
+    assert i.schedules == ["default"]
+    i = harness.parse_args(["inprocess", "--schedules", "default,lockstep"])
+    assert i.schedules == ["default", "lockstep"]
     for bad in (
+        ["inprocess", "--schedules", "fastest"],
         ["http", "--arms", "llama.cpp"],  # needs --llama-server and --gguf
         ["http", "--arms", "bogus"],
         ["http", "--modes", ""],

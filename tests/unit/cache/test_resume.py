@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from tt_serve.cache import PrefixCache, ResumeKind, ResumePoints, ResumeRule
+from tests.unit.cache.drive import serve
+from tt_serve.cache import PrefixCache, ResumeKind, ResumeRule
 
 IM = 5  # the message-start id in these tests
 G, C = 16, 64
@@ -98,21 +99,6 @@ def test_points_must_fit_the_prompt() -> None:
         ResumeRule(chunk=40, grid=16)
 
 
-def _serve(cache: PrefixCache, rid: str, toks: list[int], pts: ResumePoints) -> int:
-    """Admit, prefill chunk by chunk (publishing every save), release; the hit length."""
-    res = cache.admit(rid, toks, 1, pts)
-    cache.restore_done(rid)
-    done = res.cached_tokens
-    while done < len(toks):
-        done = pts.next_end(done)
-        save = cache.on_computed(rid, toks, done, snapshot_ok=True)
-        if save is not None:
-            cache.publish(save)
-    cache.release(rid)
-    cache.check_invariants()
-    return res.cached_tokens
-
-
 def test_next_turn_resumes_at_the_previous_answers_message_start() -> None:
     cache = PrefixCache(num_blocks=256, block_size=G, num_snapshot_slots=16, stride=C)
     rng = random.Random(1)
@@ -120,16 +106,16 @@ def test_next_turn_resumes_at_the_previous_answers_message_start() -> None:
     turn1 = [*system, IM, *chat(rng, 70, 0), IM, 2, 3]  # ... + the generation prompt
     answer = chat(rng, 30, 0)
     turn2 = [*turn1, *answer, 4, IM, *chat(rng, 90, 0), IM, 2, 3]
-    assert _serve(cache, "t1", turn1, RULE.points(turn1)) == 0
+    assert serve(cache, "t1", turn1, RULE.points(turn1)) == 0
     start = len(turn1) - 3  # the answer's <|im_start|>
-    assert _serve(cache, "t2", turn2, RULE.points(turn2)) == start // G * G
+    assert serve(cache, "t2", turn2, RULE.points(turn2)) == start // G * G
     st = cache.stats
     assert (st.resumes_message, st.resumes_prompt_end, st.resumes_chunk) == (1, 0, 0)
     # Another agent with the same system prompt resumes where the system prompt ends.
     other = [*system, IM, *chat(rng, 40, 0), IM, 2, 3]
-    assert _serve(cache, "o1", other, RULE.points(other)) == len(system) // G * G
+    assert serve(cache, "o1", other, RULE.points(other)) == len(system) // G * G
     # The same prompt again resumes at its last grid point.
-    assert _serve(cache, "o2", other, RULE.points(other)) == (len(other) - 1) // G * G
+    assert serve(cache, "o2", other, RULE.points(other)) == (len(other) - 1) // G * G
 
 
 def test_decoded_answer_blocks_are_not_shared() -> None:

@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from tests.unit.cache.drive import serve
 from tt_serve.cache import PrefixCache, ResumeRule, SnapshotPool
 from tt_serve.cache.resume import ResumeKind
 
@@ -99,19 +100,9 @@ def test_a_conversation_holds_at_most_its_cap_and_still_resumes(cap: int) -> Non
     )
     prompts = _turns(random.Random(cap), 8)
     for i, toks in enumerate(prompts):
-        pts = rule.points(toks)
-        res = cache.admit(f"t{i}", toks, 1, pts)
+        cached = serve(cache, f"t{i}", toks, rule.points(toks))
         if i:  # every later turn resumes at the previous generation prompt (or later)
-            assert res.cached_tokens >= (len(prompts[i - 1]) - 3) // G * G
-        cache.restore_done(f"t{i}")
-        done = res.cached_tokens
-        while done < len(toks):
-            done = pts.next_end(done)
-            save = cache.on_computed(f"t{i}", toks, done, snapshot_ok=True)
-            if save is not None:
-                cache.publish(save)
-        cache.release(f"t{i}")
-        cache.check_invariants()
+            assert cached >= (len(prompts[i - 1]) - 3) // G * G
     st = cache.stats
     assert st.snapshots_per_conversation_peak == cap
     assert st.snapshot_cap_evictions > 0
@@ -135,22 +126,6 @@ def _agents(rng: random.Random, agents: int, turns: int) -> list[list[list[int]]
     return out
 
 
-def _run_turn(cache: PrefixCache, rule: ResumeRule, rid: str, toks: list[int]) -> int:
-    """One request through the cache as the scheduler drives it; its cached tokens."""
-    pts = rule.points(toks)
-    res = cache.admit(rid, toks, 1, pts)
-    cache.restore_done(rid)
-    done = res.cached_tokens
-    while done < len(toks):
-        done = pts.next_end(done)
-        save = cache.on_computed(rid, toks, done, snapshot_ok=True)
-        if save is not None:
-            cache.publish(save)
-    cache.release(rid)
-    cache.check_invariants()
-    return res.cached_tokens
-
-
 @pytest.mark.parametrize("slots", [24, 32])
 def test_agents_served_one_after_another_keep_every_resume_point(slots: int) -> None:
     """Eight agents on a shared head, each turn served whole before the next agent's (what
@@ -171,7 +146,7 @@ def test_agents_served_one_after_another_keep_every_resume_point(slots: int) -> 
     short = []
     for t in range(6):
         for a, prompts in enumerate(convs):
-            cached = _run_turn(cache, rule, f"a{a}t{t}", prompts[t])
+            cached = serve(cache, f"a{a}t{t}", prompts[t], rule.points(prompts[t]))
             want = (len(prompts[t - 1]) - 3) // G * G if t else 0
             if cached < want:
                 short.append((a, t, cached, want))
@@ -215,7 +190,7 @@ def test_a_prompt_end_save_leaves_its_parent_a_leaf() -> None:
     toks = [IM, *range(10, 100), IM, 2, 3, *range(100, 130)]  # message start at 91
     pts = rule.points(toks)
     assert pts.kind(80) is ResumeKind.MESSAGE and pts.kind(112) is ResumeKind.PROMPT_END
-    _run_turn(cache, rule, "r", toks)
+    serve(cache, "r", toks, pts)
     pool = cache.snapshot_pool
     keys = sorted(pool.published_keys().items(), key=lambda kv: kv[0][1])
     assert [k[1] for k, _ in keys] == [64, 80, 112]
