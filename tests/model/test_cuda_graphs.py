@@ -94,10 +94,15 @@ def test_flat_inputs_refresh_in_place() -> None:
     assert inp.views["ids"].tolist() == [0, 0] and inp.views["tables"].sum() == 0
 
 
-def _engine(be: TorchBackend, *, caching: bool = True) -> Engine:
-    # every prompt prefills in each step (lockstep), so all six decode together: bucket 6
+def _engine(be: TorchBackend, *, caching: bool = True, prefill_rows: int = 0) -> Engine:
+    # by default every prompt prefills in each step (lockstep), so all six decode together:
+    # bucket 6
     sc = SchedulerConfig(
-        max_batch=6, max_num_batched_tokens=512, chunk=128, block_size=16, max_prefill_rows=0
+        max_batch=6,
+        max_num_batched_tokens=512,
+        chunk=128,
+        block_size=16,
+        max_prefill_rows=prefill_rows,
     )
     cfg = EngineConfig(
         scheduler=sc,
@@ -140,6 +145,34 @@ def test_bucketed_engine_equals_eager(dense_dir: Path) -> None:
     runs = be.static.programs.runs
     assert runs[("prefill", 128)] and runs[("prefill", 64)] and runs[("decode", 6)]
     assert be.static.num_fed_rows > 0
+
+
+def test_one_prefill_row_per_step_fits_the_buckets(dense_dir: Path) -> None:
+    """One prefill row per step (what the measured rule picks where a chunk's compute dwarfs a
+    step's fixed part) through the bucketed programs: every prefill chunk replays a prefill
+    bucket, decodes come in the smaller decode buckets as the requests finish in turn, and the
+    tokens are the eager lockstep run's."""
+    r = random.Random(1)
+    prompts = [[r.randrange(3, 4096) for _ in range(n)] for n in (40, 150, 300, 90)]
+    plain = _generate(_engine(TorchBackend.from_pretrained(dense_dir)), prompts, 6)
+    be = TorchBackend.from_pretrained(dense_dir, max_model_len=1024, **STATIC)
+    batches: list[StepBatch] = []
+    submit = be.submit
+
+    def recorded(batch: StepBatch) -> Any:
+        batches.append(batch)
+        return submit(batch)
+
+    be.submit = recorded  # type: ignore[method-assign]
+    got = _generate(_engine(be, prefill_rows=1), prompts, 6)
+    assert [t for t, _ in got] == [t for t, _ in plain]
+    assert max(sum(row.num_tokens > 1 for row in b.rows) for b in batches) == 1
+    assert be.static is not None
+    runs = be.static.programs.runs
+    assert runs[("prefill", 128)] and runs[("prefill", 64)]
+    prefill_rows = sum(row.num_tokens > 1 for b in batches for row in b.rows)
+    assert sum(n for key, n in runs.items() if key[0] == "prefill") == prefill_rows  # no eager
+    assert any(key[0] == "decode" and n for key, n in runs.items())
 
 
 def _same(a: StepOutput, b: StepOutput, dims: nm.Dims) -> None:
