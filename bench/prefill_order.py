@@ -10,9 +10,10 @@ lengths, so "shortest first" has something to choose), ``--output`` new tokens e
 The shared head is computed once and resumed by the rest (the prefix cache on, as served). Each
 arm is one ``max_prefill_rows`` (0: every prefilling request, lockstep; ``auto``: the
 measured rule of ``tt_serve/engine/prefill_rows.py``, its measure kept across rounds as a
-server's would be), one ``prefill_order`` and one step shape (``--steps``: ``split``, all-prefill
-and all-decode steps, or ``mixed``, decode rows riding in the prefill steps); each round runs every arm once, in rotated order, on one engine over the
-demo model (or ``--model``), so noise hits every arm alike. Each burst draws a new head, so
+server's would be), one ``prefill_order`` and one step shape (``--steps``: ``split``,
+all-prefill and all-decode steps, or ``mixed``, decode rows riding in the prefill steps); each
+round runs every arm once, in rotated order, on one engine over the demo model (or
+``--model``), so noise hits every arm alike. Each burst draws a new head, so
 every arm computes its head cold and resumes it for the rest of its agents.
 
 Per arm, medians over rounds: time to first token p50 / p99 / max, makespan, and prompt tokens

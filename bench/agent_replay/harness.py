@@ -278,8 +278,7 @@ def _progress(r: Any) -> None:
 def _schedules(text: str) -> list[str]:
     from bench.agent_replay.inprocess import SCHEDULES  # the engine's imports: only when asked
 
-    names: list[str] = _choices(SCHEDULES)(text)
-    return names
+    return list(_choices(SCHEDULES)(text))
 
 
 def main_inprocess(a: argparse.Namespace, model: str, workload: Workload, tok: Any) -> int:

@@ -439,48 +439,57 @@ class PrefixCache:
             return None
         extend_block_hashes(req.hashes, tokens, self._bs, self._root, num_computed // self._bs)
         key = (req.hashes[num_computed // self._bs - 1], num_computed)
-        if self._snapshots.slot_for(key) is None and not self._within_cap(req, key):
-            self._snapshots.skips += 1
-            return None
+        held: list[tuple[int, SnapshotKey]] = []
+        if self._snapshots.slot_for(key) is None:
+            held = self._held_below(req, num_computed)
+            if not self._within_cap(held):
+                self._snapshots.skips += 1
+                return None
         slot = self._snapshots.reserve(key)
         if slot is None:
             return None
         if self._link is not None:
             n = num_computed // self._bs
             self._link.reserved(slot, req.table[:n], tuple(req.hashes[:n]))
-        self._unpublished[slot] = (request_id, key, self._parent_key(req, num_computed))
+        self._unpublished[slot] = (request_id, key, self._parent_key(req, num_computed, held))
         self._inflight[key] += 1  # still in flight until published or aborted
         return SnapshotSave(request_id, slot, num_computed)
 
-    def _parent_key(self, req: _Request, b: int) -> SnapshotKey | None:
-        """The snapshot a save at ``b`` hangs from in the pool's tree: the deepest one held
-        below ``b`` on the request's path. None for a prompt-end save: it serves only requests
-        cut there too, not the conversation's next turn, so its parent stays a leaf."""
+    def _held_below(self, req: _Request, b: int) -> list[tuple[int, SnapshotKey]]:
+        """The snapshots (slot, key) held on ``req``'s path below ``b``, shallowest first."""
+        held = []
+        for q in sorted(q for q in req.points.saves if q < b):
+            key = (req.hashes[q // self._bs - 1], q)
+            slot = self._snapshots.slot_for(key)
+            if slot is not None:
+                held.append((slot, key))
+        return held
+
+    def _parent_key(
+        self, req: _Request, b: int, held: list[tuple[int, SnapshotKey]]
+    ) -> SnapshotKey | None:
+        """The snapshot a save at ``b`` hangs from in the pool's tree: the deepest of ``held``
+        (``_held_below``) the pool still holds. None for a prompt-end save: it serves only
+        requests cut there too, not the conversation's next turn, so its parent stays a
+        leaf."""
         pts = req.points
         if b in pts.cuts and pts.kind(b) is ResumeKind.PROMPT_END:
             return None
-        for q in sorted((q for q in pts.saves if q < b), reverse=True):
-            key = (req.hashes[q // self._bs - 1], q)
-            if self._snapshots.slot_for(key) is not None:
+        for slot, key in reversed(held):
+            if self._snapshots.slot_for(key) == slot:
                 return key
         return None
 
-    def _within_cap(self, req: _Request, key: SnapshotKey) -> bool:
-        """Make room on ``req``'s path for a new snapshot at ``key``: while the path holds the
-        cap (if any), evict its entry of least value. False when what is left is pinned or
-        pending."""
-        held = []
-        for q in req.points.saves:
-            if q < key[1]:
-                slot = self._snapshots.slot_for((req.hashes[q // self._bs - 1], q))
-                if slot is not None:
-                    held.append(slot)
+    def _within_cap(self, held: list[tuple[int, SnapshotKey]]) -> bool:
+        """Make room on a request's path (``held``, updated in place) for a new snapshot: while
+        the path holds the cap (if any), evict its entry of least value. False when what is
+        left is pinned or pending."""
         while self._cap and len(held) >= self._cap:
-            evictable = [s for s in held if self._snapshots.is_evictable(s)]
+            evictable = [h for h in held if self._snapshots.is_evictable(h[0])]
             if not evictable:
                 return False
-            victim = min(evictable, key=self._snapshots.rank)
-            self._snapshots.evict(victim)
+            victim = min(evictable, key=lambda h: self._snapshots.rank(h[0]))
+            self._snapshots.evict(victim[0])
             self._cap_evictions += 1
             held.remove(victim)
         self._peak_path = max(self._peak_path, len(held) + 1)

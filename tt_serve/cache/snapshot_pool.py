@@ -196,9 +196,9 @@ class SnapshotPool:
         key = self._key[slot]
         if key is None or self._published[slot]:
             raise ValueError(f"snapshot slot {slot} is not reserved")
-        above = None if parent is None else self.lookup(parent)
         if parent is not None and parent[1] >= key[1]:
             raise ValueError(f"parent depth {parent[1]} is not below {key[1]}")
+        above = None if parent is None else self.lookup(parent)
         if above is not None:
             self._parent[slot] = above
             self._children[above].add(slot)

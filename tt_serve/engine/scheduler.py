@@ -22,11 +22,12 @@ with ``measured_prefill_rows``, as many as ``engine/prefill_rows.py`` measures t
 steps to want), the earliest admitted first (``prefill_order`` "arrival"; "shortest" takes the
 fewest remaining prompt tokens first), one chunk each. The server keeps arrival: shortest-first
 gave a burst's first-token p50 0.223 against 0.247 s on the demo model (one row,
-bench/runs/prefill-order.jsonl), but under steady load it can starve a long prompt for good. Where a step costs in proportion to its
-tokens (the CPU at the 0.8B shape; the graphed CUDA and ttnn prefill, which replay one row at a
-time) a burst of agents' turns then gets its first tokens one after another instead of all at
-the end, at nearly the same throughput; where a step's fixed part dominates (a tiny model, an
-eager GPU step that batches rows) rows at once amortise it. The cost of one row: a long prompt
+bench/runs/prefill-order.jsonl), but under steady load it can starve a long prompt for good.
+Where a step costs in proportion to its tokens (the CPU at the 0.8B shape; the graphed CUDA and
+ttnn prefill, which replay one row at a time) a burst of agents' turns then gets its first
+tokens one after another instead of all at the end, at nearly the same throughput; where a
+step's fixed part dominates (a tiny model, an eager GPU step that batches rows) rows at once
+amortise it. The cost of one row: a long prompt
 admitted first holds the others' first tokens until its prefill ends (head-of-line blocking;
 a cap above 1 trades it back). A request's chunks stay its own resume segments (one row per
 request per step), so the cut points, and warm == cold, do not depend on this choice.
