@@ -260,6 +260,12 @@ in
     '';
     diskCacheGb = opt types.number d.diskCacheGb
       "GiB the disk tier may hold (past it, the units of least value are removed, as in the host tier).";
+    responseStoreEntries = opt types.int d.responseStoreEntries ''
+      Stored responses kept at most (the Responses API's store: previous_response_id continues
+      from their exact token ids), the least recently used evicted first; with diskCacheDir
+      they are files in its responses/ folder and survive a restart. 0: none are stored.
+    '';
+    responseStoreMb = opt types.int d.responseStoreMb "MiB the stored responses may hold.";
     maxBatchSize = opt types.int d.maxBatchSize
       "Running requests at once; 0 = the backend's default (32 on torch, 16 on ttnn).";
     maxWaiting = opt types.int d.maxWaiting "Maximum queued requests before 503.";

@@ -47,6 +47,8 @@ rec {
       "--snapshots-per-conversation" (toString cfg.snapshotsPerConversation)
       "--host-cache-gb" (toString cfg.hostCacheGb)
       "--disk-cache-gb" (toString cfg.diskCacheGb)
+      "--response-store-entries" (toString cfg.responseStoreEntries)
+      "--response-store-mb" (toString cfg.responseStoreMb)
       "--max-batch-size" (toString cfg.maxBatchSize)
       "--max-waiting" (toString cfg.maxWaiting)
       "--max-num-batched-tokens" (toString cfg.maxNumBatchedTokens)

@@ -29,6 +29,8 @@
   hostCacheGb = 0; # GiB of host memory for the prefix cache's host tier; 0: off
   diskCacheDir = null; # folder of the disk tier (kept across restarts); null: off
   diskCacheGb = 64; # GiB the disk tier may hold
+  responseStoreEntries = 4096; # stored responses (previous_response_id); 0: none
+  responseStoreMb = 256; # MiB the stored responses may hold
   maxBatchSize = 0; # 0: the backend's default (32 on torch, 16 on ttnn)
   maxWaiting = 256;
   maxNumBatchedTokens = 2048;

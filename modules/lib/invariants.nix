@@ -111,6 +111,8 @@ in
   (rule (cfg.maxNumBatchedTokens >= cfg.prefillChunk)
     "${p}.maxNumBatchedTokens (${s cfg.maxNumBatchedTokens}) must be at least ${p}.prefillChunk (${s cfg.prefillChunk}): one step must fit a whole chunk.")
   (rule (cfg.maxWaiting >= 0) "${p}.maxWaiting must not be negative (got ${s cfg.maxWaiting}).")
+  (rule (cfg.responseStoreEntries >= 0 && cfg.responseStoreMb >= 0)
+    "${p}.responseStoreEntries and ${p}.responseStoreMb must not be negative (got ${s cfg.responseStoreEntries} and ${s cfg.responseStoreMb}).")
   (rule (cfg.maxPrefillRows >= 0)
     "${p}.maxPrefillRows must not be negative (0 = the backend's default; got ${s cfg.maxPrefillRows}).")
   (rule (cfg.kvBlocks == 0 || cfg.kvBlocks >= 2)

@@ -186,6 +186,11 @@ def validate(cfg: ServeConfig) -> list[str]:
         ),
         (cfg.max_waiting >= 0, f"{p}.maxWaiting must not be negative (got {cfg.max_waiting})."),
         (
+            cfg.response_store_entries >= 0 and cfg.response_store_mb >= 0,
+            f"{p}.responseStoreEntries and {p}.responseStoreMb must not be negative (got "
+            f"{cfg.response_store_entries} and {cfg.response_store_mb}).",
+        ),
+        (
             cfg.max_prefill_rows >= 0,
             f"{p}.maxPrefillRows must not be negative (0 = the backend's default; got "
             f"{cfg.max_prefill_rows}).",

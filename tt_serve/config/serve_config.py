@@ -130,6 +130,13 @@ class ServeConfig:
         "restarts and shareable by replicas of the same model and precision; None: off",
     )
     disk_cache_gb: float = _opt(64.0, "GiB the disk tier may hold (with --disk-cache-dir)")
+    response_store_entries: int = _opt(
+        4096,
+        "stored responses (the Responses API's store: previous_response_id continues from their "
+        "exact token ids) kept at most, the least recently used evicted first; with "
+        "--disk-cache-dir they are kept across restarts; 0: none",
+    )
+    response_store_mb: int = _opt(256, "MiB the stored responses may hold (ids and JSON)")
     max_batch_size: int = _opt(
         0, "running requests at once; 0 = the backend's default (32 on torch, 16 on ttnn)"
     )

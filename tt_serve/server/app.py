@@ -1,9 +1,11 @@
-"""The FastAPI app: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics.
+"""The FastAPI app: /v1/completions, /v1/chat/completions, /v1/responses (OpenAI), /v1/messages
+(Anthropic), /tokenize, /detokenize, /v1/models, /health, /metrics.
 
 The app starts answering at once; the engine loads in a background thread and /health says 503
-until it is ready. Every error leaves as an OpenAI-style body; client input never yields a 5xx
-other than a 503 (not ready, queue full). The API key is checked by middleware, before the body
-is read. Routes are thin: each hands its validated body to its serving object
+until it is ready. Every error leaves in the shape of the API that was called (OpenAI's
+``{"error": {...}}``, or Anthropic's ``{"type": "error", ...}`` under /v1/messages); client input
+never yields a 5xx other than a 503 (not ready, queue full; 529 on /v1/messages). The API key
+(``Authorization: Bearer`` or ``x-api-key``) is checked by middleware, before the body is read. Routes are thin: each hands its validated body to its serving object
 (``serving.py``). A client that disconnects (streaming or not) aborts its requests, which frees
 their blocks, state slots and snapshot pins.
 """
@@ -17,7 +19,7 @@ import hmac
 import json
 import logging
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -25,26 +27,36 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tt_serve.server.drain import Drain, DrainGate
+from tt_serve.server.messages_api import ServingMessages
+from tt_serve.server.messages_protocol import CountTokensRequest, MessagesRequest, shaped
 from tt_serve.server.metrics import Metrics
 from tt_serve.server.protocol import (
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
-    SamplingRequest,
     error_body,
 )
+from tt_serve.server.responses_api import ServingResponses
+from tt_serve.server.responses_protocol import ResponsesRequest
 from tt_serve.server.serving import ServingChat, ServingCompletion
 from tt_serve.server.state import ServerState
+from tt_serve.server.tokenize_api import (
+    DetokenizeRequest,
+    TokenizeRequest,
+    detokenize_body,
+    tokenize_body,
+)
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 8 << 20
 
-BodyT = TypeVar("BodyT", bound=SamplingRequest)
+BodyT = TypeVar("BodyT", bound=BaseModel)
 
 
 class _BodyLimit:
@@ -60,7 +72,7 @@ class _BodyLimit:
             return
         for k, v in scope.get("headers", []):
             if k == b"content-length" and v.isdigit() and int(v) > self.limit:
-                await _send_json(send, 413, _too_large(self.limit))
+                await _send_json(send, 413, _too_large(self.limit), scope)
                 return
         seen = 0
 
@@ -76,7 +88,7 @@ class _BodyLimit:
         try:
             await self.app(scope, limited, send)
         except _TooLarge:
-            await _send_json(send, 413, _too_large(self.limit))
+            await _send_json(send, 413, _too_large(self.limit), scope)
 
 
 class _TooLarge(Exception):
@@ -89,7 +101,11 @@ def _too_large(limit: int) -> dict[str, Any]:
     )
 
 
-async def _send_json(send: Send, status: int, body: dict[str, Any]) -> None:
+async def _send_json(
+    send: Send, status: int, body: dict[str, Any], scope: Scope | None = None
+) -> None:
+    if scope is not None:
+        status, body = shaped(scope["path"], status, body)
     data = json.dumps(body).encode()
     await send(
         {
@@ -105,7 +121,8 @@ async def _send_json(send: Send, status: int, body: dict[str, Any]) -> None:
 
 
 class _Auth:
-    """401 for /v1 requests without the server's API key, before the body is read."""
+    """401 for /v1 requests without the server's API key (``Authorization: Bearer KEY``, or
+    Anthropic's ``x-api-key: KEY``), before the body is read."""
 
     def __init__(self, app: ASGIApp, state: ServerState) -> None:
         self.app = app
@@ -114,12 +131,17 @@ class _Auth:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         key = self.state.api_key
         if scope["type"] == "http" and key is not None and scope["path"].startswith("/v1/"):
-            given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-            if not hmac.compare_digest(given, f"Bearer {key}".encode()):
+            headers = dict(scope["headers"])
+            bearer = headers.get(b"authorization", b"")
+            x_key = headers.get(b"x-api-key", b"")
+            ok = hmac.compare_digest(bearer, f"Bearer {key}".encode())
+            if not ok and x_key:
+                ok = hmac.compare_digest(x_key, key.encode())
+            if not ok:
                 body = error_body(
                     "missing or invalid API key", "authentication_error", None, "invalid_api_key"
                 )
-                await _send_json(send, 401, body)
+                await _send_json(send, 401, body, scope)
                 return
         await self.app(scope, receive, send)
 
@@ -133,11 +155,20 @@ class _Services:
     metrics: Metrics
     completions: ServingCompletion
     chat: ServingChat
+    responses: ServingResponses
+    messages: ServingMessages
     drain: Drain
 
 
 def _services(request: Request) -> _Services:
     services: _Services = request.app.state.services
+    return services
+
+
+def _counted(request: Request, api: str) -> _Services:
+    """The services, the request counted under its API."""
+    services = _services(request)
+    services.metrics.api_requests.labels(api=api).inc()
     return services
 
 
@@ -252,44 +283,82 @@ async def load(request: Request) -> JSONResponse:
 @router.post("/v1/completions", response_model=None)
 @with_cancellation
 async def completions(body: CompletionRequest, request: Request) -> Response:
-    return await _services(request).completions.create(body)
+    return await _counted(request, "completions").completions.create(body)
 
 
 @router.post("/v1/chat/completions", response_model=None)
 @with_cancellation
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-    return await _services(request).chat.create(body)
+    return await _counted(request, "chat").chat.create(body)
+
+
+@router.post("/v1/responses", response_model=None)
+@with_cancellation
+async def create_response(body: ResponsesRequest, request: Request) -> Response:
+    return await _counted(request, "responses").responses.create(body)
+
+
+@router.get("/v1/responses/{response_id}")
+async def get_response(response_id: str, request: Request) -> Response:
+    return _services(request).responses.get(response_id)
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete_response(response_id: str, request: Request) -> Response:
+    return await _services(request).responses.delete(response_id)
+
+
+@router.post("/v1/messages", response_model=None)
+@with_cancellation
+async def create_message(body: MessagesRequest, request: Request) -> Response:
+    return await _counted(request, "messages").messages.create(body)
+
+
+@router.post("/v1/messages/count_tokens", response_model=None)
+async def count_message_tokens(body: CountTokensRequest, request: Request) -> Response:
+    return await _counted(request, "count_tokens").messages.count_tokens(body)
+
+
+@router.post("/tokenize", response_model=None)
+async def tokenize(body: TokenizeRequest, request: Request) -> Response:
+    return tokenize_body(_counted(request, "tokenize").chat, body)
+
+
+@router.post("/detokenize", response_model=None)
+async def detokenize(body: DetokenizeRequest, request: Request) -> Response:
+    return detokenize_body(_counted(request, "detokenize").state, body)
 
 
 # -- errors ------------------------------------------------------------------------------------
 
 
-async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+def _error(
+    request: Request, status: int, body: dict[str, Any], headers: Mapping[str, str] | None = None
+) -> JSONResponse:
+    status, body = shaped(request.url.path, status, body)
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
-async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+    return _error(request, exc.status, exc.body(), exc.headers)
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     errs = exc.errors()
     first = errs[0] if errs else {}
     loc = [str(x) for x in first.get("loc", ()) if x != "body"]
     msg = f"{'.'.join(loc) + ': ' if loc else ''}{first.get('msg', 'invalid request')}"
-    return JSONResponse(
-        error_body(msg, "invalid_request_error", ".".join(loc) or None), status_code=400
-    )
+    return _error(request, 400, error_body(msg, "invalid_request_error", ".".join(loc) or None))
 
 
-async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-    return JSONResponse(
-        error_body(str(exc.detail), kind), status_code=exc.status_code, headers=exc.headers
-    )
+    return _error(request, exc.status_code, error_body(str(exc.detail), kind), exc.headers)
 
 
-async def _internal_error(_: Request, exc: Exception) -> JSONResponse:
+async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
     log.exception("internal error", exc_info=exc)
-    return JSONResponse(
-        error_body(f"internal error: {type(exc).__name__}", "server_error"), status_code=500
-    )
+    return _error(request, 500, error_body(f"internal error: {type(exc).__name__}", "server_error"))
 
 
 # -- the app -----------------------------------------------------------------------------------
@@ -324,8 +393,15 @@ def create_app(
 
     app = FastAPI(title="tt-serve", version="0.1.0", lifespan=lifespan)
     metrics = Metrics(lambda: state.engine.gauges if state.engine is not None else None)
+    chat = ServingChat(state, metrics)
     app.state.services = _Services(
-        state, metrics, ServingCompletion(state, metrics), ServingChat(state, metrics), drain
+        state,
+        metrics,
+        ServingCompletion(state, metrics),
+        chat,
+        ServingResponses(chat, state.store),
+        ServingMessages(chat),
+        drain,
     )
     app.include_router(router)
     app.exception_handler(APIError)(_api_error)

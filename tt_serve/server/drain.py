@@ -24,6 +24,7 @@ from typing import Any
 import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from tt_serve.server.messages_protocol import shaped
 from tt_serve.server.protocol import error_body
 
 log = logging.getLogger(__name__)
@@ -123,7 +124,8 @@ class DrainGate:
             await self.app(scope, receive, send)
             return
         if self.drain.draining:
-            data = json.dumps(Drain.refusal()).encode()
+            _, body = shaped(scope["path"], 503, Drain.refusal())
+            data = json.dumps(body).encode()
             headers = [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(data)).encode()),

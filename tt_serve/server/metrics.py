@@ -199,6 +199,13 @@ class Metrics:
             buckets=_TOKEN_BUCKETS,
             registry=r,
         )
+        self.api_requests = Counter(
+            f"{P}api_requests",
+            "Generation and token-counting requests received, per API (chat, completions, "
+            "responses, messages, count_tokens, tokenize, detokenize).",
+            ["api"],
+            registry=r,
+        )
         self.finished = Counter(
             f"{P}request_success",
             "Finished requests by finish reason.",

@@ -6,11 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from tt_serve.agents.chat_output import ChatEvent, ChatMessage, ChatOutputParser, OutputFormat
+from tt_serve.agents.chat_output import OutputFormat
 from tt_serve.agents.reasoning import Reasoning
 from tt_serve.agents.tool_parser import Content, ToolCall, new_call_id
 from tt_serve.sequence import RequestOutput
 from tt_serve.server.protocol import usage
+from tt_serve.server.turn import TurnEvents
 from tt_serve.tokenizer import Tokenizer
 
 Choice = dict[str, Any]
@@ -187,16 +188,11 @@ class ChatChoiceBuilder:
         self, index: int, tok: Tokenizer | None, k: int, token_ids: bool, fmt: OutputFormat
     ) -> None:
         self.index, self.tok, self.k, self.token_ids, self.fmt = index, tok, k, token_ids, fmt
-        self._parser = ChatOutputParser(fmt) if fmt.parses else None
+        self._events = TurnEvents(fmt)
         self._num_calls = 0
 
     def whole(self, out: RequestOutput) -> Choice:
-        msg = ChatMessage()
-        if self._parser is None:
-            msg.content.append(out.text or "")
-        else:
-            msg.add(self._parser.feed(out.text or ""))
-            msg.add(self._parser.finish())
+        msg = self._events.whole(out.text or "")
         content = "".join(msg.content)
         message: dict[str, Any] = {
             "role": "assistant",
@@ -220,12 +216,7 @@ class ChatChoiceBuilder:
     def deltas(self, out: RequestOutput) -> list[Choice]:
         """The chunks' choices for one output: a call is sent as its name (arguments "")
         followed by argument fragments, as OpenAI streams them."""
-        if self._parser is None:
-            events: list[ChatEvent] = [Content(out.new_text)] if out.new_text else []
-        else:
-            events = self._parser.feed(out.new_text)
-            if out.finished:
-                events += self._parser.finish()
+        events = self._events.feed(out)
         pieces: list[dict[str, Any]] = []
         for e in events:
             if isinstance(e, Reasoning):

@@ -18,6 +18,7 @@ from tt_serve.config.serve_config import ServeConfig
 
 if TYPE_CHECKING:
     from tt_serve.server.app import ServerState
+    from tt_serve.server.response_store import ResponseStore
 
 log = logging.getLogger("tt_serve.server")
 
@@ -88,6 +89,18 @@ def make_loader(cfg: ServeConfig, threads: int | None = None) -> Callable[[Serve
         log.info("ready: serving %r on http://%s:%d", state.model_name, cfg.host, cfg.port)
 
     return load
+
+
+def response_store(cfg: ServeConfig, model_name: str) -> ResponseStore:
+    """The stored responses: in memory, and with the disk tier's folder also on disk (a folder
+    per served model: the ids mean nothing to another tokenizer)."""
+    from tt_serve.server.response_store import ResponseStore
+
+    folder = None
+    if cfg.disk_cache_dir is not None:
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in model_name)
+        folder = Path(cfg.disk_cache_dir) / "responses" / safe
+    return ResponseStore(cfg.response_store_entries, cfg.response_store_mb << 20, folder)
 
 
 def slow_precision(cfg: ServeConfig) -> str | None:
@@ -165,7 +178,8 @@ def _serve(argv: Sequence[str]) -> int:
     from tt_serve.server.drain import Drain, DrainingServer
 
     cfg = dataclasses.replace(cfg, model=model_dir)
-    state = ServerState(model_name=cfg.served_model_name or Path(model_dir).name, api_key=api_key)
+    name = cfg.served_model_name or Path(model_dir).name
+    state = ServerState(model_name=name, api_key=api_key, store=response_store(cfg, name))
     drain = Drain()
     app = create_app(state, make_loader(cfg, threads), drain)
     # SIGTERM drains first (drain.py); uvicorn's own 5 s close then only meets idle

@@ -27,6 +27,7 @@ from tt_serve.agents.tool_parser import tool_schemas
 from tt_serve.engine.async_engine import AsyncEngine, OutputStream
 from tt_serve.sequence import FinishReason, RequestOutput
 from tt_serve.server import responses as r
+from tt_serve.server.continuation import next_turn_text
 from tt_serve.server.jobs import Job, encode_prompts, make_jobs, submit
 from tt_serve.server.metrics import Metrics
 from tt_serve.server.protocol import (
@@ -59,12 +60,12 @@ class Prompts:
 
 
 class EventStream(StreamingResponse):
-    """SSE of JSON chunks, then ``[DONE]``. However the response ends (finished, failed, client
-    gone, or never started), the engine requests behind it are aborted."""
+    """An SSE stream (``sse_data`` or ``sse_named`` bytes). However the response ends (finished,
+    failed, client gone, or never started), the engine requests behind it are aborted."""
 
-    def __init__(self, chunks: AsyncIterator[dict[str, Any]], outputs: OutputStream) -> None:
+    def __init__(self, events: AsyncIterator[bytes], outputs: OutputStream) -> None:
         super().__init__(
-            _events(chunks), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+            events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
         )
         self._outputs = outputs
 
@@ -75,13 +76,32 @@ class EventStream(StreamingResponse):
             self._outputs.close()
 
 
-async def _events(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+async def sse_data(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+    """OpenAI's chat and completion streams: ``data:`` lines, then ``[DONE]``."""
     try:
         async for chunk in chunks:
             yield f"data: {json.dumps(chunk)}\n\n".encode()
     except APIError as exc:  # headers are gone: the error travels in the stream
         yield f"data: {json.dumps(exc.body())}\n\n".encode()
     yield b"data: [DONE]\n\n"
+
+
+async def sse_named(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+    """The Responses and Messages streams: an ``event:`` line naming each event's ``type``."""
+    async for ev in events:
+        yield f"event: {ev['type']}\ndata: {json.dumps(ev)}\n\n".encode()
+
+
+def jobs_for(body: SamplingRequest, prompts: Prompts) -> list[Job]:
+    """The engine requests of a body whose prompts are built: its choices, with the params
+    the endpoint set (grammar, special tokens)."""
+    jobs = make_jobs(body, prompts.token_ids, prompts.max_tokens, prompts.logprobs)
+    if not prompts.params:
+        return jobs
+    return [
+        replace(j, request=replace(j.request, params=replace(j.request.params, **prompts.params)))
+        for j in jobs
+    ]
 
 
 class OpenAIServing(ABC, Generic[BodyT]):
@@ -96,21 +116,14 @@ class OpenAIServing(ABC, Generic[BodyT]):
     async def create(self, body: BodyT) -> Response:
         engine = self._engine(body.model)
         prompts = self.prompts(body)
-        jobs = make_jobs(body, prompts.token_ids, prompts.max_tokens, prompts.logprobs)
-        if prompts.params:
-            jobs = [
-                replace(
-                    j,
-                    request=replace(j.request, params=replace(j.request.params, **prompts.params)),
-                )
-                for j in jobs
-            ]
+        jobs = jobs_for(body, prompts)
         outputs = submit(engine, jobs)
         rid, created, model = new_id(self.id_prefix), now(), self.state.model_name
         builders = [self.builder(body, prompts, i, j) for i, j in enumerate(jobs)]
         if body.stream:
             env = r.Envelope(rid, self.chunk_object, created, model)
-            return EventStream(self._chunks(body, env, prompts, jobs, builders, outputs), outputs)
+            chunks = self._chunks(body, env, prompts, jobs, builders, outputs)
+            return EventStream(sse_data(chunks), outputs)
         with outputs:
             finals = {o.request_id: o async for o in self._observed(outputs) if o.finished}
         results = [finals[j.request.request_id] for j in jobs]
@@ -233,7 +246,17 @@ class ServingChat(OpenAIServing[ChatCompletionRequest]):
     body_object = "chat.completion"
     chunk_object = "chat.completion.chunk"
 
-    def prompts(self, body: ChatCompletionRequest) -> Prompts:
+    def prompts(
+        self,
+        body: ChatCompletionRequest,
+        continuation: list[int] | None = None,
+        fit_context: bool = False,
+    ) -> Prompts:
+        """``continuation``: the exact ids of the conversation so far (a stored response's
+        prompt and output, its turn closed); ``body.messages`` are then only the new messages,
+        rendered as the template renders them after a finished assistant turn. ``fit_context``:
+        a ``max_tokens`` past the context is cut to what is left (the Responses and Messages
+        APIs' "at most"), instead of refused."""
         if body.logit_bias:
             raise APIError(400, "logit_bias is not supported", param="logit_bias")
         tok = self.state.tokenizer
@@ -258,15 +281,23 @@ class ServingChat(OpenAIServing[ChatCompletionRequest]):
         if tools:
             kwargs["tools"] = tools
         try:
-            text = tok.apply_chat_template(
-                _history(body), add_generation_prompt=body.add_generation_prompt, **kwargs
-            )
+            if continuation is None:
+                text = tok.apply_chat_template(
+                    _history(body), add_generation_prompt=body.add_generation_prompt, **kwargs
+                )
+            else:
+                text = next_turn_text(
+                    tok, _history(body), add_generation_prompt=body.add_generation_prompt, **kwargs
+                )
         except ValueError as exc:
             raise APIError(400, str(exc), param="messages") from exc
-        prompt = tok.encode(text)
+        prompt = tok.encode(text) if continuation is None else [*continuation, *tok.encode(text)]
         limit = body.max_completion_tokens or body.max_tokens
+        room = self.state.max_model_len - len(prompt)
         if limit is None:
-            limit = max(1, min(DEFAULT_CHAT_MAX_TOKENS, self.state.max_model_len - len(prompt)))
+            limit = max(1, min(DEFAULT_CHAT_MAX_TOKENS, room))
+        elif fit_context and room > 0:
+            limit = min(limit, room)
         k = (body.top_logprobs or 0) if body.logprobs else None
         reasoning = body.add_generation_prompt and prompt_opens_reasoning(text)
         parse_tools = tools is not None and body.tool_choice != "none"

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tt_serve.config.serve_config import ServeConfig
 from tt_serve.engine.async_engine import AsyncEngine
 from tt_serve.server.protocol import now
+from tt_serve.server.response_store import ResponseStore
 from tt_serve.tokenizer import Tokenizer
 
 
@@ -20,6 +22,12 @@ class ServerState:
     max_model_len: int = 0
     load_error: str | None = None
     created: int = field(default_factory=now)
+    # The Responses API's stored responses (run.py sizes it from the config).
+    store: ResponseStore = field(
+        default_factory=lambda: ResponseStore(
+            ServeConfig.response_store_entries, ServeConfig.response_store_mb << 20
+        )
+    )
 
     @property
     def ready(self) -> bool:
