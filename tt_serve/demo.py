@@ -140,7 +140,7 @@ def demo_tensor_shapes(config: dict[str, Any] = DEMO_CONFIG) -> dict[str, tuple[
     return shapes
 
 
-def _write_model_files(out: Path, seed: int, dtype: str) -> None:
+def _write_model_files(out: Path, seed: int, dtype: str, turn_end_scale: float = 1.0) -> None:
     torch_dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
     if dtype not in torch_dtype:
         raise ValueError(f"dtype must be one of {sorted(torch_dtype)}, got {dtype!r}")
@@ -149,6 +149,12 @@ def _write_model_files(out: Path, seed: int, dtype: str) -> None:
         name: _init_tensor(name, shape, gen).to(torch_dtype[dtype]).contiguous()
         for name, shape in demo_tensor_shapes().items()
     }
+    if turn_end_scale != 1.0:
+        # The tied embedding row of <|im_end|> is its LM-head row too: a longer one makes its
+        # logit spread wider, so the model's greedy answers end (a random model's turn almost
+        # never would: one token of 248,320). Only the agent-CLI checks use this variant.
+        emb = tensors["model.embed_tokens.weight"]
+        emb[IM_END_ID] = (emb[IM_END_ID].float() * turn_end_scale).to(emb.dtype)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     _write_json(out / "config.json", {**DEMO_CONFIG, "dtype": dtype})
     _write_json(out / "generation_config.json", GENERATION_CONFIG)
@@ -160,12 +166,15 @@ def write_demo_model(
     seed: int = 0,
     dtype: str = "bfloat16",
     tokenizer_from: str | os.PathLike[str] | None = None,
+    turn_end_scale: float = 1.0,
 ) -> Path:
     """Write the demo checkpoint into ``directory`` (which must not exist or be empty).
 
     Everything is written into a temporary sibling directory that is renamed into place, so a
     crash never leaves a half-written model. ``tokenizer_from`` copies already converted
-    tokenizer files instead of converting again.
+    tokenizer files instead of converting again. ``turn_end_scale`` lengthens the
+    ``<|im_end|>`` row so that answers end after a few tokens (the coding-agent CLI checks,
+    ``scripts/agent-clis``); 1.0 is the demo model.
     """
     target = Path(directory)
     if target.exists() and any(target.iterdir()):
@@ -173,7 +182,7 @@ def write_demo_model(
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
-        _write_model_files(tmp, seed, dtype)
+        _write_model_files(tmp, seed, dtype, turn_end_scale)
         if tokenizer_from is None:
             write_tokenizer(tmp, model_max_length=DEMO_CONFIG["max_position_embeddings"])
         else:

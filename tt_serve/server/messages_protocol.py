@@ -258,8 +258,14 @@ def to_messages(body: CountTokensRequest) -> list[dict[str, Any]]:
             out.append(msg)
         elif role == "user":
             out += _user(m.get("content"), i, calls)
+        elif role == "system":
+            # Claude Code sends reminders as system messages between turns; Qwen's templates
+            # allow a system message only first, so one here is read as the user's.
+            out.append({"role": "user", "content": _text_blocks(m.get("content"), f"messages.{i}")})
         else:
-            raise APIError(400, f"messages.{i}.role must be user or assistant, got {role!r}")
+            raise APIError(
+                400, f"messages.{i}.role must be user, assistant or system, got {role!r}"
+            )
     return out
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from array import array
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from tt_serve.server.jobs import Job, submit
 from tt_serve.server.protocol import APIError, ChatCompletionRequest, new_id, now
 from tt_serve.server.response_store import ResponseStore, StoredResponse
 from tt_serve.server.responses_protocol import (
+    Namespaces,
     ResponsesRequest,
     call_ids,
     chat_tool_choice,
@@ -46,6 +48,7 @@ from tt_serve.server.responses_protocol import (
     reasoning_blob,
     response_format,
     to_messages,
+    with_instructions,
 )
 from tt_serve.server.serving import EventStream, Prompts, ServingChat, jobs_for, sse_named
 from tt_serve.server.turn import Closed, Delta, Kind, Opened, Segment, TurnReader, reasoning_tokens
@@ -63,6 +66,7 @@ class _Plan:
     continuation: list[int] | None
     conversation: list[dict[str, Any]]  # the messages so far, without the instructions
     context: dict[str, Any]
+    namespaces: Namespaces
     waits_for: str | None = None  # the stored response whose closed-turn prefill to await
 
 
@@ -70,8 +74,8 @@ class ResponseEncoder:
     """Items and events of one response. ``segment`` maps one ``turn.Segment`` to its stream
     events; ``response`` is the response object with the items closed so far."""
 
-    def __init__(self, body: ResponsesRequest, rid: str, model: str, tools: Any) -> None:
-        self.body, self.id, self.model, self.tools = body, rid, model, tools
+    def __init__(self, body: ResponsesRequest, rid: str, model: str, spaces: Namespaces) -> None:
+        self.body, self.id, self.model, self.spaces = body, rid, model, spaces
         self.created = now()
         self.output: list[dict[str, Any]] = []
         self._seq = 0
@@ -139,7 +143,7 @@ class ResponseEncoder:
                 "role": "assistant",
                 "content": parts,
             }
-        return {
+        item = {
             "type": "function_call",
             "id": item_id,
             "call_id": call_id,
@@ -147,11 +151,14 @@ class ResponseEncoder:
             "arguments": text,
             "status": status,
         }
+        if call.name in self.spaces:
+            item["namespace"] = self.spaces[call.name]
+        return item
 
     def segment(self, seg: Segment) -> list[dict[str, Any]]:
         i = seg.index
         if isinstance(seg, Opened):
-            self._ids[i] = (new_id(_PREFIX[seg.kind]), new_call_id())
+            self._ids[i] = (_new_id(_PREFIX[seg.kind]), new_call_id())
             added = self.event(
                 "response.output_item.added",
                 output_index=i,
@@ -231,7 +238,7 @@ class ServingResponses:
             await ev.wait()
         jobs = jobs_for(plan.chat, prompts)
         outputs = submit(engine, jobs)
-        enc = ResponseEncoder(body, new_id("resp"), self.state.model_name, plan.chat.tools)
+        enc = ResponseEncoder(body, _new_id("resp"), self.state.model_name, plan.namespaces)
         if body.stream:
             events = self._stream(body, plan, prompts, jobs[0], enc, outputs)
             return EventStream(sse_named(events), outputs)
@@ -280,7 +287,7 @@ class ServingResponses:
     # -- the request -------------------------------------------------------------------------
 
     def _plan(self, body: ResponsesRequest) -> _Plan:
-        tools = chat_tools(body.tools)
+        tools, spaces = chat_tools(body.tools)
         thinking = body.thinking
         context = {"instructions": body.instructions, "tools": tools, "thinking": thinking}
         prev: StoredResponse | None = None
@@ -296,7 +303,7 @@ class ServingResponses:
                     code="response_not_found",
                 )
         before = prev.messages if prev is not None else []
-        new = to_messages(body.input, call_ids(before))
+        new = to_messages(body.input, call_ids(before) if prev is not None else None)
         if not new:
             raise APIError(400, "input must hold at least one item", param="input")
         conversation = [*before, *new]
@@ -305,8 +312,7 @@ class ServingResponses:
             cfg = self.chat._engine(body.model).engine.config
             tok = self.state.tokenizer
             continuation = closed_turn(prev.prompt_ids, prev.output_ids, tok, cfg.eos_token_ids)
-        head = [{"role": "system", "content": body.instructions}] if body.instructions else []
-        messages = new if continuation is not None else [*head, *conversation]
+        messages = new if continuation else with_instructions(body.instructions, conversation)
         fields: dict[str, Any] = {
             "model": body.model,
             "messages": messages,
@@ -326,7 +332,7 @@ class ServingResponses:
             fields["chat_template_kwargs"] = {"enable_thinking": thinking}
         chat = _chat_request({k: v for k, v in fields.items() if v is not None})
         waits = body.previous_response_id if continuation is not None else None
-        return _Plan(chat, continuation, conversation, context, waits)
+        return _Plan(chat, continuation, conversation, context, spaces, waits)
 
     def _usage(self, prompts: Prompts, out: RequestOutput) -> dict[str, Any]:
         n_in, n_out = len(out.prompt_token_ids), len(out.token_ids)
@@ -414,6 +420,11 @@ class ServingResponses:
         if not await asyncio.to_thread(self.store.delete, response_id):
             raise _not_found(response_id)
         return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+
+
+def _new_id(prefix: str) -> str:
+    """OpenAI's id shape: ``resp_``, ``msg_``, ``rs_``, ``fc_`` + hex."""
+    return f"{prefix}_{uuid.uuid4().hex}"
 
 
 def _not_found(response_id: str) -> APIError:

@@ -24,6 +24,7 @@ _TEXT_PARTS = frozenset({"input_text", "output_text", "text", "summary_text", "r
 _MEDIA_PARTS = frozenset({"input_image", "input_file", "input_audio"})
 ROLES = frozenset({"user", "assistant", "system", "developer"})
 REASONING_BLOB = "tt-serve:reasoning:v1:"
+Namespaces = dict[str, str]  # function name -> the namespace tool that holds it
 
 
 class ResponsesRequest(BaseModel):
@@ -91,23 +92,38 @@ class ResponsesRequest(BaseModel):
         return effort not in ("none", "minimal")
 
 
-def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    """The Responses' flat function tools in chat form; any other tool type is a 400."""
+def chat_tools(
+    tools: list[dict[str, Any]] | None,
+) -> tuple[list[dict[str, Any]] | None, Namespaces]:
+    """The Responses' flat function tools in chat form, those of a ``namespace`` tool (Codex
+    groups its sub-agent tools so) among them; and the namespace of each such function, which
+    its calls carry back. Any other tool type is a 400: this server runs no built-in tools."""
     if tools is None:
-        return None
-    out = []
-    for i, t in enumerate(tools):
-        kind = t.get("type")
+        return None, {}
+    out: list[dict[str, Any]] = []
+    spaces: Namespaces = {}
+
+    def add(t: Any, where: str, space: str | None) -> None:
+        kind = t.get("type") if isinstance(t, dict) else None
+        if kind == "namespace" and space is None and isinstance(t.get("tools"), list):
+            for j, inner in enumerate(t["tools"]):
+                add(inner, f"{where}.tools[{j}]", str(t.get("name", "")))
+            return
         if kind != "function":
             raise APIError(
                 400,
-                f"tools[{i}]: tool type {kind!r} is not supported (only function tools: this "
-                "server runs no built-in tools)",
-                param=f"tools[{i}].type",
+                f"{where}: tool type {kind!r} is not supported: this server runs no built-in "
+                'tools, only function tools (in Codex CLI: web_search = "disabled")',
+                param=f"{where}.type",
             )
         fn = {k: t[k] for k in ("name", "description", "parameters", "strict") if k in t}
         out.append({"type": "function", "function": fn})
-    return out
+        if space is not None and isinstance(t.get("name"), str):
+            spaces[t["name"]] = space
+
+    for i, t in enumerate(tools):
+        add(t, f"tools[{i}]", None)
+    return out, spaces
 
 
 def chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
@@ -190,15 +206,30 @@ def _reasoning_text(item: dict[str, Any]) -> str:
     return ""
 
 
+def with_instructions(
+    instructions: str | None, messages: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The messages with ``instructions`` first in their system message."""
+    if not instructions:
+        return messages
+    if messages and messages[0]["role"] == "system":
+        head = {**messages[0], "content": instructions + "\n\n" + messages[0]["content"]}
+        return [head, *messages[1:]]
+    return [{"role": "system", "content": instructions}, *messages]
+
+
 def to_messages(
     items: str | list[dict[str, Any]], known_calls: set[str] | None = None
 ) -> list[dict[str, Any]]:
     """Input items as chat messages. ``known_calls``: call ids of earlier turns (a continued
-    response's); a ``function_call_output`` must answer one of them or a call before it."""
+    response's); a ``function_call_output`` must answer one of them or a call before it. The
+    leading system and developer messages are one system message; a later one (or any, when
+    continuing a stored conversation) is read as the user's."""
     if isinstance(items, str):
-        return [{"role": "user", "content": items}]
+        items = [{"type": "message", "role": "user", "content": items}]
     calls = set(known_calls or ())
     out: list[dict[str, Any]] = []
+    head = known_calls is None  # a continued conversation already has its head
     reasoning: str | None = None
     joinable = False  # whether the last message is an assistant turn the next items extend
 
@@ -227,9 +258,18 @@ def to_messages(
             if role == "assistant":
                 msg = assistant()
                 msg["content"] = (msg["content"] or "") + text
-            else:
-                out.append({"role": role, "content": text})
-                joinable = False
+                continue
+            joinable = False
+            if role in ("system", "developer"):
+                if head and all(m["role"] == "system" for m in out):  # one system message
+                    if out:
+                        out[0]["content"] += "\n\n" + text
+                    else:
+                        out.append({"role": "system", "content": text})
+                    continue
+                # Qwen's templates take a system message only first: a later one is the user's.
+                role = "user"
+            out.append({"role": role, "content": text})
         elif kind == "function_call":
             call_id, name = item.get("call_id"), item.get("name")
             args = item.get("arguments", "{}")
