@@ -19,6 +19,7 @@ from tt_serve.demo import write_demo_model
 from tt_serve.engine.async_engine import AsyncEngine
 from tt_serve.engine.factory import build_engine
 from tt_serve.server.app import ServerState, create_app
+from tt_serve.server.run import response_store
 from tt_serve.tokenizer import load_tokenizer
 
 MODEL_NAME = "demo"
@@ -63,11 +64,14 @@ def serve(
     load: bool = True,
     **engine_kw: object,
 ) -> Iterator[Served]:
-    state = ServerState(model_name=MODEL_NAME, api_key=api_key)
+    cfg = engine_options(model_dir, **engine_kw)
+    state = ServerState(
+        model_name=MODEL_NAME, api_key=api_key, store=response_store(cfg, MODEL_NAME)
+    )
 
     def loader(st: ServerState) -> None:
         tok = load_tokenizer(model_dir)
-        engine = build_engine(engine_options(model_dir, **engine_kw), tokenizer=tok)
+        engine = build_engine(cfg, tokenizer=tok)
         ae = AsyncEngine(engine, max_waiting=max_waiting)
         ae.start()
         st.tokenizer, st.max_model_len, st.engine = tok, engine.config.max_model_len, ae

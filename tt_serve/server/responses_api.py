@@ -186,23 +186,23 @@ class ResponseEncoder:
         assert isinstance(seg, Closed)
         item = self._item(i, seg.kind, seg.text, seg.call, "completed")
         self.output.append(item)
-        done = self.event("response.output_item.done", output_index=i, item=item)
+        events: list[dict[str, Any]] = []
         if seg.kind == Kind.CALL:
-            args = self.event(
-                "response.function_call_arguments.done",
-                **where,
-                name=seg.call.name if seg.call else "",
-                arguments=seg.text,
+            name = seg.call.name if seg.call else ""
+            events.append(
+                self.event(
+                    "response.function_call_arguments.done", **where, name=name, arguments=seg.text
+                )
             )
-            return [args, done]
-        name = "reasoning_text" if seg.kind == Kind.REASONING else "output_text"
-        extra = _logprobs_field(seg.kind)
-        part = _reasoning_part(seg.text) if seg.kind == Kind.REASONING else _text_part(seg.text)
-        return [
-            self.event(f"response.{name}.done", **where, content_index=0, text=seg.text, **extra),
-            self.event("response.content_part.done", **where, content_index=0, part=part),
-            done,
-        ]
+        else:
+            kind = "reasoning_text" if seg.kind == Kind.REASONING else "output_text"
+            extra = _logprobs_field(seg.kind)
+            part = _reasoning_part(seg.text) if seg.kind == Kind.REASONING else _text_part(seg.text)
+            where0 = {**where, "content_index": 0}
+            events.append(self.event(f"response.{kind}.done", **where0, text=seg.text, **extra))
+            events.append(self.event("response.content_part.done", **where0, part=part))
+        events.append(self.event("response.output_item.done", output_index=i, item=item))
+        return events
 
 
 def _logprobs_field(kind: Kind) -> dict[str, Any]:
