@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tt_serve.server.protocol import APIError, ChatCompletionRequest, ChatMessage
 from tt_serve.server.serving import ServingChat
@@ -46,12 +46,17 @@ def tokenize_body(chat: ServingChat, body: TokenizeRequest) -> JSONResponse:
     if len(given) != 1:
         raise APIError(400, "send exactly one of prompt, content or messages")
     if body.messages is not None:
-        request = ChatCompletionRequest(
-            messages=body.messages,
-            tools=body.tools,
-            add_generation_prompt=body.add_generation_prompt,
-            chat_template_kwargs=body.chat_template_kwargs,
-        )
+        try:
+            request = ChatCompletionRequest(
+                messages=body.messages,
+                tools=body.tools,
+                add_generation_prompt=body.add_generation_prompt,
+                chat_template_kwargs=body.chat_template_kwargs,
+            )
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            loc = ".".join(str(x) for x in first.get("loc", ()))
+            raise APIError(400, f"{loc}: {first.get('msg')}", param=loc or None) from exc
         ids = chat.prompts(request).token_ids[0]
     else:
         text = body.prompt if body.prompt is not None else body.content
