@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from bench.agent_replay.apis import ApiConversation, served_model, stream_api_turn
 from bench.agent_replay.records import TurnRecord
 from bench.agent_replay.workload import Answer, Conversation, TokenCounter, Workload
 from bench.agent_replay.workload import common_prefix as _common
@@ -148,9 +149,13 @@ async def run_agent(
     extras: dict[str, Any],
     t0: float,
     out: list[TurnRecord],
+    api: str = "chat",
+    model: str = "",
 ) -> None:
-    """All turns of one agent, one after the other; a failed turn ends the agent."""
+    """All turns of one agent, one after the other; a failed turn ends the agent. ``api``:
+    chat (completions) or one of ``apis.API_ARMS`` (``model``: the served name)."""
     sizes = conv.workload.sizes
+    other = ApiConversation(conv, api, model) if api != "chat" else None
     prev: list[int] | None = None
     answer: Answer | None = None
     for turn in range(1, sizes.turns + 1):
@@ -159,12 +164,20 @@ async def run_agent(
             rec.rerender_changed = conv.messages[-2]["content"] != answer.content
         ids = render.describe(conv, rec, prev, answer)
         out.append(rec)
-        answer = await stream_turn(client, chat_body(conv, sizes.answer, extras), rec, t0)
+        if other is None:
+            answer = await stream_turn(client, chat_body(conv, sizes.answer, extras), rec, t0)
+        else:
+            answer = await stream_api_turn(client, other, sizes.answer, rec, t0)
         if rec.error is not None:
             return
         prev = ids
         if turn < sizes.turns:
-            conv.add(answer)
+            if other is None:
+                conv.add(answer)
+            else:  # the result as the next user message (apis.py says why), in both forms
+                result = conv.workload.results[conv.agent][conv.turn]
+                other.add(answer, result)
+                conv.add_user_result(answer, result)
 
 
 async def run_replay(
@@ -174,6 +187,7 @@ async def run_replay(
     render: Rendering,
     extras: dict[str, Any],
     *,
+    api: str = "chat",
     timeout: float = 1800.0,
 ) -> tuple[list[TurnRecord], float]:
     """Every agent concurrently against ``url``; the records (by agent, turn) and the makespan."""
@@ -181,9 +195,12 @@ async def run_replay(
     n = workload.sizes.agents
     limits = httpx.Limits(max_connections=n + 4, max_keepalive_connections=n + 4)
     async with httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits) as client:
+        model = await served_model(client) if api != "chat" else ""
         t0 = time.perf_counter()
         convs = [workload.conversation(a, mode) for a in range(n)]
-        await asyncio.gather(*(run_agent(client, c, render, extras, t0, records) for c in convs))
+        await asyncio.gather(
+            *(run_agent(client, c, render, extras, t0, records, api, model) for c in convs)
+        )
         makespan = time.perf_counter() - t0
     records.sort(key=lambda r: (r.agent, r.turn))
     return records, makespan

@@ -1,16 +1,20 @@
 """The agent replay's command line: the arms over HTTP, or the in-process engine; one ledger line
 per run (``bench/runs/agent-replay.jsonl``) and the Markdown tables on stdout.
 
-    python -m bench.agent_replay http --arms messages,chunks,llama.cpp \\
+    python -m bench.agent_replay http --arms default,responses,messages,llama.cpp \\
         --llama-server PATH/llama-server --gguf demo-f32.gguf
     python -m bench.agent_replay inprocess --backend ttnn-virtual --chunk 2048
 
 HTTP arms, each started fresh for every answer mode (so every run starts with a cold cache),
 one server at a time, waited for on ``/health`` and warmed up with one short unrelated request:
 
-* ``messages``: tt-serve with ``--resume-points messages``;
-* ``chunks``: tt-serve with ``--resume-points chunks`` (the A/B control);
-* ``default``: tt-serve with neither (the server's default rule: messages);
+* ``default``: tt-serve as it starts (resume points at messages), through chat completions;
+* ``resume-messages``: tt-serve with ``--resume-points messages``;
+* ``resume-chunks``: tt-serve with ``--resume-points chunks`` (the A/B control);
+* ``responses``: tt-serve through the Responses API, each later turn only its new items with
+  ``previous_response_id`` (the exact continuation);
+* ``responses-stateless``: the Responses API, the whole history every turn, ``store: false``;
+* ``messages``: the Anthropic Messages API, the whole history every turn (``apis.py``);
 * ``llama.cpp``: ``llama-server`` on a GGUF of the same checkpoint, ``--parallel`` = agents,
   each slot's context the longest prompt plus the answer.
 """
@@ -28,6 +32,7 @@ from typing import Any
 
 from bench.agent_replay import client as C
 from bench.agent_replay import summary as S
+from bench.agent_replay.apis import API_ARMS
 from bench.agent_replay.workload import MODES, Sizes, Workload, build
 from bench.peer.measures import LoadSample, load_between
 from bench.peer.servers import LlamaServerSide, Running, Side, Slots, TtServeSide
@@ -36,9 +41,10 @@ from tt_serve.config.serve_config import RESUME_POINTS, ServeConfig
 
 DEFAULT_LEDGER = "bench/runs/agent-replay.jsonl"
 TT_ARMS = {
-    "messages": ["--resume-points", "messages"],
-    "chunks": ["--resume-points", "chunks"],
     "default": [],
+    "resume-messages": ["--resume-points", "messages"],
+    "resume-chunks": ["--resume-points", "chunks"],
+    **{api: [] for api in API_ARMS},
 }
 ARMS = (*TT_ARMS, "llama.cpp")
 
@@ -89,9 +95,9 @@ def parser() -> argparse.ArgumentParser:
     h.add_argument(
         "--arms",
         type=_choices(ARMS),
-        default=["messages", "chunks"],
-        help=f"comma-separated, from {','.join(ARMS)} (default messages,chunks; llama.cpp "
-        "needs --llama-server and --gguf)",
+        default=["resume-messages", "resume-chunks"],
+        help=f"comma-separated, from {','.join(ARMS)} (default resume-messages,resume-chunks; "
+        "llama.cpp needs --llama-server and --gguf)",
     )
     h.add_argument("--llama-server", help="path of a built llama-server binary")
     h.add_argument("--gguf", help="GGUF of the same checkpoint (e.g. the demo model in f32)")
@@ -197,8 +203,18 @@ def request_extras(side: Side) -> dict[str, Any]:
     return {"return_token_ids": True}
 
 
+def arm_api(arm: str) -> str:
+    """The API an arm's requests go through."""
+    return arm if arm in API_ARMS else "chat"
+
+
 def run_arm(
-    side: Side, mode: str, workload: Workload, render: C.Rendering, a: argparse.Namespace
+    side: Side,
+    mode: str,
+    workload: Workload,
+    render: C.Rendering,
+    a: argparse.Namespace,
+    api: str = "chat",
 ) -> dict[str, Any]:
     sizes = workload.sizes
     slots = Slots(sizes.agents, sizes.longest_prompt() + sizes.answer)
@@ -210,7 +226,8 @@ def run_arm(
         srv.wait_healthy(a.health_timeout)
         asyncio.run(C.warm_up(srv.url, extras))
         before = LoadSample.take(srv.pid)
-        records, makespan = asyncio.run(C.run_replay(srv.url, workload, mode, render, extras))
+        replay = C.run_replay(srv.url, workload, mode, render, extras, api=api)
+        records, makespan = asyncio.run(replay)
         load = load_between(before, LoadSample.take(srv.pid))
     out = S.summarize(records, makespan)
     out["load"] = load
@@ -260,7 +277,7 @@ def main_http(a: argparse.Namespace, model: str, workload: Workload, tok: Any) -
     for arm in a.arms:
         side = build_side(arm, a, model)
         for mode in a.modes:
-            runs[f"{arm} {mode}"] = run_arm(side, mode, workload, render, a)
+            runs[f"{arm} {mode}"] = run_arm(side, mode, workload, render, a, arm_api(arm))
     print(S.markdown(runs))
     _ledger(a, model, runs)
     return 1 if any(r["failed"] for r in runs.values()) else 0

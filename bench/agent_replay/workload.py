@@ -320,6 +320,12 @@ class Conversation:
         self.messages.append({"role": "tool", "tool_call_id": call_id, "content": result})
         self.turn += 1
 
+    def add_user_result(self, answer: Answer, result: str) -> None:
+        """Append the answer and the tool result as the next user message (the API arms')."""
+        self.messages.append(answer.message(self.mode))
+        self.messages.append({"role": "user", "content": result})
+        self.turn += 1
+
     def prompt_ids(self, tok: TokenCounter) -> list[int]:
         """The next request's prompt as the chat template renders it (generation prompt on)."""
         wl = self.workload

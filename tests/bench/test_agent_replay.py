@@ -216,7 +216,8 @@ def test_summary_per_turn_and_overall() -> None:
 
 def test_arguments() -> None:
     a = harness.parse_args(["http"])
-    assert a.arms == ["messages", "chunks"] and a.modes == ["verbatim", "rerendered"]
+    assert a.arms == ["resume-messages", "resume-chunks"]
+    assert a.modes == ["verbatim", "rerendered"]
     assert a.sizes == Sizes(8, 6, 1500, 150, 300, 100)
     a = harness.parse_args(["http", "--arms", "default", "--modes", "rerendered", "--turns", "2"])
     assert a.arms == ["default"] and a.modes == ["rerendered"] and a.sizes.turns == 2
@@ -238,12 +239,21 @@ def test_arguments() -> None:
 
 
 def test_arms_pass_the_resume_flag_only_when_asked() -> None:
-    a = harness.parse_args(["http", "--arms", "messages,chunks,default", "--tt-args", "--x 1"])
+    arms = "resume-messages,resume-chunks,default,responses,messages"
+    a = harness.parse_args(["http", "--arms", arms, "--tt-args", "--x 1"])
     sides = {arm: harness.build_side(arm, a, "/m") for arm in a.arms}
-    assert sides["messages"].extra == ["--resume-points", "messages", "--x", "1"]
-    assert sides["chunks"].extra == ["--resume-points", "chunks", "--x", "1"]
-    assert sides["default"].extra == ["--x", "1"]
+    assert sides["resume-messages"].extra == ["--resume-points", "messages", "--x", "1"]
+    assert sides["resume-chunks"].extra == ["--resume-points", "chunks", "--x", "1"]
+    assert sides["default"].extra == ["--x", "1"] == sides["responses"].extra
     assert harness.request_extras(sides["default"]) == {"return_token_ids": True}
+    apis = {arm: harness.arm_api(arm) for arm in a.arms}
+    assert apis == {
+        "resume-messages": "chat",
+        "resume-chunks": "chat",
+        "default": "chat",
+        "responses": "responses",
+        "messages": "messages",
+    }
 
 
 # -- end to end (slow) -------------------------------------------------------------------------

@@ -154,6 +154,7 @@ class ServingMessages:
             "top_k": body.top_k,
             "stop": body.stop_sequences or None,
             "response_format": response_format(body.output_config),
+            "ignore_eos": body.ignore_eos,
             "chat_template_kwargs": {"enable_thinking": body.enable_thinking},
         }
         try:

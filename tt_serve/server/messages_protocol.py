@@ -69,6 +69,8 @@ class CountTokensRequest(BaseModel):
     metadata: dict[str, Any] | None = None
     output_config: dict[str, Any] | None = None
     stream: bool = False
+    # Extension (as chat's, vLLM's): generate max_tokens whatever the model writes.
+    ignore_eos: bool = False
 
     @model_validator(mode="before")
     @classmethod

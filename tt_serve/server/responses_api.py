@@ -327,6 +327,7 @@ class ServingResponses:
             "stop": body.stop,
             "response_format": response_format(body.text),
             "user": body.user,
+            "ignore_eos": body.ignore_eos,
         }
         if thinking is not None:
             fields["chat_template_kwargs"] = {"enable_thinking": thinking}

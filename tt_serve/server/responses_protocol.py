@@ -53,6 +53,8 @@ class ResponsesRequest(BaseModel):
     background: bool = False
     truncation: str | None = None
     conversation: str | dict[str, Any] | None = None
+    # Extension (as chat's, vLLM's): generate max_output_tokens whatever the model writes.
+    ignore_eos: bool = False
 
     @model_validator(mode="before")
     @classmethod
