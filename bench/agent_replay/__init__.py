@@ -9,7 +9,8 @@ system + tools head, each turn re-sending the whole history, measured as users r
 * ``summary``: computed tokens against the issue's bound, per turn and overall, TTFT, makespan;
 * ``harness``: the arms, one server start each, the ledger line and the table.
 
-    python -m bench.agent_replay --arms messages,chunks --llama-server BIN --gguf FILE
+    python -m bench.agent_replay http --arms default,responses,messages,llama.cpp \
+        --llama-server BIN --gguf FILE
     python -m bench.agent_replay inprocess --backend ttnn-virtual --chunk 2048
 
 See docs/agents.md ("The agent replay benchmark").
