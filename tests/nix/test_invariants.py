@@ -119,6 +119,8 @@ TRUTH_TABLE: list[tuple[str, dict[str, Any], bool]] = [
     ("port-0", {"port": 0}, False),
     ("block-0", {"blockSize": 0}, False),
     ("chunk-0", {"prefillChunk": 0}, False),
+    ("response-store-negative", {"responseStoreEntries": -1}, False),
+    ("response-store-off", {"responseStoreEntries": 0, "responseStoreMb": 0}, True),
     ("drain-0", {"drainTimeout": 0}, False),
     ("drain-1", {"drainTimeout": 1}, True),
     ("router-policy-unknown", {"routerPolicy": "sticky"}, False),
@@ -304,6 +306,9 @@ NEW_RULE_MESSAGES = {
         "workers' ports 8100..8101."
     ],
     "drain-0": [f"{P}.drainTimeout must be at least 1 second (got 0)."],
+    "response-store-negative": [
+        f"{P}.responseStoreEntries and {P}.responseStoreMb must not be negative (got -1 and 256)."
+    ],
     "prefill-rows-negative": [
         f"{P}.maxPrefillRows must not be negative (0 = the backend's default; got -1)."
     ],

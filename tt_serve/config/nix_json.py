@@ -59,6 +59,8 @@ _JSON_FIELDS: dict[str, tuple[str, tuple[type, ...]]] = {
     "kvBlocks": ("kv_blocks", (int,)),
     "maxBatchSize": ("max_batch_size", (int,)),
     "maxWaiting": ("max_waiting", (int,)),
+    "responseStoreEntries": ("response_store_entries", (int,)),
+    "responseStoreMb": ("response_store_mb", (int,)),
     "maxNumBatchedTokens": ("max_num_batched_tokens", (int,)),
     "maxPrefillRows": ("max_prefill_rows", (int,)),
     "maxModelLen": ("max_model_len", (int,)),

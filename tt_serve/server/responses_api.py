@@ -32,10 +32,10 @@ from pydantic import ValidationError
 from starlette.responses import Response
 
 from tt_serve.agents.tool_parser import new_call_id
-from tt_serve.engine.async_engine import NewRequest, OutputStream
-from tt_serve.sequence import RequestOutput, SamplingParams
+from tt_serve.engine.async_engine import NewRequest, OutputStream, QueueFullError
+from tt_serve.sequence import RequestError, RequestOutput, SamplingParams
 from tt_serve.server.continuation import closed_turn
-from tt_serve.server.jobs import Job, submit
+from tt_serve.server.jobs import submit
 from tt_serve.server.protocol import APIError, ChatCompletionRequest, new_id, now
 from tt_serve.server.response_store import ResponseStore, StoredResponse
 from tt_serve.server.responses_protocol import (
@@ -240,7 +240,7 @@ class ServingResponses:
         outputs = submit(engine, jobs)
         enc = ResponseEncoder(body, _new_id("resp"), self.state.model_name, plan.namespaces)
         if body.stream:
-            events = self._stream(body, plan, prompts, jobs[0], enc, outputs)
+            events = self._stream(body, plan, prompts, enc, outputs)
             return EventStream(sse_named(events), outputs)
         with outputs:
             reader = TurnReader(prompts.output)
@@ -259,7 +259,6 @@ class ServingResponses:
         body: ResponsesRequest,
         plan: _Plan,
         prompts: Prompts,
-        job: Job,
         enc: ResponseEncoder,
         outputs: OutputStream,
     ) -> AsyncIterator[dict[str, Any]]:
@@ -392,7 +391,7 @@ class ServingResponses:
         params = SamplingParams(max_tokens=1, temperature=0.0)
         try:
             outputs = engine.submit([NewRequest(new_id("turn-prefill"), ids, params)])
-        except Exception as exc:  # a full queue: the next turn computes the answer itself
+        except (QueueFullError, RequestError) as exc:  # the next turn computes it itself
             log.debug("closed-turn prefill of %s skipped: %s", entry.id, exc)
             return
         done = asyncio.Event()
