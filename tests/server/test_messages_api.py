@@ -88,6 +88,25 @@ def test_stream_events_and_reassembly(server: Served) -> None:
     assert [b.model_dump() for b in whole.content] == [b.model_dump() for b in final.content]
 
 
+def test_streamed_forced_tool_use_reassembles(server: Served) -> None:
+    c = client(server)
+    kw: Any = dict(model=MODEL_NAME, max_tokens=120, tools=TOOLS, extra_body=GREEDY)
+    kw |= dict(messages=[{"role": "user", "content": "Weather?"}])
+    kw |= dict(tool_choice={"type": "tool", "name": "get_weather"})
+    with c.messages.stream(**kw) as s:
+        events = list(s)
+        final = s.get_final_message()
+    parts = [
+        e.delta.partial_json
+        for e in events
+        if e.type == "content_block_delta" and e.delta.type == "input_json_delta"
+    ]
+    use = [b for b in final.content if b.type == "tool_use"]
+    assert len(use) == 1 and json.loads("".join(parts)) == use[0].input
+    assert final.stop_reason == "tool_use"
+    jsonschema.validate(use[0].input, WEATHER)
+
+
 def test_thinking_off(server: Served) -> None:
     m = client(server).messages.create(
         model=MODEL_NAME,

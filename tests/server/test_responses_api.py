@@ -166,15 +166,37 @@ def test_changed_instructions_render_the_stored_conversation(server: Served) -> 
     assert r2.usage.input_tokens > r1.usage.input_tokens
 
 
-def test_structured_output(server: Served) -> None:
-    r = client(server).responses.create(
+def test_structured_output_through_the_stream_helper(server: Served) -> None:
+    c = client(server)
+    kw: Any = dict(
         model=MODEL_NAME,
         input="Answer in JSON.",
         text={"format": {"type": "json_schema", "name": "answer", "schema": ANSWER}},
         max_output_tokens=200,
         temperature=0,
     )
+    r = c.responses.create(**kw)
+    assert r.status == "completed"  # the grammar ends the object, then the turn
     jsonschema.validate(json.loads(r.output_text), ANSWER)
+    with c.responses.stream(**kw) as s:
+        deltas = [e.delta for e in s if e.type == "response.output_text.delta"]
+        final = s.get_final_response()
+    assert "".join(deltas) == final.output_text == r.output_text
+
+
+def test_streamed_forced_call_reassembles(server: Served) -> None:
+    c = client(server)
+    kw: Any = dict(model=MODEL_NAME, input="Weather?", tools=TOOLS, tool_choice=FORCED)
+    kw |= dict(max_output_tokens=120, temperature=0)
+    events = list(c.responses.create(stream=True, **kw))
+    added = [e for e in events if e.type == "response.output_item.added"]
+    assert added[-1].item.type == "function_call" and added[-1].item.arguments == ""
+    args = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    done = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert len(done) == 1 and done[0].arguments == args and done[0].name == "get_weather"
+    jsonschema.validate(json.loads(args), WEATHER)
+    whole = c.responses.create(**kw)
+    assert [o.arguments for o in whole.output if o.type == "function_call"] == [args]
 
 
 def test_get_delete_and_unknown_ids(server: Served) -> None:
@@ -217,6 +239,7 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"background": True}, "background"),
     ({"tool_choice": {"type": "function", "name": "nope"}, "tools": TOOLS}, "nope"),
     ({"input": [{"role": "wizard", "content": "hi"}]}, "role"),
+    ({"top_logprobs": 3}, "top_logprobs"),
 ]
 
 

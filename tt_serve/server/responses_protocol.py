@@ -53,6 +53,8 @@ class ResponsesRequest(BaseModel):
     background: bool = False
     truncation: str | None = None
     conversation: str | dict[str, Any] | None = None
+    top_logprobs: int | None = None
+    prompt: dict[str, Any] | None = None
     # Extension (as chat's, vLLM's): generate max_output_tokens whatever the model writes.
     ignore_eos: bool = False
 
@@ -73,6 +75,14 @@ class ResponsesRequest(BaseModel):
                 "conversation objects are not supported: use previous_response_id",
                 param="conversation",
             )
+        if self.top_logprobs:
+            raise APIError(
+                400,
+                "top_logprobs is not supported on /v1/responses (chat completions has logprobs)",
+                param="top_logprobs",
+            )
+        if self.prompt is not None:
+            raise APIError(400, "stored prompt templates are not supported", param="prompt")
         if self.truncation not in (None, "disabled", "auto"):
             raise APIError(400, "truncation must be 'auto' or 'disabled'", param="truncation")
         if self.metadata is not None and len(self.metadata) > 16:
