@@ -7,7 +7,9 @@ start), structured output, thinking on and off, stop sequences, count_tokens, au
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ import pytest
 
 from tests.server.conftest import MODEL_NAME, Served, serve
 from tests.server.test_agents_api import ANSWER, WEATHER
+from tests.server.test_concurrency import metric
 
 BLOCK = 16
 TOOLS: list[Any] = [{"name": "get_weather", "description": "Weather", "input_schema": WEATHER}]
@@ -270,3 +273,49 @@ def test_tokenize_detokenize_and_request_counts(server: Served) -> None:
         metrics = h.get("/metrics").text
     for api in ("messages", "count_tokens", "tokenize", "detokenize"):
         assert f'tt_serve:api_requests_total{{api="{api}"}}' in metrics, api
+
+
+def test_hang_ups_and_errors_on_the_agent_apis_free_everything(server: Served) -> None:
+    """Streams of both APIs dropped mid-way, refused bodies and stored turns (their closed-turn
+    prefills included) leave no request running and no KV block held."""
+
+    async def one(c: httpx.AsyncClient, i: int) -> None:
+        if i % 2:
+            path = "/v1/messages"
+            body: dict[str, Any] = {"model": MODEL_NAME, "max_tokens": 40, "ignore_eos": True}
+            body["messages"] = [{"role": "user", "content": f"client {i} " * 20}]
+        else:
+            path = "/v1/responses"
+            body = {"model": MODEL_NAME, "input": f"client {i} " * 20, "max_output_tokens": 40}
+            body["ignore_eos"] = True
+        async with c.stream("POST", path, json={**body, "stream": True}) as r:
+            assert r.status_code == 200
+            n = 0
+            async for line in r.aiter_lines():
+                n += line.startswith("data:")
+                if i % 3 == 0 and n == 4:
+                    return  # hang up mid-stream
+        bad = await c.post(path, json={**body, "max_tokens": -1, "max_output_tokens": -1})
+        assert bad.status_code == 400
+
+    async def main() -> None:
+        async with httpx.AsyncClient(base_url=server.url, timeout=120) as c:
+            await asyncio.gather(*(one(c, i) for i in range(12)))
+
+    asyncio.run(main())
+    with httpx.Client(base_url=server.url) as h:
+        deadline = time.monotonic() + 30
+        while True:
+            m = h.get("/metrics").text
+            idle = all(
+                metric(m, name) == 0
+                for name in (
+                    "tt_serve:num_requests_running",
+                    "tt_serve:num_requests_waiting",
+                    "tt_serve:kv_cache_usage_perc",
+                )
+            )
+            if idle or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert idle, m
