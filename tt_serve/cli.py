@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import logging
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -368,6 +371,32 @@ COMMANDS = {
 }
 
 
+@contextlib.contextmanager
+def json_stdout(*, to_exit: bool) -> Iterator[None]:
+    """Only what the command prints (its JSON) reaches stdout: while it runs, file descriptor 1
+    points at stderr, so log lines written there by C++ libraries (tt-metal's, when ttnn opens
+    its mock devices) or by anything else land on stderr, and ``sys.stdout`` is a buffer
+    written to the real stdout at the end. ``to_exit``: the process ends after the command, so
+    descriptor 1 stays on stderr (tt-metal logs again from its destructors at exit); else it is
+    restored (a caller in the same process)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    buffer = io.StringIO()
+    try:
+        os.dup2(2, 1)
+        with contextlib.redirect_stdout(buffer):
+            yield
+    finally:
+        if to_exit:
+            with os.fdopen(saved, "w") as real:
+                real.write(buffer.getvalue())
+        else:
+            os.dup2(saved, 1)
+            os.close(saved)
+            sys.stdout.write(buffer.getvalue())
+            sys.stdout.flush()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
@@ -383,6 +412,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
+        if "--json" in args[1:]:
+            with json_stdout(to_exit=argv is None):
+                return cmd[0](args[1:])
         return cmd[0](args[1:])
     except KeyboardInterrupt:  # Ctrl-C during imports or setup: a message, not a traceback
         print(f"tt-serve {args[0]}: interrupted", file=sys.stderr)

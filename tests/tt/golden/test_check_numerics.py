@@ -50,9 +50,10 @@ def test_qwen35_08b_four_layers_with_golden_math(tmp_path: Path) -> None:
         env=env,
         check=False,
     )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    assert lines, proc.stdout[-2000:] + proc.stderr[-3000:]
-    out = json.loads(lines[-1])
+    # stdout is the JSON alone: tt-metal's log lines (it opens mock devices) go to stderr, the
+    # ones its destructors write at exit too.
+    assert proc.stdout.strip(), proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
     e = out["end_to_end"]
     assert proc.returncode == 0 and out["ok"], (e, [r for r in out["ops"] if not r["ok"]])
     assert e["max_logit_diff"] <= e["tolerance"] and e["greedy_equal"] and e["sampled_equal"]
