@@ -14,6 +14,12 @@ Every run must return exactly ``max_tokens`` tokens (``ignore_eos``), never an e
 Tokens are compared as ids (``return_token_ids``, when the server returns them), as the per-token
 strings of ``logprobs=1`` (always), and by logprob (within ``--logprob-tol``).
 
+The report states what the run rules out (``bench/gates.py``): of the valid cases (cold was
+cold, warm hit), the ones whose warm or control answer differs are defects, and the defect rate
+excluded at 95 % is 3/n with none, Clopper-Pearson otherwise. The default 384 cases exclude
+1/128, the rate of the hybrid-cache defect this project exists to avoid; cases run
+``--concurrency`` at a time (each case's requests in order).
+
     python -m bench.prefix_hit_equivalence --url http://127.0.0.1:8000 [--control-url URL]
 """
 
@@ -23,11 +29,13 @@ import argparse
 import json
 import random
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
+from bench import gates
 from bench.workloads import token_range
 
 
@@ -48,6 +56,12 @@ class Report:
     @property
     def ok(self) -> bool:
         return not self.failures and bool(self.cases)
+
+    @property
+    def gate(self) -> dict[str, Any]:
+        """What the run rules out: valid comparisons, the defects among them, the rate."""
+        valid = [c for c in self.cases if c["valid"]]
+        return gates.report(len(valid), sum(1 for c in valid if not c["ok"]))
 
 
 def complete(client: httpx.Client, prompt: list[int], max_tokens: int) -> Run:
@@ -125,11 +139,14 @@ def _complete_run(name: str, run: Run, max_tokens: int) -> list[str]:
     return []
 
 
+DEFAULT_CASES = gates.clean_needed()  # 384: excludes 1/128
+
+
 def check(
     url: str,
     *,
     control_url: str | None = None,
-    cases: int = 2,
+    cases: int = DEFAULT_CASES,
     head: int = 512,
     suffix: int = 32,
     max_tokens: int = 16,
@@ -137,44 +154,60 @@ def check(
     vocab: int = 0,
     logprob_tol: float = 1e-3,
     timeout: float = 600.0,
+    concurrency: int = 1,
 ) -> Report:
     """Run the cold / warm / control comparison; the report lists every failure."""
     rng = random.Random(f"equivalence|{seed}")
     lo, hi = token_range(vocab)
-    report = Report()
+    prompts = []
+    for _ in range(cases):  # drawn up front: the cases are the same at any concurrency
+        h = [rng.randrange(lo, hi) for _ in range(head)]
+        prompts.append(
+            (
+                h + [rng.randrange(lo, hi) for _ in range(suffix)],
+                h + [rng.randrange(lo, hi) for _ in range(suffix)],
+            )
+        )
+    limits = httpx.Limits(max_connections=concurrency + 2)
     with (
-        httpx.Client(base_url=url, timeout=timeout) as srv,
-        httpx.Client(base_url=control_url or url, timeout=timeout) as ctl,
+        httpx.Client(base_url=url, timeout=timeout, limits=limits) as srv,
+        httpx.Client(base_url=control_url or url, timeout=timeout, limits=limits) as ctl,
     ):
-        for i in range(cases):
-            h = [rng.randrange(lo, hi) for _ in range(head)]
-            prompt = h + [rng.randrange(lo, hi) for _ in range(suffix)]
-            other = h + [rng.randrange(lo, hi) for _ in range(suffix)]
+
+        def one(i: int) -> tuple[dict[str, Any], list[str]]:
+            prompt, other = prompts[i]
             cold = complete(srv, prompt, max_tokens)
             complete(srv, other, max_tokens)
             warm = complete(srv, prompt, max_tokens)
             control = complete(ctl, prompt, max_tokens)
-            fails: list[str] = []
+            invalid: list[str] = []
             for name, run in (("cold", cold), ("warm", warm), ("control", control)):
-                fails += _complete_run(name, run, max_tokens)
+                invalid += _complete_run(name, run, max_tokens)
             if cold.cached_tokens != 0:
-                fails.append(f"cold: cached_tokens = {cold.cached_tokens}, the run was not cold")
+                invalid.append(f"cold: cached_tokens = {cold.cached_tokens}, the run was not cold")
             if warm.cached_tokens <= 0:
-                fails.append("warm: cached_tokens = 0, nothing hit the cache (blind comparison)")
-            fails += _diff("warm", cold, warm, logprob_tol)
-            fails += _diff("control", cold, control, logprob_tol)
-            report.failures += [f"case {i}: {f}" for f in fails]
-            report.cases.append(
-                {
-                    "case": i,
-                    "prompt_len": len(prompt),
-                    "cold_cached": cold.cached_tokens,
-                    "warm_cached": warm.cached_tokens,
-                    "control_cached": control.cached_tokens,
-                    "tokens": len(cold.tokens),
-                    "ok": not fails,
-                }
+                invalid.append("warm: cached_tokens = 0, nothing hit the cache (blind comparison)")
+            defects = _diff("warm", cold, warm, logprob_tol) + _diff(
+                "control", cold, control, logprob_tol
             )
+            case = {
+                "case": i,
+                "prompt_len": len(prompt),
+                "cold_cached": cold.cached_tokens,
+                "warm_cached": warm.cached_tokens,
+                "control_cached": control.cached_tokens,
+                "tokens": len(cold.tokens),
+                "valid": not invalid,
+                "ok": not invalid and not defects,
+            }
+            return case, invalid + defects
+
+        with ThreadPoolExecutor(max(1, concurrency)) as pool:
+            results = list(pool.map(one, range(cases)))
+    report = Report()
+    for case, fails in results:
+        report.cases.append(case)
+        report.failures += [f"case {case['case']}: {f}" for f in fails]
     return report
 
 
@@ -182,7 +215,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.prefix_hit_equivalence")
     p.add_argument("--url", required=True, help="the prefix-caching server")
     p.add_argument("--control-url", default=None, help="a cache-off server (default: repeat)")
-    p.add_argument("--cases", type=int, default=2)
+    p.add_argument(
+        "--cases", type=int, default=DEFAULT_CASES, help=f"default {DEFAULT_CASES}: excludes 1/128"
+    )
+    p.add_argument("--concurrency", type=int, default=8, help="cases at a time (default 8)")
     p.add_argument("--head", type=int, default=512, help="shared head length (a chunk multiple)")
     p.add_argument("--suffix", type=int, default=32)
     p.add_argument("--max-tokens", type=int, default=16)
@@ -201,13 +237,17 @@ def main(argv: list[str] | None = None) -> int:
             seed=a.seed,
             vocab=a.vocab,
             logprob_tol=a.logprob_tol,
+            concurrency=a.concurrency,
         )
     except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
         print(f"FAIL: request error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps({"ok": report.ok, "cases": report.cases, "failures": report.failures}))
+    gate = report.gate
+    out = {"ok": report.ok, **gate, "cases": report.cases, "failures": report.failures}
+    print(json.dumps(out))
     for f in report.failures:
         print(f"FAIL: {f}", file=sys.stderr)
+    print(f"{'PASS' if report.ok else 'FAIL'}: {gate['excludes']}", file=sys.stderr)
     return 0 if report.ok else 1
 
 

@@ -27,24 +27,29 @@ REPO = Path(__file__).resolve().parents[2]
 )
 def test_fails_on_broken_servers(mode: str, why: str) -> None:
     with fake_server(mode) as url:
-        report = check(url, head=64, suffix=8, max_tokens=4)
+        report = check(url, cases=2, head=64, suffix=8, max_tokens=4)
         assert not report.ok
         assert any(why in f for f in report.failures), report.failures
-        assert main(["--url", url, "--head", "64", "--suffix", "8", "--max-tokens", "4"]) == 1
+        assert (
+            main(
+                ["--url", url, "--cases", "2", "--head", "64", "--suffix", "8", "--max-tokens", "4"]
+            )
+            == 1
+        )
 
 
 def test_passes_on_a_correct_fake() -> None:
     # The fixtures above differ from this one only in the broken behaviour.
     with fake_server("correct") as url:
-        report = check(url, head=64, suffix=8, max_tokens=4)
+        report = check(url, cases=2, head=64, suffix=8, max_tokens=4)
         assert report.ok, report.failures
         assert all(c["warm_cached"] > 0 and c["cold_cached"] == 0 for c in report.cases)
 
 
 def test_fails_when_the_cold_run_was_not_cold() -> None:
     with fake_server("correct") as url:
-        check(url, head=64, suffix=8, max_tokens=4, seed=5)
-        report = check(url, head=64, suffix=8, max_tokens=4, seed=5)
+        check(url, cases=2, head=64, suffix=8, max_tokens=4, seed=5)
+        report = check(url, cases=2, head=64, suffix=8, max_tokens=4, seed=5)
         assert any("was not cold" in f for f in report.failures)
 
 
@@ -93,3 +98,36 @@ def test_compares_token_ids_on_the_real_server(tiny_model: Path) -> None:
     assert _diff("warm", run, changed, 1e-3) == [
         "warm: token ids differ from cold at output position 0"
     ]
+
+
+@pytest.fixture(scope="module")
+def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tt_serve.demo import write_demo_model
+
+    return Path(write_demo_model(tmp_path_factory.mktemp("demo") / "m", seed=0, dtype="float32"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault_every", [0, 128], ids=["clean", "defect-1-in-128"])
+def test_the_default_run_excludes_1_in_128_and_catches_it(
+    demo_dir: Path, fault_every: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default run (384 cases) on the demo model: clean, it states "excludes 1/128 at
+    95%"; with the test hook perturbing one GDN restore in 128 on the warm server, it fails."""
+    from tests.server.conftest import serve
+
+    with serve(demo_dir, prefix_caching=False) as ctl:
+        if fault_every:
+            monkeypatch.setenv("TT_SERVE_FAULT_RESTORE_EVERY", str(fault_every))
+        with serve(demo_dir, max_model_len=1024) as warm:
+            monkeypatch.delenv("TT_SERVE_FAULT_RESTORE_EVERY", raising=False)
+            report = check(warm.url, control_url=ctl.url, concurrency=8)
+    gate = report.gate
+    if not fault_every:
+        assert report.ok, report.failures[:5]
+        assert gate["comparisons"] == gate["clean"] == 384
+        assert gate["excludes"] == "384 clean of 384: excludes 1/128 at 95%"
+    else:
+        assert not report.ok and gate["defects"] >= 1, gate
+        assert all("differ from cold" in f for f in report.failures), report.failures[:5]
+        assert not gate["excludes_target"]

@@ -3,16 +3,24 @@
 The state pools hold one slot more than the engine numbers (``0 .. num_state_slots - 1``): the
 scratch slot ``scratch_slot`` = ``num_state_slots``, where the static-shape path's padding rows
 run; no engine row and no state copy ever names it.
+
+``TT_SERVE_FAULT_RESTORE_EVERY=N`` is a test hook (``bench/prefix_hit_equivalence.py`` must catch
+it): every N-th snapshot restore halves the restored recurrent state, a defect at rate 1/N.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+import os
+from dataclasses import dataclass, field
 
 import torch
 
 from tt_serve.model.interface import CopyKind, StateCopy
 from tt_serve.model.spec import ModelSpec
+
+FAULT_ENV = "TT_SERVE_FAULT_RESTORE_EVERY"
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -29,6 +37,8 @@ class Pools:
     rec: list[torch.Tensor]
     snap_conv: list[torch.Tensor]
     snap_rec: list[torch.Tensor]
+    fault_every: int = 0  # the test hook: every n-th restore is perturbed; 0: none
+    _restores: int = field(default=0, repr=False)
 
     @staticmethod
     def allocate(
@@ -55,6 +65,11 @@ class Pools:
             return torch.zeros(shape, dtype=dt, device=device)
 
         f32 = torch.float32
+        fault_every = int(os.environ.get(FAULT_ENV) or 0)
+        if fault_every:
+            log.warning(
+                "%s=%d: every %d-th GDN restore is perturbed", FAULT_ENV, fault_every, fault_every
+            )
         n_attn, n_gdn = spec.num_attention_layers, spec.num_gdn_layers
         slots = num_state_slots + 1  # + the scratch slot
         return Pools(
@@ -66,6 +81,7 @@ class Pools:
             rec=[zeros(slots, *rec_shape, dt=f32) for _ in range(n_gdn)],
             snap_conv=[zeros(num_snapshot_slots, *conv_shape, dt=f32) for _ in range(n_gdn)],
             snap_rec=[zeros(num_snapshot_slots, *rec_shape, dt=f32) for _ in range(n_gdn)],
+            fault_every=fault_every,
         )
 
     @property
@@ -81,6 +97,10 @@ class Pools:
                 raise ValueError(f"{op}: state slot out of range 0..{num_slots - 1}")
             if op.kind != CopyKind.RESET and not 0 <= op.snapshot < num_snaps:
                 raise ValueError(f"{op}: snapshot slot out of range 0..{num_snaps - 1}")
+            faulty = False
+            if op.kind == CopyKind.RESTORE and self.fault_every:
+                self._restores += 1
+                faulty = self._restores % self.fault_every == 0
             for conv, rec, sconv, srec in zip(
                 self.conv, self.rec, self.snap_conv, self.snap_rec, strict=True
             ):
@@ -90,6 +110,8 @@ class Pools:
                 elif op.kind == CopyKind.RESTORE:
                     conv[op.slot].copy_(sconv[op.snapshot])
                     rec[op.slot].copy_(srec[op.snapshot])
+                    if faulty:
+                        rec[op.slot].mul_(0.5)
                 else:
                     conv[op.slot].zero_()
                     rec[op.slot].zero_()
