@@ -399,7 +399,7 @@ def create_app(
         metrics,
         ServingCompletion(state, metrics),
         chat,
-        ServingResponses(chat, state.store),
+        ServingResponses(chat),
         ServingMessages(chat),
         drain,
     )

@@ -220,7 +220,6 @@ def _reasoning_part(text: str) -> dict[str, Any]:
 @dataclass
 class ServingResponses:
     chat: ServingChat
-    store: ResponseStore
     # Closed-turn prefills in flight, by the stored response they continue.
     _warming: dict[str, asyncio.Event] = field(default_factory=dict)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -228,6 +227,12 @@ class ServingResponses:
     @property
     def state(self) -> Any:
         return self.chat.state
+
+    @property
+    def store(self) -> ResponseStore:
+        """The server's (the loader puts the configured one in place with the engine)."""
+        store: ResponseStore = self.state.store
+        return store
 
     async def create(self, body: ResponsesRequest) -> Response:
         body.refuse_unsupported()

@@ -81,6 +81,9 @@ def make_loader(cfg: ServeConfig, threads: int | None = None) -> Callable[[Serve
         # cores, demo model: 85-115 ms for the full collections during the load).
         gc.collect()
         gc.freeze()
+        # After the engine: its disk tier has checked the folder (a bad one fails the load
+        # with a clear message on /health).
+        state.store = response_store(cfg, state.model_name)
         ae = AsyncEngine(engine, max_waiting=cfg.max_waiting)
         ae.start()
         state.tokenizer = tok
@@ -179,7 +182,7 @@ def _serve(argv: Sequence[str]) -> int:
 
     cfg = dataclasses.replace(cfg, model=model_dir)
     name = cfg.served_model_name or Path(model_dir).name
-    state = ServerState(model_name=name, api_key=api_key, store=response_store(cfg, name))
+    state = ServerState(model_name=name, api_key=api_key)
     drain = Drain()
     app = create_app(state, make_loader(cfg, threads), drain)
     # SIGTERM drains first (drain.py); uvicorn's own 5 s close then only meets idle

@@ -22,7 +22,7 @@ class ServerState:
     max_model_len: int = 0
     load_error: str | None = None
     created: int = field(default_factory=now)
-    # The Responses API's stored responses (run.py sizes it from the config).
+    # The Responses API's stored responses (the loader in run.py puts the configured one).
     store: ResponseStore = field(
         default_factory=lambda: ResponseStore(
             ServeConfig.response_store_entries, ServeConfig.response_store_mb << 20
