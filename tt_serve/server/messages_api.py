@@ -37,7 +37,7 @@ from tt_serve.server.messages_protocol import (
 )
 from tt_serve.server.protocol import APIError, ChatCompletionRequest
 from tt_serve.server.serving import EventStream, Prompts, ServingChat, jobs_for, sse_named
-from tt_serve.server.turn import Closed, Delta, Kind, Opened, Segment, TurnReader
+from tt_serve.server.turn import Closed, Delta, Kind, Opened, Segment, TurnReader, read_whole
 
 _ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 
@@ -180,14 +180,9 @@ class ServingMessages:
         enc = MessageEncoder(self.state.model_name, body.stop_sequences, self.state.tokenizer)
         if body.stream:
             return EventStream(sse_named(self._stream(prompts, enc, outputs)), outputs)
+        reader = TurnReader(prompts.output)
         with outputs:
-            reader = TurnReader(prompts.output)
-            final: RequestOutput | None = None
-            async for out in self.chat._observed(outputs):
-                for seg in reader.read(out):
-                    enc.segment(seg)
-                final = out if out.finished else final
-        assert final is not None
+            final = await read_whole(self.chat._observed(outputs), reader, enc.segment)
         usage = {**self._prompt_usage(final), "output_tokens": len(final.token_ids)}
         return JSONResponse(enc.message(usage, enc.stop_reason(final, reader.called)))
 

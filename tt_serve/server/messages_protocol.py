@@ -16,9 +16,9 @@ import hashlib
 import json
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field
 
-from tt_serve.server.protocol import APIError, _lone_surrogate
+from tt_serve.server.protocol import APIError, StrictBody
 
 # Anthropic's error types by HTTP status (their documented set).
 ERROR_TYPES = {
@@ -51,10 +51,8 @@ def shaped(path: str, status: int, body: dict[str, Any]) -> tuple[int, dict[str,
     return status, error_body(status, str(err.get("message", "error")))
 
 
-class CountTokensRequest(BaseModel):
+class CountTokensRequest(StrictBody):
     """``/v1/messages/count_tokens``: a Messages body without ``max_tokens``."""
-
-    model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str
     messages: list[dict[str, Any]] = Field(min_length=1)
@@ -71,14 +69,6 @@ class CountTokensRequest(BaseModel):
     stream: bool = False
     # Extension (as chat's, vLLM's): generate max_tokens whatever the model writes.
     ignore_eos: bool = False
-
-    @model_validator(mode="before")
-    @classmethod
-    def _valid_unicode(cls, data: Any) -> Any:
-        where = _lone_surrogate(data)
-        if where is not None:
-            raise ValueError(f"{where} holds a lone UTF-16 surrogate (not valid Unicode text)")
-        return data
 
     @property
     def limit(self) -> int | None:

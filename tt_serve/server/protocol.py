@@ -93,10 +93,22 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class SamplingRequest(BaseModel):
-    """Fields shared by completions and chat completions."""
+class StrictBody(BaseModel):
+    """A request body: strictly typed fields, unknown ones ignored, and valid Unicode text."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        where = _lone_surrogate(data)
+        if where is not None:
+            raise ValueError(f"{where} holds a lone UTF-16 surrogate (not valid Unicode text)")
+        return data
+
+
+class SamplingRequest(StrictBody):
+    """Fields shared by completions and chat completions."""
 
     model: str | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
@@ -118,14 +130,6 @@ class SamplingRequest(BaseModel):
     skip_special_tokens: bool = True
     # Extension (as in vLLM): also return the prompt and generated token ids.
     return_token_ids: bool = False
-
-    @model_validator(mode="before")
-    @classmethod
-    def _valid_unicode(cls, data: Any) -> Any:
-        where = _lone_surrogate(data)
-        if where is not None:
-            raise ValueError(f"{where} holds a lone UTF-16 surrogate (not valid Unicode text)")
-        return data
 
     @field_validator("stop")
     @classmethod

@@ -51,7 +51,16 @@ from tt_serve.server.responses_protocol import (
     with_instructions,
 )
 from tt_serve.server.serving import EventStream, Prompts, ServingChat, jobs_for, sse_named
-from tt_serve.server.turn import Closed, Delta, Kind, Opened, Segment, TurnReader, reasoning_tokens
+from tt_serve.server.turn import (
+    Closed,
+    Delta,
+    Kind,
+    Opened,
+    Segment,
+    TurnReader,
+    read_whole,
+    reasoning_tokens,
+)
 
 log = logging.getLogger(__name__)
 
@@ -249,12 +258,7 @@ class ServingResponses:
             return EventStream(sse_named(events), outputs)
         with outputs:
             reader = TurnReader(prompts.output)
-            final: RequestOutput | None = None
-            async for out in self.chat._observed(outputs):
-                for seg in reader.read(out):
-                    enc.segment(seg)
-                final = out if out.finished else final
-        assert final is not None
+            final = await read_whole(self.chat._observed(outputs), reader, enc.segment)
         resp = enc.response(_status(final), self._usage(prompts, final))
         await self._keep(body, plan, prompts, final, resp, enc)
         return JSONResponse(resp)

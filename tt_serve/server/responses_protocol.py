@@ -15,9 +15,9 @@ import base64
 import json
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field
 
-from tt_serve.server.protocol import APIError, _lone_surrogate
+from tt_serve.server.protocol import APIError, StrictBody
 
 # Input content parts that carry text, by the role that sends them.
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text", "summary_text", "reasoning_text"})
@@ -27,9 +27,7 @@ REASONING_BLOB = "tt-serve:reasoning:v1:"
 Namespaces = dict[str, str]  # function name -> the namespace tool that holds it
 
 
-class ResponsesRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
-
+class ResponsesRequest(StrictBody):
     model: str | None = None
     input: str | list[dict[str, Any]] = Field(default_factory=list)
     instructions: str | None = None
@@ -57,14 +55,6 @@ class ResponsesRequest(BaseModel):
     prompt: dict[str, Any] | None = None
     # Extension (as chat's, vLLM's): generate max_output_tokens whatever the model writes.
     ignore_eos: bool = False
-
-    @model_validator(mode="before")
-    @classmethod
-    def _valid_unicode(cls, data: Any) -> Any:
-        where = _lone_surrogate(data)
-        if where is not None:
-            raise ValueError(f"{where} holds a lone UTF-16 surrogate (not valid Unicode text)")
-        return data
 
     def refuse_unsupported(self) -> None:
         if self.background:

@@ -13,6 +13,7 @@ parser's events into that sequence, so the Responses and Messages encoders are s
 from __future__ import annotations
 
 import enum
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from tt_serve.agents.chat_output import ChatEvent, ChatMessage, ChatOutputParser, OutputFormat
@@ -139,6 +140,23 @@ def reasoning_tokens(out: RequestOutput, fmt: OutputFormat, tok: Tokenizer | Non
     if close is not None and close in ids:
         return ids.index(close) + 1
     return len(ids)
+
+
+async def read_whole(
+    outputs: AsyncIterator[RequestOutput],
+    reader: TurnReader,
+    on_segment: Callable[[Segment], object],
+) -> RequestOutput:
+    """Read a non-streamed turn to its end, each segment to ``on_segment`` (an encoder keeps
+    the items); the finished output."""
+    final: RequestOutput | None = None
+    async for out in outputs:
+        for seg in reader.read(out):
+            on_segment(seg)
+        final = out if out.finished else final
+    if final is None:
+        raise RuntimeError("the turn's outputs ended before it finished")
+    return final
 
 
 class TurnReader:
