@@ -387,14 +387,16 @@ def json_stdout(*, to_exit: bool) -> Iterator[None]:
         with contextlib.redirect_stdout(buffer):
             yield
     finally:
-        if to_exit:
-            with os.fdopen(saved, "w") as real:
-                real.write(buffer.getvalue())
-        else:
+        if not to_exit:
             os.dup2(saved, 1)
-            os.close(saved)
-            sys.stdout.write(buffer.getvalue())
-            sys.stdout.flush()
+        data = memoryview(buffer.getvalue().encode())
+        try:
+            while data:
+                data = data[os.write(saved, data) :]
+        except BrokenPipeError:  # `--json | head`: the reader left; the exit status tells
+            if not to_exit:  # Python's own flush of stdout at exit must not fail either
+                os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+        os.close(saved)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -23,7 +23,9 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @contextmanager
-def serve_tiny(model_dir: Path, *, prefix_caching: bool = True) -> Iterator[str]:
+def serve_tiny(
+    model_dir: Path, *, prefix_caching: bool = True, snapshot_slots: int = 16
+) -> Iterator[str]:
     """A real tt-serve app (uvicorn in a thread); yields its base URL once /health is 200."""
     import uvicorn
 
@@ -39,7 +41,7 @@ def serve_tiny(model_dir: Path, *, prefix_caching: bool = True) -> Iterator[str]
             block_size=16,
             prefill_chunk=64,
             kv_blocks=256,
-            snapshot_slots=16,
+            snapshot_slots=snapshot_slots,
             max_batch_size=4,
             max_num_batched_tokens=256,
             max_model_len=1024,
