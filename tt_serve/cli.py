@@ -404,7 +404,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help"):
         print("usage: tt-serve {" + ",".join(COMMANDS) + "} [options]\n")
         for name, (_, help_text) in COMMANDS.items():
-            print(f"  {name:14s}{help_text}")
+            print(f"  {name:16s}{help_text}")
         return 0 if args else 2
     cmd = COMMANDS.get(args[0])
     if cmd is None:

@@ -4,7 +4,7 @@
 #   Boots arm A (tt-serve serve $COMMON_FLAGS $FLAG_A) and arm B ($COMMON_FLAGS $FLAG_B) on free
 #   loopback ports, waits for /health, runs an unrecorded warm-up on each, then ROUNDS rounds in
 #   the order A B, B A, A B, ... Each round runs every phase of PHASES on both arms and appends
-#   one JSON line to $LEDGER_DIR/NAME.jsonl (python -m bench.ledger round). The arms are always
+#   one JSON line to $LEDGER_DIR/NAME.jsonl (python -m bench.load.ledger round). The arms are always
 #   killed on exit (trap), and every wait is bounded.
 #
 # Environment:
@@ -12,7 +12,7 @@
 #                   when present, else python3)
 #   TT_SERVE        server command (default: "$PYTHON -m tt_serve.cli")
 #   COMMON_FLAGS    flags both arms get (e.g. --model DIR --kv-blocks 2048)
-#   PHASES          space-separated NAME=kind:key=value,... (bench/workloads.py)
+#   PHASES          space-separated NAME=kind:key=value,... (bench/load/workloads.py)
 #   ROUNDS          rounds (default 2)
 #   WARMUP          the unrecorded warm-up workload (default: 2 short random prompts)
 #   LEDGER_DIR      where NAME.jsonl goes (default bench/runs)
@@ -91,7 +91,7 @@ ab_run() {
   trap ab_kill_arms EXIT
   trap 'exit 130' INT TERM
   # The sources the arms run are the ones present when they boot: record those.
-  "$PYTHON" -m bench.ledger git >"$out/boot-git.json"
+  "$PYTHON" -m bench.load.ledger git >"$out/boot-git.json"
   port_a="$(ab_free_port)"
   port_b="$(ab_free_port)"
   while [[ "$port_b" == "$port_a" ]]; do port_b="$(ab_free_port)"; done
@@ -104,11 +104,11 @@ ab_run() {
   ab_wait_health "$url_a" "${ARM_PIDS[0]}" "$out/arm-A.log"
   ab_wait_health "$url_b" "${ARM_PIDS[1]}" "$out/arm-B.log"
   echo "arms up: A ($label_a) $url_a, B ($label_b) $url_b"
-  "$PYTHON" -m bench.ledger warmup --url "$url_a" --workload "$WARMUP"
-  "$PYTHON" -m bench.ledger warmup --url "$url_b" --workload "$WARMUP"
+  "$PYTHON" -m bench.load.ledger warmup --url "$url_a" --workload "$WARMUP"
+  "$PYTHON" -m bench.load.ledger warmup --url "$url_b" --workload "$WARMUP"
   for r in $(seq 1 "$ROUNDS"); do
     if ((r % 2)); then order=AB; else order=BA; fi
-    "$PYTHON" -m bench.ledger round --name "$name" --ledger "$ledger" --round "$r" \
+    "$PYTHON" -m bench.load.ledger round --name "$name" --ledger "$ledger" --round "$r" \
       --order "$order" \
       --url-a "$url_a" --flags-a "$COMMON_FLAGS $flag_a" --label-a "$label_a" \
       --pid-a "${ARM_PIDS[0]}" \

@@ -7,7 +7,7 @@
 #   agents    8 agents x 3 turns sharing a 2,048-token head (makespan on/off);
 #   nohead    the same request lengths with no shared head: all-miss (cold-path cost).
 # Override with PHASES, ROUNDS, COMMON_FLAGS (see bench/ab/lib.sh). Summarize with
-#   python -m bench.report bench/runs/prefix-cache.jsonl
+#   python -m bench.cache.report bench/runs/prefix-cache.jsonl
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 COMMON_FLAGS="${COMMON_FLAGS:---kv-blocks 2048 --log-level warning}"

@@ -5,7 +5,7 @@
 # have finished, then the prefix phase runs on what is left). One ledger line per arm in
 # $LEDGER (bench/runs/router.jsonl) and a plot (bench/out/router.png).
 #
-# Phases (bench/workloads.py, sent as text: the router refuses token ids):
+# Phases (bench/load/workloads.py, sent as text: the router refuses token ids):
 #   agents  8 agents x 3 turns sharing a 2,048-token head (seeded)
 #   prefix  shared-prefix: 3 groups x 3 prompts, 1,024-token heads, 3 at a time
 # Override with PHASES, REPLICAS, MODEL (default: a demo model written to bench/out/router).
@@ -50,7 +50,7 @@ stop_arm() {
 }
 trap stop_arm EXIT
 
-# run_arm LABEL POLICY NREPLICAS [router_bench flags...]
+# run_arm LABEL POLICY NREPLICAS [bench.load.router flags...]
 run_arm() {
   local label="$1" policy="$2" n="$3"
   shift 3
@@ -70,7 +70,7 @@ run_arm() {
   [[ -f "$state" ]] || { echo "router.sh: $label did not start" >&2; exit 1; }
   local phase_args=()
   for ph in $PHASES; do phase_args+=(--phase "$ph"); done
-  timeout 900 "$PYTHON" -m bench.router_bench --state "$state" --model "$MODEL" \
+  timeout 900 "$PYTHON" -m bench.load.router --state "$state" --model "$MODEL" \
     --label "$label" --ledger "$LEDGER" "${phase_args[@]}" "$@"
   stop_arm
 }
@@ -79,4 +79,4 @@ run_arm cache_aware cache_aware "$REPLICAS"
 run_arm round_robin round_robin "$REPLICAS"
 run_arm single cache_aware 1 --direct
 run_arm fault cache_aware "$REPLICAS" --fault-after 0.4
-"$PYTHON" -m bench.plot "$LEDGER" --out bench/out/router.png
+"$PYTHON" -m bench.load.plot "$LEDGER" --out bench/out/router.png

@@ -26,7 +26,7 @@ import httpx
 
 from bench.agent_replay.records import TurnRecord
 from bench.agent_replay.workload import Answer, Conversation, rerender
-from bench.load import post
+from bench.load.generator import post
 
 API_ARMS = ("responses", "responses-stateless", "messages")
 

@@ -6,7 +6,7 @@ carries output (content, reasoning, a tool call, or token ids: the role-only ope
 not count); E2EL = sent -> the last such chunk. ``prompt_tokens``, ``cached_tokens`` and
 ``completion_tokens`` come from the usage chunk (``stream_options.include_usage``), and
 llama-server's ``timings.prompt_n`` when it sends it. Every stream is read to its end so the
-connection is reused (bench/load.py says why).
+connection is reused (bench/load/generator.py says why).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from bench.agent_replay.apis import ApiConversation, served_model, stream_api_tu
 from bench.agent_replay.records import TurnRecord
 from bench.agent_replay.workload import Answer, Conversation, TokenCounter, Workload
 from bench.agent_replay.workload import common_prefix as _common
-from bench.load import post
+from bench.load.generator import post
 
 IM_START = "<|im_start|>"
 

@@ -34,9 +34,9 @@ from bench.agent_replay import client as C
 from bench.agent_replay import summary as S
 from bench.agent_replay.apis import API_ARMS
 from bench.agent_replay.workload import MODES, Sizes, Workload, build
+from bench.common.provenance import REPO_ROOT, append_ledger
 from bench.peer.measures import LoadSample, load_between
 from bench.peer.servers import LlamaServerSide, Running, Side, Slots, TtServeSide
-from bench.provenance import REPO_ROOT, append_ledger
 from tt_serve.config.serve_config import RESUME_POINTS, ServeConfig
 
 DEFAULT_LEDGER = "bench/runs/agent-replay.jsonl"

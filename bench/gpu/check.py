@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from bench.provenance import arguments, git_info, machine_info
+from bench.common.provenance import arguments, git_info, machine_info
 from tt_serve.engine.engine import Engine, EngineConfig
 from tt_serve.engine.scheduler import SchedulerConfig
 from tt_serve.model.interface import StepBatch, StepRow

@@ -21,11 +21,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench.common.provenance import REPO_ROOT, append_ledger
+from bench.load.workloads import TOKEN_HI, token_range
 from bench.peer import measures as M
 from bench.peer import summary as S
 from bench.peer.servers import LlamaServerSide, Running, Side, TtServeSide
-from bench.provenance import REPO_ROOT, append_ledger
-from bench.workloads import TOKEN_HI, token_range
 
 DEFAULT_LEDGER = "bench/runs/peer.jsonl"
 DEFAULT_MEASURES = ",".join(m for m in M.MEASURES if m != "long")

@@ -1,8 +1,9 @@
 """The measures, the prompts they send and the foreign-load sample around each.
 
 Every request is a streaming POST /v1/completions with a token-id prompt, ``ignore_eos`` and
-``stream_options.include_usage``, timed by :func:`bench.load._one` (TTFT = sent -> first chunk
-with ``choices``; E2EL = sent -> last such chunk; output tokens from the usage chunk). Prompts
+``stream_options.include_usage``, timed by :func:`bench.load.generator._one` (TTFT = sent ->
+first chunk with ``choices``; E2EL = sent -> last such chunk; output tokens from the usage
+chunk). Prompts
 are drawn from plain-vocabulary ids by a seeded generator keyed by (round seed, tag): both sides
 get the same prompts in a round, and no round reuses another's.
 
@@ -33,10 +34,10 @@ from typing import Any
 
 import httpx
 
-from bench.load import RequestRecord, _one, summarize
+from bench.common.provenance import process_cpu_seconds, steal_seconds
+from bench.load.generator import RequestRecord, _one, summarize
+from bench.load.workloads import prompt_sha256
 from bench.peer.servers import Running, Side, Slots
-from bench.provenance import process_cpu_seconds, steal_seconds
-from bench.workloads import prompt_sha256
 
 SAMPLING = {"temperature": 0.7, "top_p": 0.9, "top_k": 20}
 MEASURES = ("prefix", "prefill", "decode", "c8", "c32", "sampled", "long")

@@ -22,8 +22,8 @@ from typing import IO, Any
 
 import httpx
 
-from bench.load import post
-from bench.provenance import REPO_ROOT
+from bench.common.provenance import REPO_ROOT
+from bench.load.generator import post
 
 CTX_ALIGN = 256
 """llama-server context per slot is rounded up to a multiple of this."""

@@ -51,7 +51,7 @@ done
 request() {
   "$PYTHON" - "$url" "$HEAD" "$SUFFIX" "$MAX_TOKENS" "$VOCAB" "$2" <<'PY'
 import sys, time, random, httpx
-from bench.workloads import token_range
+from bench.load.workloads import token_range
 url, head, suffix, max_tokens, vocab, seed = sys.argv[1], *map(int, sys.argv[2:])
 lo, hi = token_range(vocab)
 h = random.Random("pyspy-head")

@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.ledger import check_line, read_ledger
-from bench.report import markdown, ratios
+from bench.cache.report import markdown, ratios
+from bench.load.ledger import check_line, read_ledger
 from tests.bench.conftest import TINY_VOCAB
 
 pytestmark = pytest.mark.slow

@@ -1,11 +1,12 @@
-"""bench/engine_ab.py end to end on a tiny model: one ledger line per round, warm hits real."""
+"""bench/cache/engine_ab.py end to end on a tiny model: one ledger line per round, warm hits
+real."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from bench import engine_ab
+from bench.cache import engine_ab
 from tests.bench.conftest import TINY_VOCAB
 
 

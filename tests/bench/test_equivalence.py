@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.prefix_hit_equivalence import check, main
+from bench.cache.prefix_hit_equivalence import check, main
 from tests.bench.conftest import TINY_VOCAB, serve_tiny
 from tests.bench.fake_openai import fake_server
 
@@ -62,7 +62,7 @@ def test_passes_on_the_real_server(tiny_model: Path) -> None:
         cmd = [
             sys.executable,
             "-m",
-            "bench.prefix_hit_equivalence",
+            "bench.cache.prefix_hit_equivalence",
             "--cases",
             "96",
             "--url",
@@ -87,7 +87,7 @@ def test_passes_on_the_real_server(tiny_model: Path) -> None:
 def test_compares_token_ids_on_the_real_server(tiny_model: Path) -> None:
     import httpx
 
-    from bench.prefix_hit_equivalence import _diff, complete
+    from bench.cache.prefix_hit_equivalence import _diff, complete
 
     with serve_tiny(tiny_model) as url, httpx.Client(base_url=url, timeout=120) as c:
         run = complete(c, list(range(5, 40)), 4)

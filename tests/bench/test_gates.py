@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from bench import gates
+from bench.common import gates
 
 
 def test_rule_of_three_and_the_default_target() -> None:

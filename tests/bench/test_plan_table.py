@@ -1,12 +1,12 @@
-"""bench/plan_table's cells: both checkers' verdicts side by side, and a disagreement marked
-unless the virtual device accepts the very pool tt-metal ran (its refusal was the plan's DRAM
-margin while sizing the pool, not a rule)."""
+"""bench/capacity/plan_table's cells: both checkers' verdicts side by side, and a disagreement
+marked unless the virtual device accepts the very pool tt-metal ran (its refusal was the plan's
+DRAM margin while sizing the pool, not a rule)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from bench.plan_table import cell, compare, table
+from bench.capacity.plan_table import cell, compare, table
 
 
 def _row(ok: bool, mock_ok: bool | None, **more: Any) -> dict[str, Any]:

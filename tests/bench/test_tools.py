@@ -13,12 +13,12 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.ledger import check_line, differing_flag, flag_settings
-from bench.load import RequestRecord, _one, run_async, summarize
-from bench.plot import plot
-from bench.provenance import counter_deltas, git_info, hit_rate, parse_metrics, source_hash
-from bench.report import ratios
-from bench.workloads import WorkloadSpec, build, prompt_sha256
+from bench.cache.report import ratios
+from bench.common.provenance import counter_deltas, git_info, hit_rate, parse_metrics, source_hash
+from bench.load.generator import RequestRecord, _one, run_async, summarize
+from bench.load.ledger import check_line, differing_flag, flag_settings
+from bench.load.plot import plot
+from bench.load.workloads import WorkloadSpec, build, prompt_sha256
 
 
 def _lens(spec: WorkloadSpec) -> list[list[int]]:
@@ -222,7 +222,7 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
 
 
 def test_step_policy_runs_both_policies_and_writes_a_line(tmp_path: Path) -> None:
-    from bench import step_policy
+    from bench.scheduling import step_policy
     from tests import tiny_models as tm
 
     model = tm.make_dense(tmp_path / "dense", seed=0)
@@ -237,14 +237,14 @@ def test_step_policy_runs_both_policies_and_writes_a_line(tmp_path: Path) -> Non
 
 
 def test_gdn_kernel_bench_writes_both_arms(tmp_path: Path) -> None:
-    from bench import gdn_kernels
+    from bench.kernels import gdn
     from tt_serve.model.ref.gdn import fused_kernels
 
     if fused_kernels() is None:
         pytest.skip("no C compiler")
     ledger = tmp_path / "gdn.jsonl"
     args = ["--shapes", "decode_b1", "span_64", "--calls", "1", "--rounds", "1"]
-    assert gdn_kernels.main([*args, "--ledger", str(ledger)]) == 0
+    assert gdn.main([*args, "--ledger", str(ledger)]) == 0
     (line,) = [json.loads(x) for x in ledger.read_text().splitlines()]
     assert set(line["results_ms"]) == {"decode_b1", "span_64"}
     for r in line["results_ms"].values():
@@ -252,9 +252,9 @@ def test_gdn_kernel_bench_writes_both_arms(tmp_path: Path) -> None:
 
 
 def test_streams_are_read_to_the_end_so_the_connection_is_reused() -> None:
-    """``bench.load._one`` reads past ``[DONE]``: two requests in a row share one connection
-    (a response left unread closes it, and every TTFT would pay a reconnect)."""
-    from bench.warm_path import _answer
+    """``bench.load.generator._one`` reads past ``[DONE]``: two requests in a row share one
+    connection (a response left unread closes it, and every TTFT would pay a reconnect)."""
+    from bench.cache.warm_path import _answer
 
     connections = 0
 
@@ -284,7 +284,7 @@ async def _requests_in_a_row(
 
 @pytest.mark.slow
 def test_warm_path_splits_a_warm_ttft(tiny_model: Path, tmp_path: Path) -> None:
-    from bench import warm_path
+    from bench.cache import warm_path
 
     ledger = tmp_path / "wp.jsonl"
     argv = [
@@ -313,7 +313,7 @@ def test_warm_path_splits_a_warm_ttft(tiny_model: Path, tmp_path: Path) -> None:
 def test_a_request_on_a_dropped_kept_alive_connection_is_sent_once_more() -> None:
     """A server that drops a kept-alive connection as the next request arrives (read, never
     answered): the request goes out once more on a new connection instead of failing."""
-    from bench.warm_path import _answer
+    from bench.cache.warm_path import _answer
 
     connections = 0
 

@@ -1,5 +1,6 @@
-"""bench/tt_ccl.py without a device: the --fake dry run checks every collective's numerics on
-the fake mesh and writes no ledger; a wrong collective fails it; no device exits 2 saying why."""
+"""bench/kernels/tt_ccl.py without a device: the --fake dry run checks every collective's
+numerics on the fake mesh and writes no ledger; a wrong collective fails it; no device exits 2
+saying why."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from bench import tt_ccl
+from bench.kernels import tt_ccl
 from tt_serve.model.tt.ops import Ops
 from tt_serve.model.tt.probe import NoDeviceError
 
@@ -81,7 +82,7 @@ def test_no_device_exits_2_with_one_line(
     ledger = tmp_path / "ccl.jsonl"
     assert tt_ccl.main(["--ledger", str(ledger)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("bench.tt_ccl: ") and needle in err[0]
+    assert len(err) == 1 and err[0].startswith("bench.kernels.tt_ccl: ") and needle in err[0]
     assert not ledger.exists()
 
 
@@ -91,7 +92,7 @@ def test_no_device_exits_2_with_one_line(
 def test_no_ttnn_process_exits_2() -> None:
     """The real path end to end: this Python has no ttnn, so the probe says so."""
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.tt_ccl"],
+        [sys.executable, "-m", "bench.kernels.tt_ccl"],
         capture_output=True,
         text=True,
         timeout=120,

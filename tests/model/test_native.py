@@ -1,6 +1,7 @@
-"""The torch backend's C kernels (``kernels/native.py``, ``kernels/native.c``): the screen
-GEMV equals its torch reference bit for bit, the block layout is what the kernel reads, and a
-machine without a compiler (or with the kernels switched off) gets None and a logged reason,
+"""The torch backend's C kernels (``kernels/native.py``; ``kernels/native.c``,
+``native_layers.c`` and ``native.h``): the screen GEMV equals its torch reference bit for bit,
+the block layout is what the kernel reads, the library is keyed by every source and header, and
+a machine without a compiler (or with the kernels switched off) gets None and a logged reason,
 never an error."""
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def _cpu_has(flag: str) -> bool:
 
 @functools.cache
 def _avx2_kernels() -> native.NativeKernels:
-    """native.c built for AVX2 without AVX512 (x86-64-v3), whatever this CPU's best: the
+    """The kernels built for AVX2 without AVX512 (x86-64-v3), whatever this CPU's best: the
     7-bit path a CPU without VNNI runs, checked on every x86 machine that runs AVX2."""
     cc = native._compiler()
     if platform.machine() != "x86_64" or cc is None or not _cpu_has("avx2"):
@@ -129,6 +130,47 @@ def test_the_library_is_keyed_by_the_cpu(monkeypatch: pytest.MonkeyPatch, tmp_pa
     second = native._build(cc)
     assert first != second and first.exists() and second.exists()
     assert native._build(cc) == second  # and reuses what it built
+
+
+def test_every_kernel_file_is_built_and_keyed() -> None:
+    """Every C source and header beside native.py is in ``SOURCES`` or ``HEADERS``, so none
+    is left out of the build or of the cache key."""
+    here = Path(native.__file__).parent
+    files = {f.name for f in here.iterdir() if f.suffix in (".c", ".h")}
+    assert files == {f.name for f in (*native.SOURCES, *native.HEADERS)}
+    assert all(f.parent == here for f in (*native.SOURCES, *native.HEADERS))
+
+
+def test_an_edit_to_any_source_or_header_rebuilds(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The cache key covers every source and header, and the one compiler call gets every
+    source (a fake compiler writes its arguments where the library goes)."""
+    cc = tmp_path / "cc"
+    cc.write_text(
+        '#!/bin/sh\n[ "$1" = --version ] && echo fake-cc && exit 0\n'
+        'for a; do [ "$prev" = -o ] && out="$a"; prev="$a"; done\necho "$@" > "$out"\n'
+    )
+    cc.chmod(0o755)
+    src = tmp_path / "src"
+    src.mkdir()
+    for f in (*native.SOURCES, *native.HEADERS):
+        (src / f.name).write_bytes(f.read_bytes())
+    monkeypatch.setattr(native, "SOURCES", tuple(src / f.name for f in native.SOURCES))
+    monkeypatch.setattr(native, "HEADERS", tuple(src / f.name for f in native.HEADERS))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    built = [native._build(str(cc))]
+    args = built[0].read_text().split()
+    assert [a for a in args if a.endswith(".c")] == [str(f) for f in native.SOURCES]
+    assert [a for a in args if a.startswith("-") and a != "-o"] == [*native.FLAGS, "-march=native"]
+    for f in (*native.SOURCES, *native.HEADERS):
+        f.write_bytes(f.read_bytes() + b"\n/* edited */\n")
+        built.append(native._build(str(cc)))
+    assert len(set(built)) == len(built) and all(b.exists() for b in built)
+    assert native._build(str(cc)) == built[-1]  # unchanged sources: the same library
+    assert sorted(f.name for f in (tmp_path / "cache").rglob("*") if f.is_file()) == sorted(
+        b.name for b in built
+    )  # no temporary left behind
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -1,7 +1,7 @@
-"""The fused GDN layer (``tt_gdn`` in kernels/native.c, ``gdn.fused_core``) against the torch
-kernels of gdn.py (which test_gdn_kernels checks against HF's): outputs and states to rounding
-order, the conv history bit for bit, the same bits whatever the cut of a prompt into chunks
-(what warm == cold rests on), and a step whose rows point outside the state pools writes
+"""The fused GDN layer (``tt_gdn`` in kernels/native_layers.c, ``gdn.fused_core``) against the
+torch kernels of gdn.py (which test_gdn_kernels checks against HF's): outputs and states to
+rounding order, the conv history bit for bit, the same bits whatever the cut of a prompt into
+chunks (what warm == cold rests on), and a step whose rows point outside the state pools writes
 nothing."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Tensor parallel on a real MeshDevice (1 x 2, 1 x 4, 1 x 8 and the 2-D 2 x 4 of a T3K; each
 skips, with the reason printed, where ttnn sees fewer chips): greedy tokens against the torch backend's, a prefix hit
 restoring every chip's snapshot shard, and the collectives' bandwidth and numerics through
-``bench/tt_ccl.py``. ``tests/tt/runtime/test_tp_backend.py`` runs the same programs on the
+``bench/kernels/tt_ccl.py``. ``tests/tt/runtime/test_tp_backend.py`` runs the same programs on the
 fake mesh in ``make test``.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench import tt_ccl
+from bench.kernels import tt_ccl
 from tests.tt import harness as h
 from tt_serve.model.interface import StateCopy, StepBatch, StepRow
 from tt_serve.model.spec import ModelSpec
@@ -197,7 +197,7 @@ def test_tp_snapshot_restore_on_every_chip(
 
 @pytest.mark.parametrize("tt_mesh_ops", DEGREES, indirect=True)
 def test_ccl_bandwidth_and_numerics(tt_mesh_ops: Any) -> None:
-    """bench/tt_ccl.py's measurement at a decode-sized message ([1, 1, 32, H], H of
+    """bench/kernels/tt_ccl.py's measurement at a decode-sized message ([1, 1, 32, H], H of
     Qwen3.5-9B): every collective, eager and traced, equals numpy exactly (integer inputs a
     bf16 sum keeps exact) and achieves a positive bandwidth."""
     n = tt_mesh_ops.num_chips

@@ -1,8 +1,9 @@
-"""Every ttnn function, keyword and attribute ``tt_serve/model/tt/ops.py`` uses, read with ast.
+"""Every ttnn function, keyword and attribute ``tt_serve/model/tt/ops/`` uses, read with ast.
 
-ops.py reaches ttnn only as ``self.ttnn.<path>``: calls are collected with their positional
-count and keyword names, other uses as attribute paths. Both tiers use this list: the contract
-tier checks the fake implements it, the host tier checks it against the real wheel.
+The ops modules reach ttnn only as ``self.ttnn.<path>``: calls are collected with their
+positional count and keyword names (and where they are: ``file:line``), other uses as attribute
+paths. Both tiers use this list: the contract tier checks the fake implements it, the host tier
+checks it against the real wheel.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
-OPS_FILE = Path(__file__).resolve().parents[2] / "tt_serve" / "model" / "tt" / "ops.py"
+OPS_DIR = Path(__file__).resolve().parents[2] / "tt_serve" / "model" / "tt" / "ops"
 
 
 @dataclass(frozen=True)
@@ -19,7 +20,7 @@ class Call:
     path: str
     positional: int
     keywords: tuple[str, ...]
-    line: int
+    where: str  # "ops/<module>.py:<line>"
 
 
 def _ttnn_path(node: ast.expr) -> str | None:
@@ -38,19 +39,22 @@ def _ttnn_path(node: ast.expr) -> str | None:
     return None
 
 
-def extract(source: Path = OPS_FILE) -> tuple[list[Call], list[str]]:
-    tree = ast.parse(source.read_text())
+def extract(source: Path = OPS_DIR) -> tuple[list[Call], list[str]]:
+    trees = [
+        (f"{source.name}/{f.name}", ast.parse(f.read_text())) for f in sorted(source.glob("*.py"))
+    ]
     calls: list[Call] = []
     called: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call):
-            path = _ttnn_path(node.func)
-            if path is not None:
-                kws = tuple(k.arg for k in node.keywords if k.arg is not None)
-                calls.append(Call(path, len(node.args), kws, node.lineno))
-                called.add(id(node.func))
+    for name, tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                path = _ttnn_path(node.func)
+                if path is not None:
+                    kws = tuple(k.arg for k in node.keywords if k.arg is not None)
+                    calls.append(Call(path, len(node.args), kws, f"{name}:{node.lineno}"))
+                    called.add(id(node.func))
     attrs: set[str] = set()
-    for node in ast.walk(tree):
+    for node in (n for _, tree in trees for n in ast.walk(tree)):
         if isinstance(node, ast.Attribute) and id(node) not in called:
             path = _ttnn_path(node)
             if path is not None and not any(p.startswith(path + ".") for p in attrs):

@@ -1,6 +1,6 @@
 """Run by the ttnn venv (Python 3.12, numpy only): check calls against the real signatures.
 
-stdin: JSON {"calls": [[path, positional, [keywords], line]...], "attrs": [path...]};
+stdin: JSON {"calls": [[path, positional, [keywords], where]...], "attrs": [path...]};
 stdout: a line "TTNN_PROBE_RESULT " + JSON {"checked": n, "problems": [...]}.
 """
 
@@ -82,11 +82,11 @@ def main():
             checked += 1
         except AttributeError as exc:
             problems.append(f"ttnn.{path}: missing attribute ({exc})")
-    for path, npos, kws, line in req["calls"]:
+    for path, npos, kws, where in req["calls"]:
         try:
             obj = resolve(path)
         except AttributeError:
-            problems.append(f"ops.py:{line} ttnn.{path}: no such function")
+            problems.append(f"{where} ttnn.{path}: no such function")
             continue
         fits = False
         for pos, names, star in overloads(obj):
@@ -99,7 +99,7 @@ def main():
         checked += 1
         if not fits:
             problems.append(
-                f"ops.py:{line} ttnn.{path}({npos} positional, {kws}): no overload accepts it"
+                f"{where} ttnn.{path}({npos} positional, {kws}): no overload accepts it"
             )
     print("TTNN_PROBE_RESULT " + json.dumps({"checked": checked, "problems": problems}))
 

@@ -75,7 +75,7 @@ def test_every_ttnn_call_in_ops_matches_the_real_signature(
     calls, attrs = extract()
     assert len(calls) > 30 and "transformer.chunk_gated_delta_rule" in {c.path for c in calls}
     req = {
-        "calls": [[c.path, c.positional, list(c.keywords), c.line] for c in calls],
+        "calls": [[c.path, c.positional, list(c.keywords), c.where] for c in calls],
         "attrs": attrs,
     }
     out = _run(ttnn_python, "probe_signatures.py", json.dumps(req), tmp_path, mock=False)

@@ -25,9 +25,9 @@ from tt_serve.model.tt.ops import Ops
 from tt_serve.model.tt.options import TTOptions
 from tt_serve.model.tt.plan import planner
 from tt_serve.model.tt.runtime import moe
-from tt_serve.model.tt.virtual import rules
+from tt_serve.model.tt.virtual import rules_matmul, rules_movement
 from tt_serve.model.tt.virtual.device import VirtualTTNN
-from tt_serve.model.tt.virtual.rules import DeviceLimitError, TensorInfo
+from tt_serve.model.tt.virtual.rules_base import DeviceLimitError, TensorInfo
 from tt_serve.model.tt.virtual.tensors import ContractViolation
 
 H, INTER, TOKENS, TOP_K = 64, 32, 5, 2
@@ -143,14 +143,14 @@ def _t(*shape: int, dtype: str = "bfloat16") -> TensorInfo:
 
 def test_matmul_batch_rules() -> None:
     # B batch 1: broadcast over A's batches (the stacked experts' gate/up), output A's batch
-    assert rules.matmul(_t(1, 256, 512, 2048, dtype="bfloat4_b"), _t(1, 1, 2048, 32)) == (
+    assert rules_matmul.matmul(_t(1, 256, 512, 2048, dtype="bfloat4_b"), _t(1, 1, 2048, 32)) == (
         1,
         256,
         512,
         32,
     )
-    assert rules.matmul(_t(1, 32, 2048), _t(2048, 512)) == (1, 32, 512)  # x @ W
-    assert rules.matmul(_t(2, 3, 32, 64), _t(2, 3, 64, 32)) == (2, 3, 32, 32)
+    assert rules_matmul.matmul(_t(1, 32, 2048), _t(2048, 512)) == (1, 32, 512)  # x @ W
+    assert rules_matmul.matmul(_t(2, 3, 32, 64), _t(2, 3, 64, 32)) == (2, 3, 32, 32)
     for a, b, rule in (
         (_t(1, 1, 32, 2048), _t(1, 256, 2048, 512), "matmul.batch"),  # A reuse: not modelled
         (_t(2, 32, 64), _t(1, 2, 64, 32), "matmul.batch"),  # ranks differ
@@ -159,7 +159,7 @@ def test_matmul_batch_rules() -> None:
         (_t(32, 64), _t(64, 32, dtype="int32"), "matmul.dtype"),
     ):
         with pytest.raises(DeviceLimitError) as info:
-            rules.matmul(a, b)
+            rules_matmul.matmul(a, b)
         assert info.value.rule == rule, (a, b)
     ops, _ = _ops()
     w = ops.upload(np.zeros((1, 4, 32, 64), np.float32), "bfloat4_b", TILE)
@@ -172,10 +172,10 @@ def test_matmul_batch_rules() -> None:
 
 
 def test_permute_rules() -> None:
-    assert rules.permute(_t(1, 1, 16, 256), [0, 3, 1, 2]) == (1, 256, 1, 16)
+    assert rules_movement.permute(_t(1, 1, 16, 256), [0, 3, 1, 2]) == (1, 256, 1, 16)
     for dims, rule in (([0, 2, 1], "permute.rank"), ([0, 1, 1, 2], "permute.dims")):
         with pytest.raises(DeviceLimitError) as info:
-            rules.permute(_t(1, 1, 16, 256), dims)
+            rules_movement.permute(_t(1, 1, 16, 256), dims)
         assert info.value.rule == rule
 
 

@@ -22,9 +22,10 @@ from tt_serve.model.tt.layout.transforms import sparse_experts
 from tt_serve.model.tt.ops import Ops
 from tt_serve.model.tt.precision import Precision
 from tt_serve.model.tt.runtime import moe
-from tt_serve.model.tt.virtual import rules
+from tt_serve.model.tt.virtual import rules_moe
 from tt_serve.model.tt.virtual.device import P150, WORMHOLE, VirtualTTNN
-from tt_serve.model.tt.virtual.rules import DeviceLimitError, Matmul1DConfig, TensorInfo
+from tt_serve.model.tt.virtual.rules_base import DeviceLimitError, TensorInfo
+from tt_serve.model.tt.virtual.rules_moe import Matmul1DConfig
 from tt_serve.model.tt.virtual.tensors import ContractViolation
 
 EXPERTS = 8
@@ -97,11 +98,11 @@ def _t(*shape: int, dtype: str = "bfloat16", layout: str = "tile") -> TensorInfo
 CFG = Matmul1DConfig((8, 1), 2, 1, 1, 1, 1, 1, 1, False, True)
 
 
-def _call(a: TensorInfo, b: TensorInfo, s: TensorInfo, **kw: object) -> rules.SparseMatmulPlan:
+def _call(a: TensorInfo, b: TensorInfo, s: TensorInfo, **kw: object) -> rules_moe.SparseMatmulPlan:
     args: dict = {"nnz": None, "is_input_a_sparse": False, "is_input_b_sparse": True}
     config = kw.pop("config", CFG)
     args.update(kw)
-    return rules.sparse_matmul(P150, a, b, s, config, **args)  # type: ignore[arg-type]
+    return rules_moe.sparse_matmul(P150, a, b, s, config, **args)  # type: ignore[arg-type]
 
 
 def test_sparse_matmul_modes() -> None:

@@ -1,5 +1,6 @@
-"""The device rules of ``tt_serve/model/tt/virtual/rules.py`` at Qwen3.5-9B dims, on a Wormhole N150 chip
-(8x8 = 64 workers, 12 GiB) and a Blackhole P150 (11x10 = 110 workers, 8 x 4 GiB - 16 MiB banks).
+"""The device rules of ``tt_serve/model/tt/virtual/rules_*.py`` at Qwen3.5-9B dims, on a Wormhole
+N150 chip (8x8 = 64 workers, 12 GiB) and a Blackhole P150 (11x10 = 110 workers, 8 x 4 GiB - 16
+MiB banks).
 
 Every rule trips with the shapes ``design/reviews/ttnn-backend.md`` names and passes just inside
 its limit. Op rules run through the backend's own ``Ops`` wrappers on the contract fake where the
@@ -20,9 +21,15 @@ from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.boards import ChipSpec
 from tt_serve.model.tt.layout import ROW_MAJOR
 from tt_serve.model.tt.ops import Ops
-from tt_serve.model.tt.virtual import dram, rules
+from tt_serve.model.tt.virtual import (
+    dram,
+    rules_attention,
+    rules_eltwise,
+    rules_gdn,
+    rules_movement,
+)
 from tt_serve.model.tt.virtual.device import P150, WORMHOLE, VirtualTTNN
-from tt_serve.model.tt.virtual.rules import DeviceLimitError, Shard, TensorInfo
+from tt_serve.model.tt.virtual.rules_base import DeviceLimitError, Shard, TensorInfo
 from tt_serve.model.tt.virtual.tensors import ContractViolation
 from tt_serve.model.weights import load_weights
 
@@ -86,7 +93,7 @@ def test_decode_gdn_recurrence_fits_at_cores_over_value_heads(chip: ChipSpec) ->
 
 def _chunk_gdn(chip: ChipSpec, b: int, t: int, chunk: int = 32, dk: int = GDN_DIM) -> None:
     kd = K_HEADS * dk
-    rules.chunk_gated_delta_rule(
+    rules_gdn.chunk_gated_delta_rule(
         chip,
         [T((b, t, kd)), T((b, t, kd)), T((b, t, V_HEADS * GDN_DIM))],
         T((b, t, V_HEADS), "float32"),
@@ -130,14 +137,14 @@ def test_fill_cache_of_a_state_row_has_no_work_block_limit(chip: ChipSpec, heads
 
 def test_fill_cache_device_op_rules() -> None:
     pool, row = T((3, V_HEADS, 128, 128), "float32"), T((1, V_HEADS, 128, 128), "float32")
-    rules.fill_cache(pool, row, 2)
-    _trips("fill_cache.dtype", lambda: rules.fill_cache(pool, T(row.shape), 2))
-    _trips("fill_cache.row", lambda: rules.fill_cache(pool, row, 3))
-    _trips("fill_cache.row", lambda: rules.fill_cache(pool, row, 0, update_idx=16))
+    rules_movement.fill_cache(pool, row, 2)
+    _trips("fill_cache.dtype", lambda: rules_movement.fill_cache(pool, T(row.shape), 2))
+    _trips("fill_cache.row", lambda: rules_movement.fill_cache(pool, row, 3))
+    _trips("fill_cache.row", lambda: rules_movement.fill_cache(pool, row, 0, update_idx=16))
     two = T((2, V_HEADS, 128, 128), "float32")
-    _trips("fill_cache.shape", lambda: rules.fill_cache(pool, two, 0))
+    _trips("fill_cache.shape", lambda: rules_movement.fill_cache(pool, two, 0))
     rm = TensorInfo(row.shape, "float32", "row_major")
-    _trips("fill_cache.layout", lambda: rules.fill_cache(pool, rm, 0))
+    _trips("fill_cache.layout", lambda: rules_movement.fill_cache(pool, rm, 0))
 
 
 # ---- paged KV ------------------------------------------------------------------------------------
@@ -172,7 +179,7 @@ def test_paged_update_cache_device_op_rules() -> None:
 
     def call(**kw: TensorInfo) -> None:
         args = {"cache": cache, "x": x, "update_idxs": pos, "page_table": table, **kw}
-        rules.paged_update_cache(P150, **args)
+        rules_attention.paged_update_cache(P150, **args)
 
     def sharded(s: Shard | None, dtype: str = "bfloat16") -> TensorInfo:
         return TensorInfo(x.shape, dtype, "tile", "l1" if s else "dram", s)
@@ -220,16 +227,22 @@ def test_paged_fill_cache_device_op_rules() -> None:
     t = 2048
     cache, x = T((64, KV_HEADS, BLOCK, HEAD_DIM)), T((1, KV_HEADS, t, HEAD_DIM))
     table = T((1, t // BLOCK), "int32", "row_major")
-    rules.paged_fill_cache(cache, x, table, 0)
+    rules_attention.paged_fill_cache(cache, x, table, 0)
     narrow = T((1, t // BLOCK - 1), "int32", "row_major")
-    _trips("paged_fill_cache.seq_len", lambda: rules.paged_fill_cache(cache, x, narrow, 0))
+    _trips(
+        "paged_fill_cache.seq_len", lambda: rules_attention.paged_fill_cache(cache, x, narrow, 0)
+    )
     f32 = T(x.shape, "float32")
-    _trips("paged_fill_cache.dtype", lambda: rules.paged_fill_cache(cache, f32, table, 0))
+    _trips("paged_fill_cache.dtype", lambda: rules_attention.paged_fill_cache(cache, f32, table, 0))
     u32 = T(table.shape, "uint32", "row_major")
-    _trips("paged_fill_cache.page_table", lambda: rules.paged_fill_cache(cache, x, u32, 0))
-    _trips("paged_fill_cache.page_table", lambda: rules.paged_fill_cache(cache, x, table, 1))
+    _trips(
+        "paged_fill_cache.page_table", lambda: rules_attention.paged_fill_cache(cache, x, u32, 0)
+    )
+    _trips(
+        "paged_fill_cache.page_table", lambda: rules_attention.paged_fill_cache(cache, x, table, 1)
+    )
     l1 = TensorInfo(x.shape, "bfloat16", "tile", "l1", Shard(32, (256, 256)))
-    _trips("paged_fill_cache.memory", lambda: rules.paged_fill_cache(cache, l1, table, 0))
+    _trips("paged_fill_cache.memory", lambda: rules_attention.paged_fill_cache(cache, l1, table, 0))
 
 
 def test_paged_fill_cache_through_the_backend_wrapper() -> None:
@@ -304,9 +317,9 @@ def test_sdpa_decode_operand_rules() -> None:
     q, kv = T((1, b, Q_HEADS, HEAD_DIM)), T((8, KV_HEADS, BLOCK, HEAD_DIM))
     table, pos = T((b, 4), "int32", "row_major"), T((b,), "int32", "row_major")
 
-    def call(**kw: TensorInfo) -> rules.SdpaDecodePlan:
+    def call(**kw: TensorInfo) -> rules_attention.SdpaDecodePlan:
         args = {"q": q, "k": kv, "v": kv, "page_table": table, "cur_pos": pos, **kw}
-        return rules.paged_sdpa_decode(WORMHOLE, config=None, **args)
+        return rules_attention.paged_sdpa_decode(WORMHOLE, config=None, **args)
 
     call()
     _trips("paged_sdpa_decode.dtype", lambda: call(q=T(q.shape, "float32")))
@@ -369,35 +382,35 @@ def test_chunked_sdpa_rules(chip: ChipSpec) -> None:
     )
     q, kv = T((1, Q_HEADS, 2048, HEAD_DIM)), T((64, KV_HEADS, BLOCK, HEAD_DIM))
     table, start = T((1, 32), "int32", "row_major"), T((1,), "int32", "row_major")
-    cfg = rules.SdpaConfig((chip.grid_x, chip.grid_y), 64, 64)
-    rules.chunked_sdpa(q, kv, kv, table, start, cfg)
+    cfg = rules_attention.SdpaConfig((chip.grid_x, chip.grid_y), 64, 64)
+    rules_attention.chunked_sdpa(q, kv, kv, table, start, cfg)
     short = T((1, 24), "int32", "row_major")  # 24 * 64 = 1536 < 2048 tokens
     _trips(
         "chunked_scaled_dot_product_attention.kv_length",
-        lambda: rules.chunked_sdpa(q, kv, kv, short, start, cfg),
+        lambda: rules_attention.chunked_sdpa(q, kv, kv, short, start, cfg),
     )
     # sdpa_program_factory.cpp:165: a page-table row is whole 32-byte sticks (found by tt-metal
     # on a mock box, tests/tt/mock/test_engine.py: a 12-block pool gave 12-entry rows)
     odd_row = T((1, 36), "int32", "row_major")  # 36 * 4 = 144 B
     msg = _trips(
         "chunked_scaled_dot_product_attention.page_table",
-        lambda: rules.chunked_sdpa(q, kv, kv, odd_row, start, cfg),
+        lambda: rules_attention.chunked_sdpa(q, kv, kv, odd_row, start, cfg),
     )
     assert "page table stick size must be a multiple of 32" in msg
     u32 = T((1,), "uint32", "row_major")
     _trips(
         "chunked_scaled_dot_product_attention.chunk_start",
-        lambda: rules.chunked_sdpa(q, kv, kv, table, u32, cfg),
+        lambda: rules_attention.chunked_sdpa(q, kv, kv, table, u32, cfg),
     )
-    odd = rules.SdpaConfig((8, 8), 48, 64)
+    odd = rules_attention.SdpaConfig((8, 8), 48, 64)
     _trips(
         "chunked_scaled_dot_product_attention.chunk",
-        lambda: rules.chunked_sdpa(q, kv, kv, table, start, odd),
+        lambda: rules_attention.chunked_sdpa(q, kv, kv, table, start, odd),
     )
     sharded = TensorInfo(q.shape, "bfloat16", "tile", "l1", Shard(16, (2048, 256)))
     _trips(
         "chunked_scaled_dot_product_attention.layout",
-        lambda: rules.chunked_sdpa(sharded, kv, kv, table, start, cfg),
+        lambda: rules_attention.chunked_sdpa(sharded, kv, kv, table, start, cfg),
     )
 
 
@@ -406,12 +419,14 @@ def test_topk_height_rule_reads_the_padded_shape() -> None:
     """topk's "N*C*H must be a multiple of 32" is checked on the padded 4-D shape, so the MoE
     decode routing [1, 16, E] (16 rows, tile-padded to 32) passes; the op's other rules trip."""
     routing = T((1, 16, 256), "float32")
-    rules.topk(routing, 8, -1)
+    rules_eltwise.topk(routing, 8, -1)
     assert routing.padded_shape[-2] == 32
-    _trips("topk.layout", lambda: rules.topk(T(routing.shape, "float32", "row_major"), 8, -1))
-    _trips("topk.dtype", lambda: rules.topk(T(routing.shape, "uint32"), 8, -1))
-    _trips("topk.k", lambda: rules.topk(routing, 0, -1))
-    _trips("topk.dim", lambda: rules.topk(routing, 8, 1))
+    _trips(
+        "topk.layout", lambda: rules_eltwise.topk(T(routing.shape, "float32", "row_major"), 8, -1)
+    )
+    _trips("topk.dtype", lambda: rules_eltwise.topk(T(routing.shape, "uint32"), 8, -1))
+    _trips("topk.k", lambda: rules_eltwise.topk(routing, 0, -1))
+    _trips("topk.dim", lambda: rules_eltwise.topk(routing, 8, 1))
 
 
 def test_topk_index_dtype_labels_and_limits() -> None:
@@ -420,27 +435,31 @@ def test_topk_index_dtype_labels_and_limits() -> None:
     match the input, be 32-bit where 32-bit indices are required and exclude ``stable``; k is
     bounded by the row width and, on one core, by L1."""
     chunk = T((1, 32, 31040), "bfloat16")
-    assert rules.topk(chunk, 32, -1) == "uint16"
-    assert rules.topk(T((1, 32, 248320), "bfloat16"), 32, -1) == "uint32"
+    assert rules_eltwise.topk(chunk, 32, -1) == "uint16"
+    assert rules_eltwise.topk(T((1, 32, 248320), "bfloat16"), 32, -1) == "uint32"
     f32 = T((1, 32, 256), "float32")
-    assert rules.topk(f32, 32, -1) == "uint32"
+    assert rules_eltwise.topk(f32, 32, -1) == "uint32"
     labels = T((1, 32, 256), "uint32")
-    assert rules.topk(f32, 32, -1, indices=labels) == "uint32"
-    _trips("topk.indices", lambda: rules.topk(f32, 32, -1, indices=T((1, 32, 256), "uint16")))
-    _trips("topk.indices", lambda: rules.topk(f32, 32, -1, indices=T((1, 32, 128), "uint32")))
-    _trips("topk.stable", lambda: rules.topk(f32, 32, -1, indices=labels, stable=True))
-    _trips("topk.k", lambda: rules.topk(T((1, 32, 16), "float32"), 32, -1))
-    rules.topk(f32, 32, -1, l1_bytes=WORMHOLE.l1_bytes)
+    assert rules_eltwise.topk(f32, 32, -1, indices=labels) == "uint32"
+    _trips(
+        "topk.indices", lambda: rules_eltwise.topk(f32, 32, -1, indices=T((1, 32, 256), "uint16"))
+    )
+    _trips(
+        "topk.indices", lambda: rules_eltwise.topk(f32, 32, -1, indices=T((1, 32, 128), "uint32"))
+    )
+    _trips("topk.stable", lambda: rules_eltwise.topk(f32, 32, -1, indices=labels, stable=True))
+    _trips("topk.k", lambda: rules_eltwise.topk(T((1, 32, 16), "float32"), 32, -1))
+    rules_eltwise.topk(f32, 32, -1, l1_bytes=WORMHOLE.l1_bytes)
     wide = T((1, 32, 1 << 16), "float32")
-    _trips("topk.l1", lambda: rules.topk(wide, 8192, -1, l1_bytes=WORMHOLE.l1_bytes))
+    _trips("topk.l1", lambda: rules_eltwise.topk(wide, 8192, -1, l1_bytes=WORMHOLE.l1_bytes))
 
 
 def test_binary_broadcast_rule() -> None:
     """binary_ng: right-aligned dims equal or 1 (the sampler's column x row compare matrices
     [R, 32, 1] vs [R, 1, 32] broadcast both ways); anything else is refused."""
-    assert rules.binary((32, 32, 1), (32, 1, 32)) == (32, 32, 32)
-    assert rules.binary((1, 32, 32), (1, 32, 1)) == (1, 32, 32)
-    _trips("binary.broadcast", lambda: rules.binary((1, 32, 32), (1, 16, 32)))
+    assert rules_eltwise.binary((32, 32, 1), (32, 1, 32)) == (32, 32, 32)
+    assert rules_eltwise.binary((1, 32, 32), (1, 32, 1)) == (1, 32, 32)
+    _trips("binary.broadcast", lambda: rules_eltwise.binary((1, 32, 32), (1, 16, 32)))
     ops = Ops(VirtualTTNN())
     ops.open_device(0, trace_region_size=0, l1_small_size=0)
     a, b = ops.zeros([1, 32, 32], "float32"), ops.zeros([1, 16, 32], "float32")
@@ -450,12 +469,12 @@ def test_binary_broadcast_rule() -> None:
 def test_argmax_paths() -> None:
     """Greedy ids over the 9B vocab: multi-core on ROW_MAJOR input, single-core on TILE."""
     logits = (1, 16, VOCAB)
-    assert rules.argmax(T(logits, "float32", "row_major"), -1) == "multi_core"
-    assert rules.argmax(T(logits, "float32"), -1) == "single_core"
+    assert rules_eltwise.argmax(T(logits, "float32", "row_major"), -1) == "multi_core"
+    assert rules_eltwise.argmax(T(logits, "float32"), -1) == "single_core"
     sharded = TensorInfo(logits, "float32", "row_major", "l1", Shard(16, (1, VOCAB)))
-    _trips("argmax.memory", lambda: rules.argmax(sharded, -1))
-    _trips("argmax.layout", lambda: rules.argmax(T(logits, "float32"), None))
-    _trips("argmax.dtype", lambda: rules.argmax(T(logits, "int32"), -1))
+    _trips("argmax.memory", lambda: rules_eltwise.argmax(sharded, -1))
+    _trips("argmax.layout", lambda: rules_eltwise.argmax(T(logits, "float32"), None))
+    _trips("argmax.dtype", lambda: rules_eltwise.argmax(T(logits, "int32"), -1))
     ops = _ops(P150)
     ids = ops.argmax(ops.zeros([1, 16, 1024], "float32"))
     assert ops.ttnn.argmax_paths == ["multi_core"]

@@ -1,13 +1,15 @@
-"""The torch backend's C kernels (``native.c``), compiled at first use and called via ctypes.
+"""The torch backend's C kernels (``native.c``, ``native_layers.c`` and their shared
+``native.h``), compiled at first use into one library and called via ctypes.
 
-``kernels()`` compiles ``native.c`` with the machine's C compiler (``$CC``, else ``cc`` or
+``kernels()`` compiles ``SOURCES`` with the machine's C compiler (``$CC``, else ``cc`` or
 ``gcc``: ``-O3 -march=native -fopenmp``) into the user cache
-(``$XDG_CACHE_HOME``/tt-serve/native/, keyed by the source, the compiler's version, the flags
-and the CPU's feature flags, so a copied cache never runs on a CPU it was not built for), loads
-it, checks it against a reference on a small input, and returns None, logging why once, when
-any of that fails: no compiler (a NixOS unit without one in its PATH), a read-only cache, a
-failed self-check, or ``TT_SERVE_NATIVE=0``. Callers keep their torch path for that case, so
-the kernels are a speed-up, never a requirement. Compiling takes about half a second.
+(``$XDG_CACHE_HOME``/tt-serve/native/, keyed by every source and header, the compiler's
+version, the flags and the CPU's feature flags, so a copied cache never runs on a CPU it was
+not built for), loads it, checks it against a reference on a small input, and returns None,
+logging why once, when any of that fails: no compiler (a NixOS unit without one in its PATH),
+a read-only cache, a failed self-check, or ``TT_SERVE_NATIVE=0``. Callers keep their torch
+path for that case, so the kernels are a speed-up, never a requirement. Compiling takes about
+half a second.
 
 torch is imported before the library is loaded: the library's OpenMP then binds to the runtime
 torch already carries (one thread pool).
@@ -35,7 +37,11 @@ log = logging.getLogger(__name__)
 
 ABI = 6  # native.c's tt_native_abi()
 FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c11")  # and -march (``_build``)
-SOURCE = Path(__file__).with_name("native.c")
+_DIR = Path(__file__).parent
+# What the library is compiled from (one compiler call, one .so), and the headers they include:
+# the cache key covers every one of them, so an edit to any rebuilds.
+SOURCES = (_DIR / "native.c", _DIR / "native_layers.c")
+HEADERS = (_DIR / "native.h",)
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
 
@@ -53,23 +59,23 @@ def _cpu_flags() -> str:
 
 
 def _build(cc: str, march: str = "native") -> Path:
-    """The compiled library for this source, compiler, flags and CPU (compiling it if needed),
-    for ``-march=<march>`` (tests build other instruction sets than the machine's best);
-    raises OSError or subprocess.CalledProcessError."""
+    """The compiled library for these sources and headers, compiler, flags and CPU (compiling
+    it if needed), for ``-march=<march>`` (tests build other instruction sets than the
+    machine's best); raises OSError or subprocess.CalledProcessError."""
     flags = (*FLAGS, f"-march={march}")
-    source = SOURCE.read_bytes()
+    files = [f.name.encode() + b"\0" + f.read_bytes() for f in (*SOURCES, *HEADERS)]
     version = subprocess.run([cc, "--version"], capture_output=True, check=True, timeout=60).stdout
-    key = hashlib.sha256(
-        b"\0".join(
-            [
-                source,
-                version,
-                " ".join(flags).encode(),
-                _cpu_flags().encode(),
-                platform.machine().encode(),
-            ]
-        )
-    ).hexdigest()[:20]
+    parts = [
+        *files,
+        version,
+        " ".join(flags).encode(),
+        _cpu_flags().encode(),
+        platform.machine().encode(),
+    ]
+    digest = hashlib.sha256()
+    for part in parts:  # each length-prefixed: no two lists of parts hash alike
+        digest.update(len(part).to_bytes(8, "little") + part)
+    key = digest.hexdigest()[:20]
     out = user_cache_dir() / "native" / f"tt_serve_native-{key}.so"
     if out.exists():
         return out
@@ -78,7 +84,10 @@ def _build(cc: str, march: str = "native") -> Path:
     os.close(fd)
     try:
         subprocess.run(
-            [cc, *flags, str(SOURCE), "-o", tmp], capture_output=True, check=True, timeout=300
+            [cc, *flags, *map(str, SOURCES), "-o", tmp],
+            capture_output=True,
+            check=True,
+            timeout=300,
         )
         os.replace(tmp, out)  # atomic: a concurrent build of the same key writes the same bytes
     finally:
@@ -408,7 +417,7 @@ class NativeKernels:
         eps: float,
         bf16: bool,
     ) -> torch.Tensor:
-        """One GDN layer between its projections (``tt_gdn`` in native.c), in place on the
+        """One GDN layer between its projections (``tt_gdn``, native_layers.c), in place on the
         states: proj fp32 [T, P] (the fused in-projection's rows, unit column stride), seqs long
         [3, R] (each sequence's batch offset, token count and state slot), conv_state
         [S, C, K-1] and rec_state [S, Hv, dk, dv] (fp32, contiguous), conv_taps [K, C],

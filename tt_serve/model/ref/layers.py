@@ -94,7 +94,7 @@ class Linear:
     (``tt_linear``: the weight blocked once, each output one FMA chain over k): oneDNN's packed
     GEMM reads a decode row's weights there at about 16 GB/s where this kernel streams them at
     the memory's speed, and its 6x16 micro-kernel matches oneDNN on prefill chunks (2 cores,
-    0.8B shapes: ``python -m bench.linear_kernels --shapes 0.8b``). ``TT_SERVE_LINEAR=onednn``
+    0.8B shapes: ``python -m bench.kernels.linear --shapes 0.8b``). ``TT_SERVE_LINEAR=onednn``
     (or ``native``, wherever it is compiled) overrides the choice.
 
     Elsewhere on the CPU an fp32 or bf16 weight is reordered once into oneDNN's blocked layout
@@ -102,7 +102,7 @@ class Linear:
     linears) and multiplied with ``mkldnn._linear_pointwise``: 2 cores, [256, 256] x [512, 256]
     fp32 runs at 159 us against 358 us for ``F.linear`` (MKL repacks its operand per call),
     2x at 8 and 32 rows, about 2x slower at 1 row for the smallest weights (15 vs 8 us): see
-    ``python -m bench.linear_kernels`` and bench/runs/linear-kernels.jsonl. Only the
+    ``python -m bench.kernels.linear`` and bench/runs/linear-kernels.jsonl. Only the
     summation order differs from ``F.linear`` (<= 4e-5 absolute on unit-variance products).
     Either copy replaces the plain one, so memory does not grow, and on either a row's result
     does not depend on how many rows share the call (tests/model/test_linear.py). Elsewhere

@@ -218,8 +218,8 @@ class LmHead:
     layout): a GEMM on it neither repacks the 254 MB weight per call nor falls into the small-M
     cliff of the plain kernels (2 cores, 248,320 x 256 fp32: 6.9 ms at 1 row, about 1.5x faster
     than ``h @ W.T`` on a contiguous [H, vocab] copy, 2x and more at 8 to 32 rows:
-    ``python -m bench.lm_head_layout``, bench/runs/lm-head-layout.jsonl). Elsewhere (CUDA) the
-    weight is kept [H, vocab] contiguous. fp32 stays fp32: only the summation order differs
+    ``python -m bench.kernels.lm_head_layout``, bench/runs/lm-head-layout.jsonl). Elsewhere
+    (CUDA) the weight is kept [H, vocab] contiguous. fp32 stays fp32: only the summation order differs
     (<= 1e-4 on the logits). A tied model keeps the embedding too (one more [vocab, H] copy).
 
     ``screened`` (fp32, or bf16 where the CPU multiplies bf16 natively, on a CPU with an exact

@@ -4,8 +4,8 @@ The state pools hold one slot more than the engine numbers (``0 .. num_state_slo
 scratch slot ``scratch_slot`` = ``num_state_slots``, where the static-shape path's padding rows
 run; no engine row and no state copy ever names it.
 
-``TT_SERVE_FAULT_RESTORE_EVERY=N`` is a test hook (``bench/prefix_hit_equivalence.py`` must catch
-it): one snapshot restore in N halves the restored recurrent state, a defect at rate 1/N. Which
+``TT_SERVE_FAULT_RESTORE_EVERY=N`` is a test hook (``bench/cache/prefix_hit_equivalence.py``
+must catch it): one snapshot restore in N halves the restored recurrent state, a defect at rate 1/N. Which
 ones is a function of the snapshot's bits (its CRC mod N), so the same requests meet the defect
 however they interleave.
 """

@@ -47,11 +47,11 @@ from tt_serve.model.torch.sampling import largest, sliced
 
 # Rows one int8 GEMM takes at once (2 cores, demo head, the GEMM alone: 2.5 ms at 1 row, 3.3 at
 # 16, 4.5-5.4 at 32, against 8.8 / 10.8 / 13.5 ms for the packed fp32 head; whole picks:
-# python -m bench.lm_head_layout).
+# python -m bench.kernels.lm_head_layout).
 SCREEN_ROWS = 32
 # Up to this many rows go through the C kernel where it is compiled (native.c, AVX512-VNNI): at
 # one to eight rows it reads the head about 1.5x faster than oneDNN; from about 16 rows oneDNN's
-# blocked GEMM computes faster (python -m bench.lm_head_layout).
+# blocked GEMM computes faster (python -m bench.kernels.lm_head_layout).
 NATIVE_ROWS = 16
 # Past this many candidates a row's logits are all computed exactly (the screen no longer pays).
 MAX_CANDIDATES = 4096

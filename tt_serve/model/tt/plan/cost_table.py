@@ -1,6 +1,6 @@
 """The measured output-quality cost of each precision profile, as ``tt-serve plan`` shows it.
 
-The numbers are data, not code: ``bench/precision_cost.py --write-table`` measures them (each
+The numbers are data, not code: ``bench/precision/cost.py --write-table`` measures them (each
 profile on the virtual device with the card's storage formats, against the float32 reference, at
 a published model's layer shapes) and writes ``tt_serve/model/tt/precision_cost.json`` with its
 provenance (commit, shape, layers, vocabulary, prompts, positions). This module only reads and

@@ -4,9 +4,9 @@ the shape-only device model (``VirtualTTNN(shape_only=True)``), no device and no
 The plan runs what ``serve`` would run: the weights converted by the normal weight path (device
 tensors of the profile's dtypes, from shape-only arrays), every pool and persistent buffer
 allocated, every trace captured, then prefill chunks, decode steps and one snapshot
-save/restore/reset. Every rule of ``virtual/rules.py`` and ``virtual/dram.py`` applies at real size: a
-``DeviceLimitError`` (``dram.capacity``, ``trace.region``, an op's core-grid rule, ...) is the
-verdict, reported with its rule and what to change.
+save/restore/reset. Every rule of ``virtual/rules_*.py`` and ``virtual/dram.py`` applies at real
+size: a ``DeviceLimitError`` (``dram.capacity``, ``trace.region``, an op's core-grid rule, ...) is
+the verdict, reported with its rule and what to change.
 
 A plan is at most two shape-only builds, both from the start's own ``TTOptions`` and
 ``Target`` (``options.py``). Where ``trace_region_size`` or ``kv_blocks`` is 0, a probe build
@@ -46,7 +46,7 @@ from tt_serve.model.tt.plan.startup import PlanError, Run
 from tt_serve.model.tt.precision import Precision
 from tt_serve.model.tt.runtime.backend import TABLE_ALIGN, table_width
 from tt_serve.model.tt.virtual.dram import DramBudget
-from tt_serve.model.tt.virtual.rules import TensorInfo
+from tt_serve.model.tt.virtual.rules_base import TensorInfo
 
 if TYPE_CHECKING:  # the virtual devices hold torch tensors; a mock run (plan/mock.py) has no torch
     pass
@@ -162,7 +162,7 @@ def _hint(rule: str) -> str:
     for key, hint in HINTS.items():
         if rule.startswith(key):
             return hint
-    return "see the rule in tt_serve/model/tt/virtual/rules.py; change the shapes that trip it"
+    return "see the rule in tt_serve/model/tt/virtual/rules_*.py; change the shapes that trip it"
 
 
 def _kv_bytes(dram: DramBudget, spec: ModelSpec, opts: TTOptions, n: int, kv_heads: int = 0) -> int:

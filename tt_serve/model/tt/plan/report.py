@@ -89,7 +89,7 @@ def _provenance(costs: ShapeCosts) -> str:
     return (
         f"measured against the float32 reference at {v['shape']}'s shapes, {v['layers']} "
         f"layers, vocab {v['vocab']}, {v['positions']} positions, commit "
-        f"{str(v.get('commit'))[:10]} (bench/precision_cost.py)"
+        f"{str(v.get('commit'))[:10]} (bench/precision/cost.py)"
     )
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from tt_serve.model.tt.virtual import rules
+from tt_serve.model.tt.virtual import rules_attention
 from tt_serve.model.tt.virtual.base import DeviceBase
 from tt_serve.model.tt.virtual.tensors import (
     Buffer,
@@ -31,9 +31,9 @@ class AttentionOps(DeviceBase):
         k_chunk_size: int,
         exp_approx_mode: bool | None = None,
         max_cores_per_head_batch: int = 16,
-    ) -> rules.SdpaConfig:
+    ) -> rules_attention.SdpaConfig:
         grid = compute_with_storage_grid_size
-        return rules.SdpaConfig(
+        return rules_attention.SdpaConfig(
             (grid.x, grid.y), q_chunk_size, k_chunk_size, exp_approx_mode, max_cores_per_head_batch
         )
 
@@ -55,7 +55,9 @@ class AttentionOps(DeviceBase):
             )
         nkv = num_heads if num_kv_heads is None else num_kv_heads
         with self._rules():
-            qs, _, _ = rules.nlp_create_qkv_heads(input.info(), num_heads, nkv, transpose_k_heads)
+            qs, _, _ = rules_attention.nlp_create_qkv_heads(
+                input.info(), num_heads, nkv, transpose_k_heads
+            )
         hd = qs[-1]
 
         def split() -> tuple[torch.Tensor, ...]:
@@ -99,7 +101,7 @@ class AttentionOps(DeviceBase):
         if x.shape[2] % 32:
             raise ContractViolation("tile", f"paged_fill_cache of {x.shape[2]} tokens")
         with self._rules():
-            rules.paged_fill_cache(cache.info(), x.info(), page_table.info(), batch_idx)
+            rules_attention.paged_fill_cache(cache.info(), x.info(), page_table.info(), batch_idx)
 
         def fn() -> torch.Tensor:
             new, bs = cache.buffer.data.clone(), cache.shape[2]
@@ -133,7 +135,7 @@ class AttentionOps(DeviceBase):
         if update_idxs_tensor.dtype is not DataType.INT32:
             raise ContractViolation("dtype", "update_idxs_tensor must be INT32")
         with self._rules():
-            rules.paged_update_cache(
+            rules_attention.paged_update_cache(
                 self.chip, cache.info(), x.info(), update_idxs_tensor.info(), page_table.info()
             )
 
@@ -186,7 +188,7 @@ class AttentionOps(DeviceBase):
             raise ContractViolation("tile", f"chunked SDPA chunk of {t} tokens")
         start_info = chunk_start_idx_tensor.info() if chunk_start_idx_tensor is not None else None
         with self._rules():
-            rules.chunked_sdpa(
+            rules_attention.chunked_sdpa(
                 q.info(), k.info(), v.info(), page_table.info(), start_info, program_config
             )
         qc = program_config.q_chunk_size if program_config is not None else 32
@@ -202,7 +204,7 @@ class AttentionOps(DeviceBase):
                 else int(chunk_start_idx or 0)
             )
             with self._rules():
-                rules.chunked_sdpa_start(start, qc, kc)
+                rules_attention.chunked_sdpa_start(start, qc, kc)
             end = start + t
             row = page_table.buffer.data[0]
             keys = self._gather(k.buffer.data, row, end)
@@ -226,7 +228,7 @@ class AttentionOps(DeviceBase):
         *,
         cur_pos_tensor: Tensor | None = None,
         scale: float | None = None,
-        program_config: rules.SdpaConfig | None = None,
+        program_config: rules_attention.SdpaConfig | None = None,
         compute_kernel_config: Any = None,
     ) -> Tensor:
         self._compute_kernel_config("sdpa_decode", compute_kernel_config)
@@ -236,7 +238,7 @@ class AttentionOps(DeviceBase):
             )
         self._check_cache(k, page_table)
         with self._rules():
-            plan = rules.paged_sdpa_decode(
+            plan = rules_attention.paged_sdpa_decode(
                 self.chip,
                 q.info(),
                 k.info(),

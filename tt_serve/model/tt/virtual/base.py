@@ -17,7 +17,7 @@ import torch
 
 from tt_serve.model.tt.boards import ChipSpec
 from tt_serve.model.tt.formats import round_to
-from tt_serve.model.tt.virtual import dram, rules
+from tt_serve.model.tt.virtual import dram, rules_attention, rules_base
 from tt_serve.model.tt.virtual.tensors import (
     INT_TYPES,
     Buffer,
@@ -62,7 +62,7 @@ class DeviceBase:
         self.dram = dram.DramBudget(chip)
         self.dram_peak_per_bank = 0  # high-water mark of ``dram.used_per_bank``
         self.trace_region = dram.TraceRegion(chip, 0)
-        self.sdpa_decode_plans: list[rules.SdpaDecodePlan] = []
+        self.sdpa_decode_plans: list[rules_attention.SdpaDecodePlan] = []
         self.argmax_paths: list[str] = []
         self._serial = itertools.count(1)
         self._capturing: int | None = None
@@ -98,7 +98,7 @@ class DeviceBase:
             data = torch.empty(data.shape, dtype=data.dtype, device="meta")
         buf = Buffer(data, next(self._serial), device, dtype=dtype)
         if device:
-            info = rules.TensorInfo(tuple(data.shape), dtype.value, layout.value)
+            info = rules_base.TensorInfo(tuple(data.shape), dtype.value, layout.value)
             with self._rules():
                 self.dram.allocate(buf.serial, info)
             self.dram_peak_per_bank = max(self.dram_peak_per_bank, self.dram.used_per_bank)
@@ -121,7 +121,7 @@ class DeviceBase:
         """Device limits as contract violations (same rule names)."""
         try:
             yield
-        except rules.DeviceLimitError as exc:
+        except rules_base.DeviceLimitError as exc:
             raise ContractViolation(exc.rule, str(exc).split("] ", 1)[1]) from None
 
     def _no_host_io(self, what: str) -> None:
@@ -162,7 +162,7 @@ class DeviceBase:
         trace = self._traces[self._capturing]
         if cores is None:
             tiles = max((_tiles(b.data.shape) for b in outs), default=1)
-            cores = rules.op_cores(self.chip, tiles)
+            cores = rules_base.op_cores(self.chip, tiles)
         trace.program_cores.append(cores)
         in_bufs = [t.buffer for t in inputs]
         trace.inputs.extend(b for b in in_bufs if b.serial < trace.end_serial)

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from tt_serve.model.tt.boards import ChipSpec
-from tt_serve.model.tt.virtual import rules
+from tt_serve.model.tt.virtual import rules_base, rules_ccl
 from tt_serve.model.tt.virtual.device import VirtualTTNN
 from tt_serve.model.tt.virtual.mesh_types import (
     RING_FABRICS,
@@ -140,7 +140,7 @@ class CclOps:
         lines = self._lines(name, cluster_axis)
         line_of = {i: line for line in lines for i in line}
         with self.chips[0]._rules():
-            out_shape = rules.all_gather_async(
+            out_shape = rules_ccl.all_gather_async(
                 self.chip,
                 x.info(),
                 dim,
@@ -190,7 +190,7 @@ class CclOps:
         n = len(lines[0])
         place = {i: (line, k) for line in lines for k, i in enumerate(line)}
         with self.chips[0]._rules():
-            inter, out_shape = rules.reduce_scatter_minimal_async(
+            inter, out_shape = rules_ccl.reduce_scatter_minimal_async(
                 self.chip,
                 x.info(),
                 dim,
@@ -204,7 +204,7 @@ class CclOps:
         for c in self.chips:  # the staging buffer: charged while the op runs
             key = -(1 << 40) - c.dram.used_per_bank
             with c._rules():
-                c.dram.allocate(key, rules.TensorInfo(inter, x.dtype.value, x.layout.value))
+                c.dram.allocate(key, rules_base.TensorInfo(inter, x.dtype.value, x.layout.value))
             c.dram_peak_per_bank = max(c.dram_peak_per_bank, c.dram.used_per_bank)
             c.dram.free(key)
         bufs = [s.buffer for s in x.shards]

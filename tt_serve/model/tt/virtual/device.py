@@ -1,4 +1,4 @@
-"""CONTRACT FAKE of the ttnn surface that ``tt_serve/model/tt/ops.py`` uses. Not a simulator.
+"""CONTRACT FAKE of the ttnn surface that ``tt_serve/model/tt/ops/`` uses. Not a simulator.
 
 It computes each op's documented semantics with torch in float32 (so the tt backend can be
 compared token for token with the torch reference; device numerics are tested only in
@@ -16,8 +16,8 @@ compared token for token with the torch reference; device numerics are tested on
 * runtime_args: under capture, the chunk start and cache positions must be device tensors, and
   chunk_gated_delta_rule must get its constant tiles explicitly;
 * program_cache: every program captured must have run eagerly before (compile run);
-* device limits (``tt_serve/model/tt/virtual/rules.py``, rule names ``<op>.<check>``): every op call is
-  checked against tt-metal's own validation for the virtual chip (default a Blackhole P150,
+* device limits (``tt_serve/model/tt/virtual/rules_*.py``, rule names ``<op>.<check>``): every
+  op call is checked against tt-metal's own validation for the virtual chip (default a Blackhole P150,
   ``VirtualTTNN(chip=WORMHOLE)`` for an 8x8 Wormhole): core-grid limits, shape, dtype, layout and
   sharding rules; every device allocation is charged to the chip's DRAM banks
   (``dram.capacity``); every capture is charged to the trace region at ``end_trace_capture``

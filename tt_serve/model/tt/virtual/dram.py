@@ -1,7 +1,7 @@
 """DRAM and trace-region accounting of one chip (pure Python), as tt-metal's allocator does it.
 
-The op rules live in ``virtual/rules.py``; this module keeps the books: every device buffer charged
-per DRAM bank (an allocation past the chip fails), and every captured trace charged against the
+The op rules live in ``virtual/rules_*.py``; this module keeps the books: every device buffer
+charged per DRAM bank (an allocation past the chip fails), and every captured trace charged against the
 trace region (a capture past ``trace_region_size`` fails at ``end_trace_capture``).
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tt_serve.model.tt.boards import ChipSpec
-from tt_serve.model.tt.virtual.rules import DeviceLimitError, TensorInfo, round_up
+from tt_serve.model.tt.virtual.rules_base import DeviceLimitError, TensorInfo, round_up
 
 # DRAM geometry per arch (banks, bytes per bank, alignment) when the ChipSpec does not give it,
 # from the 0.81.1 wheel: soc_descriptors/wormhole_b0_80_arch.yaml has 12 dram_views of

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tt_serve.model.tt.virtual import rules
+from tt_serve.model.tt.virtual import rules_eltwise
 from tt_serve.model.tt.virtual.base import DeviceBase
 from tt_serve.model.tt.virtual.tensors import (
     Buffer,
@@ -49,7 +49,7 @@ class EltwiseOps(DeviceBase):
         return self._single("rms_norm", [x, weight], fn, x.dtype)
 
     def _binary(self, name: str, a: Any, b: Any, f: Callable[[Any, Any], torch.Tensor]) -> Tensor:
-        """An eltwise binary op (binary_ng): TILE operands broadcast as ``rules.binary``
+        """An eltwise binary op (binary_ng): TILE operands broadcast as ``rules_eltwise.binary``
         allows; comparisons give 0/1 in the first tensor's dtype."""
         ts = [t for t in (a, b) if isinstance(t, Tensor)]
         for t in ts:
@@ -57,7 +57,7 @@ class EltwiseOps(DeviceBase):
                 raise ContractViolation("tile", f"{name} on a ROW_MAJOR tensor")
         if len(ts) == 2:
             with self._rules():
-                rules.binary(ts[0].shape, ts[1].shape)
+                rules_eltwise.binary(ts[0].shape, ts[1].shape)
 
         def val(v: Any) -> Any:
             return v.buffer.data if isinstance(v, (Tensor, Ref)) else v
@@ -129,7 +129,7 @@ class EltwiseOps(DeviceBase):
         indices_tensor: Tensor | None = None,
         stable: bool = False,
     ) -> list[Tensor]:
-        """Values (x's dtype) and indices (``rules.topk``'s dtype; the labels of
+        """Values (x's dtype) and indices (``rules_eltwise.topk``'s dtype; the labels of
         ``indices_tensor`` when given), both TILE, sorted. Ties: ``stable`` puts the lowest index
         first (as the 0.81.1 docstring says); otherwise the virtual device orders them highest index
         first, a legal outcome of an unstable sort that differs from the stable one, so code
@@ -138,7 +138,7 @@ class EltwiseOps(DeviceBase):
             raise ContractViolation("not_modelled", "topk: only largest=True, sorted=True")
         labels = indices_tensor.info() if indices_tensor is not None else None
         with self._rules():
-            kind = rules.topk(
+            kind = rules_eltwise.topk(
                 x.info(), k, dim, indices=labels, stable=stable, l1_bytes=self.chip.l1_bytes
             )
         shape = (*list(x.shape)[:-1], k)
@@ -171,7 +171,7 @@ class EltwiseOps(DeviceBase):
         if dim is None and x.layout is not Layout.ROW_MAJOR:
             raise ContractViolation("dtype", "argmax over all dims needs ROW_MAJOR")
         with self._rules():
-            self.argmax_paths.append(rules.argmax(x.info(), dim))
+            self.argmax_paths.append(rules_eltwise.argmax(x.info(), dim))
         return self._single(
             "argmax", [x], lambda: x.buffer.data.argmax(dim=-1), DataType.UINT32, Layout.ROW_MAJOR
         )

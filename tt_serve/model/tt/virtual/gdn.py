@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from tt_serve.model.ref.gdn import chunk_gated_delta, recurrent_gated_delta_step
 from tt_serve.model.ref.layers import l2norm
-from tt_serve.model.tt.virtual import rules
+from tt_serve.model.tt.virtual import rules_gdn
 from tt_serve.model.tt.virtual.base import DeviceBase
 from tt_serve.model.tt.virtual.tensors import (
     Buffer,
@@ -135,7 +135,7 @@ class GdnOps(DeviceBase):
                 "tile", "flat chunk_gated_delta_rule needs chunk 32, T%32==0, K==V"
             )
         with self._rules():
-            rules.chunk_gated_delta_rule(
+            rules_gdn.chunk_gated_delta_rule(
                 self.chip,
                 [q.info(), k.info(), v.info()],
                 g.info(),
@@ -194,7 +194,7 @@ class GdnOps(DeviceBase):
         if q.shape[1] != 1:
             raise ContractViolation("dtype", "decode runs one token per row")
         with self._rules():
-            rules.fused_recurrent_gated_delta_rule(
+            rules_gdn.fused_recurrent_gated_delta_rule(
                 self.chip, q.info(), v.info(), initial_state.info()
             )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from tt_serve.model.tt.virtual import rules
+from tt_serve.model.tt.virtual import rules_matmul
 from tt_serve.model.tt.virtual.base import DeviceBase
 from tt_serve.model.tt.virtual.tensors import (
     ContractViolation,
@@ -50,11 +50,11 @@ class MatmulOps(DeviceBase):
         compute_kernel_config: Any = None,
         dtype: DataType | None = None,
     ) -> Tensor:
-        """Batch dims as ``rules.matmul`` allows (B broadcast when its batch is 1, else equal);
-        the output dtype is ``dtype`` or, as in ttnn, A's."""
+        """Batch dims as ``rules_matmul.matmul`` allows (B broadcast when its batch is 1, else
+        equal); the output dtype is ``dtype`` or, as in ttnn, A's."""
         self._compute_kernel_config("matmul", compute_kernel_config)
         with self._rules():
-            rules.matmul(a.info(), b.info())
+            rules_matmul.matmul(a.info(), b.info())
         return self._single(
             "matmul", [a, b], lambda: a.buffer.data @ b.buffer.data, dtype or a.dtype
         )

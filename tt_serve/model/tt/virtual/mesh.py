@@ -31,12 +31,12 @@ raises instead).
 Design: a mesh tensor (:class:`MeshTensor`) holds one shard per chip, each an ordinary
 ``VirtualTTNN`` tensor on that chip's fake; ``tensor.shape`` is the per-chip shard shape, as in
 ttnn. Every op runs once per chip on that chip's shards, so each chip's fake applies every rule
-of ``rules.py`` to the per-chip shapes, charges its own DRAM banks and trace region, and
+of ``rules_*.py`` to the per-chip shapes, charges its own DRAM banks and trace region, and
 records its own trace; the chips' traces share one step list, so a replay re-runs the ops of
 every chip and the collectives in their call order. CCLs compute their semantics from all
 chips' shards (numeric mode) or just shapes (shape-only mode), allocate their outputs and
 intermediate buffers on every chip, and check the device-operation rules
-(``rules.all_gather_async``, ``rules.reduce_scatter_minimal_async``), the fabric and the
+(``rules_ccl.all_gather_async``, ``rules_ccl.reduce_scatter_minimal_async``), the fabric and the
 topology. A one-chip mesh returns its chip's own tensors: it is exactly the single-device fake.
 
 Fault injection (``inject_fault``): the next call of an op on one chip raises

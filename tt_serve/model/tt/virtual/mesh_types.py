@@ -13,7 +13,7 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from tt_serve.model.tt.virtual import rules
+from tt_serve.model.tt.virtual import rules_base
 from tt_serve.model.tt.virtual.device import VirtualTTNN
 from tt_serve.model.tt.virtual.tensors import Buffer, ContractViolation, CoreCoord, FakeDevice
 from tt_serve.model.tt.virtual.tensors import Tensor as ChipTensor
@@ -154,7 +154,7 @@ class MeshTensor:
         """Chip 0's buffer (what a test pokes; per-chip buffers are in ``shards``)."""
         return self.shards[0].buffer
 
-    def info(self) -> rules.TensorInfo:
+    def info(self) -> rules_base.TensorInfo:
         return self.shards[0].info()
 
     def to_numpy(self, mesh_composer: MeshComposer | None = None) -> np.ndarray:

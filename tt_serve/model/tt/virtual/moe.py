@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from tt_serve.model.tt.virtual import rules
+from tt_serve.model.tt.virtual import rules_moe
 from tt_serve.model.tt.virtual.base import DeviceBase
 from tt_serve.model.tt.virtual.tensors import (
     ContractViolation,
@@ -38,7 +38,7 @@ class MoeOps(DeviceBase):
         untilize_out: bool = False,
         allowed_worker_cores: Any = None,
         stream_in1: bool = False,
-    ) -> rules.Matmul1DConfig:
+    ) -> rules_moe.Matmul1DConfig:
         """ttnn.MatmulMultiCoreReuseMultiCast1DProgramConfig (the 0.81.1 signature); unset
         out_block_h / out_block_w are per_core_M / per_core_N, as tt-metal defaults them
         (ttnn/cpp/ttnn/operations/matmul/device/config/matmul_program_config_types.hpp).
@@ -48,7 +48,7 @@ class MoeOps(DeviceBase):
                 "not_modelled", "1D program config: fused_activation / gather_in0 / untilize_out"
             )
         grid = compute_with_storage_grid_size
-        return rules.Matmul1DConfig(
+        return rules_moe.Matmul1DConfig(
             (grid.x, grid.y),
             in0_block_w,
             out_subblock_h,
@@ -67,7 +67,7 @@ class MoeOps(DeviceBase):
         input_tensor_b: Tensor,
         *,
         sparsity: Tensor,
-        program_config: rules.Matmul1DConfig | None = None,
+        program_config: rules_moe.Matmul1DConfig | None = None,
         nnz: int | None = None,
         is_input_a_sparse: bool = False,
         is_input_b_sparse: bool = True,
@@ -83,7 +83,7 @@ class MoeOps(DeviceBase):
         bias: Tensor | None = None,
     ) -> Tensor:
         """ttnn.sparse_matmul in the scan modes (no ``indices``, op-owned expanded output), rules
-        in ``rules.sparse_matmul``. Batch entry (i, e) is A's block times B's expert e where the
+        in ``rules_moe.sparse_matmul``. Batch entry (i, e) is A's block times B's expert e where the
         sparsity entry is non-zero; the op zero-fills the entries it skips (0.81.1 docstring:
         "skipped positions are zero-filled", create_output_tensors' zeros_like, tt-metal PR
         #36714: an unfilled output gave different users different outputs in GPT-OSS), and never
@@ -103,7 +103,7 @@ class MoeOps(DeviceBase):
                 raise ContractViolation("sparse_matmul.memory", "inputs must be interleaved")
         self._compute_kernel_config("sparse_matmul", compute_kernel_config)
         with self._rules():
-            plan = rules.sparse_matmul(
+            plan = rules_moe.sparse_matmul(
                 self.chip,
                 a.info(),
                 b.info(),
@@ -114,7 +114,7 @@ class MoeOps(DeviceBase):
                 is_input_b_sparse=is_input_b_sparse,
             )
         if "sparse_matmul_work" not in self.__dict__:
-            self.sparse_matmul_work: list[tuple[rules.SparseMatmulPlan, int | None]] = []
+            self.sparse_matmul_work: list[tuple[rules_moe.SparseMatmulPlan, int | None]] = []
         work = self.sparse_matmul_work
 
         def fn() -> torch.Tensor:
@@ -139,6 +139,6 @@ class MoeOps(DeviceBase):
                 full, keep = ad @ bd, (sd[0, 0] != 0)[..., None, None]
             return torch.where(keep, full, torch.zeros(()))
 
-        assert program_config is not None  # rules.sparse_matmul refuses None
+        assert program_config is not None  # rules_moe.sparse_matmul refuses None
         cores = program_config.grid[0] * program_config.grid[1]
         return self._single("sparse_matmul", [a, b, s], fn, dtype or a.dtype, cores=cores)

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tt_serve.model.tt.virtual import rules
+from tt_serve.model.tt.virtual import rules_base, rules_movement
 from tt_serve.model.tt.virtual.base import DeviceBase
 from tt_serve.model.tt.virtual.tensors import (
     ContractViolation,
@@ -27,7 +27,7 @@ class MovementOps(DeviceBase):
 
     def num_cores_to_corerangeset(self, n: int, grid: Any, row_wise: bool) -> Any:
         with self._rules():
-            rules.num_cores_to_corerangeset(self.chip, n)
+            rules_base.num_cores_to_corerangeset(self.chip, n)
         return SimpleNamespace(num_cores=n)
 
     def create_sharded_memory_config(
@@ -40,7 +40,7 @@ class MovementOps(DeviceBase):
     ) -> Any:
         return SimpleNamespace(
             sharded=True,
-            shard=rules.Shard(core_grid.num_cores, tuple(shape), strategy, orientation),
+            shard=rules_base.Shard(core_grid.num_cores, tuple(shape), strategy, orientation),
         )
 
     def interleaved_to_sharded(self, x: Tensor, config: Any) -> Tensor:
@@ -60,7 +60,7 @@ class MovementOps(DeviceBase):
 
     def permute(self, x: Tensor, dims: Sequence[int]) -> Tensor:
         with self._rules():
-            rules.permute(x.info(), dims)
+            rules_movement.permute(x.info(), dims)
         return self._single(
             "permute", [x], lambda: x.buffer.data.permute(*dims).contiguous(), x.dtype, x.layout
         )
@@ -101,7 +101,7 @@ class MovementOps(DeviceBase):
                 "dtype", f"fill_cache {x.shape}/{x.dtype} into {cache.shape}/{cache.dtype}"
             )
         with self._rules():
-            rules.fill_cache(cache.info(), x.info(), batch_idx)
+            rules_movement.fill_cache(cache.info(), x.info(), batch_idx)
 
         def fn() -> torch.Tensor:
             new = cache.buffer.data.clone()

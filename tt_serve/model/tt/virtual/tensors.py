@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from tt_serve.model.tt.boards import ChipSpec
-from tt_serve.model.tt.virtual import rules
+from tt_serve.model.tt.virtual import rules_base
 
 
 class ContractViolation(AssertionError):
@@ -45,7 +45,7 @@ class Buffer:
     serial: int
     on_device: bool
     freed: bool = False
-    shard: rules.Shard | None = None  # L1 height-sharded (interleaved_to_sharded)
+    shard: rules_base.Shard | None = None  # L1 height-sharded (interleaved_to_sharded)
     pending: int = 0  # stamp of a non-blocking read not yet synchronized (0: readable)
     dtype: DataType | None = None  # what a replay's write is stored as (``card_formats``)
 
@@ -93,10 +93,10 @@ class Tensor:
             s[-1], s[-2] = -(-s[-1] // 32) * 32, -(-s[-2] // 32) * 32
         return tuple(s)
 
-    def info(self) -> rules.TensorInfo:
+    def info(self) -> rules_base.TensorInfo:
         """The operand as the device rules see it."""
         buf = self.buffer
-        return rules.TensorInfo(
+        return rules_base.TensorInfo(
             tuple(self.shape),
             self.dtype.value,
             self.layout.value,
