@@ -395,7 +395,9 @@ def json_stdout(*, to_exit: bool) -> Iterator[None]:
                 data = data[os.write(saved, data) :]
         except BrokenPipeError:  # `--json | head`: the reader left; the exit status tells
             if not to_exit:  # Python's own flush of stdout at exit must not fail either
-                os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+                null = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(null, 1)
+                os.close(null)
         os.close(saved)
 
 

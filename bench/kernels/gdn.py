@@ -1,5 +1,5 @@
 """One Gated DeltaNet layer of the torch backend, side by side: the fused C call
-(``kernels/native.c`` ``tt_gdn``: conv, norms, gates, the delta rule token by token, the output
+(``kernels/native_layers.c`` ``tt_gdn``: conv, norms, gates, the delta rule token by token, the output
 norm) against the torch ops of ``ref/gdn.py`` (the chunked scan for spans, the recurrent step
 for decode rows), both between the same two oneDNN projections, at the row shapes a step has:
 decode batches and prefill spans. Interleaved over rounds in one process; the two arms'

@@ -7,7 +7,7 @@ Qwen3.5-9B layer dimensions (``tests/tiny_models.make_real_dims``: one GDN layer
 value heads of 128, then one gated attention layer, 16 q / 4 kv heads of 256; hidden 4096) and
 the sizes to run. The same bodies therefore run in ``make test`` at the real head counts and
 state sizes, which is what shows that the hardware tier is not vacuous: on the fake every device
-rule of ``virtual/rules.py`` (core grids, SDPA shards, the trace region) is
+rule of ``virtual/rules_*.py`` (core grids, SDPA shards, the trace region) is
 checked at the shapes the card will see.
 
 The backend under test is built the way ``tt-serve`` builds it (``launch.launch`` on a

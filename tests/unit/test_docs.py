@@ -12,15 +12,14 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
+
+from tests.cli_server import run_server, stop, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -95,12 +94,6 @@ def test_there_are_runnable_blocks() -> None:
     assert sum(len(runnable_blocks(p)) for p in PAGES) >= 10
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A copy of the checkout (no .git, no venvs) whose ``.venv`` is the running one."""
@@ -112,29 +105,14 @@ def checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(checkout: Path) -> Iterator[str]:
+def server() -> Iterator[str]:
     """``tt-serve serve`` on the demo model (as ``make serve`` runs it), on a free port."""
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tt_serve.cli", "serve", "--port", str(port)],
-        cwd=checkout, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    url = f"127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
+    proc, url = run_server([])
     try:
-        while True:
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else "server exited"
-            try:
-                if httpx.get(f"http://{url}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the demo server did not come up"
-            time.sleep(0.5)
-        yield url
+        wait_healthy(url, proc)
+        yield url.removeprefix("http://")
     finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+        stop(proc)
 
 
 @pytest.mark.slow

@@ -1,6 +1,6 @@
 """The real-size hardware checks (``tests/tt_hardware/real_size.py``) on the numeric contract
 fake, so that ``make test`` runs them at Qwen3.5-9B head counts, head dims, hidden size and GDN
-state rows ([rows, 32, 128, 128] fp32), with every device rule of ``virtual/rules.py`` checked at those
+state rows ([rows, 32, 128, 128] fp32), with every device rule of ``virtual/rules_*.py`` checked at those
 shapes.
 
 Shrunk for CI (2 cores), only where no device rule looks: vocabulary 4096 (the card: 248320, an

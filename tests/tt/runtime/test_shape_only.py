@@ -1,7 +1,7 @@
 """Shape-only mode of the contract fake: real-size Qwen3.5-9B on the P150 description.
 
 Backend startup (every pool, every trace), prefill chunks, decode steps and one snapshot
-save/restore/reset run with every rule of virtual/rules.py / virtual/dram.py enforced, without data and
+save/restore/reset run with every rule of virtual/rules_*.py / virtual/dram.py enforced, without data and
 without weights (a folder holding only config.json)."""
 
 from __future__ import annotations

@@ -478,7 +478,7 @@ def tripped_rules() -> set[str]:
 
 
 def test_every_rule_of_the_virtual_device_is_tripped_by_a_test() -> None:
-    """A rule added to the virtual device (any module of ``virtual/``: ``rules.py``, the op
+    """A rule added to the virtual device (any module of ``virtual/``: ``rules_*.py``, the op
     families, ``mesh.py``, ``ccl.py``, ``dram.py``) without a test that asserts its name fails here, as does a test asserting a
     rule name the device no longer has."""
     defined, tripped = defined_rules(), tripped_rules()

@@ -175,7 +175,7 @@ def test_ccl_replays_inside_a_mesh_trace() -> None:
 def test_each_ccl_rule_fires(rule: str, call: Any) -> None:
     """The device-operation checks of experimental/ccl/all_gather_async/device/
     all_gather_async_device_operation.cpp and experimental/ccl/reduce_scatter_minimal_async/
-    device/reduce_scatter_minimal_async_op_device_operation.cpp (``rules.all_gather_async``,
+    device/reduce_scatter_minimal_async_op_device_operation.cpp (``rules_ccl.all_gather_async``,
     ``rules.reduce_scatter_minimal_async``), and the mesh's fabric, topology and input checks
     (``ccl.*``), on a 1 x 4 P150 mesh with 2 links between neighbours."""
     ops = mesh_ops(4, max_links=2)

@@ -228,7 +228,7 @@ def fused_core(
 
 @functools.cache
 def fused_kernels() -> native.NativeKernels | None:
-    """native.c's kernels for ``fused_core``, once they agree with the torch kernels on a small
+    """native_layers.c's kernels for ``fused_core``, once they agree with the torch kernels on a small
     layer (a span, a cut of it and a decode row, in fp32); None (logged) where they do not or
     are not compiled."""
     k = native.kernels()
@@ -291,7 +291,7 @@ def gdn_forward(
     (every token still updates the state); reads and updates conv_state [S, C, K-1],
     rec_state [S, Hv, dk, dv].
 
-    On the CPU, where native.c is compiled (and ``fused``), everything between the two
+    On the CPU, where the C kernels are compiled (and ``fused``), everything between the two
     projections is one C call for all the step's rows (``fused_core``); elsewhere the torch
     kernels below."""
     if fused and plan.seqs is not None and x.device.type == "cpu":

@@ -45,7 +45,7 @@ class StepPlan:
     dec_lens: torch.Tensor  # [B] their end positions (attention length)
     last_tokens: torch.Tensor | slice  # [R] batch offset of every row's last token (ditto)
     # [3, R] long on the CPU: every row's batch offset, token count and GDN state slot, the
-    # C kernel's one view of the step (native.c's tt_gdn); None in a plan made by hand (the
+    # C kernel's one view of the step (native_layers.c's tt_gdn); None in a plan made by hand (the
     # CUDA graph path's), whose GDN layers run the torch kernels
     seqs: torch.Tensor | None = None
 

@@ -57,7 +57,7 @@ class MatmulOps(DeviceOps):
         dtype: str | None = None,
     ) -> Tensor:
         """Batched a @ b computed only where ``sparsity`` (bf16 ROW_MAJOR, rank 4) is non-zero,
-        zeros elsewhere (ttnn's mode table: ``limits.sparse_matmul``). ``nnz`` stays None: the
+        zeros elsewhere (ttnn's mode table: ``rules_moe.sparse_matmul``). ``nnz`` stays None: the
         op counts the non-zero entries on the device, so a trace replays with any routing."""
         out_dtype = self.dtype(dtype) if dtype is not None else None
         return self.ttnn.sparse_matmul(

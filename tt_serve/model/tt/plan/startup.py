@@ -2,7 +2,7 @@
 ``TTOptions`` and ``Target`` describe it, then a short workload (two prefill chunks, decode
 steps of every slot, device- and host-sampled steps, a snapshot save / restore / reset), on a
 fresh virtual device of the board (shape-only: no weights, no data) or on the real ttnn of a mock
-box (``plan/mock.py``). Every rule of ``virtual/rules.py`` and ``virtual/dram.py``, or
+box (``plan/mock.py``). Every rule of ``virtual/rules_*.py`` and ``virtual/dram.py``, or
 tt-metal's own checks, applies at real size; a refusal is the :class:`PlanError`. The planner
 (``planner.py``) sizes pools from one such build and checks them with another.
 """
