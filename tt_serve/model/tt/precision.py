@@ -4,7 +4,7 @@ Weights of each group are converted once to ``bfloat16``, ``bfloat8_b`` or ``bfl
 floats, TILE only) and every matmul on them runs with an explicit compute kernel config whose
 math fidelity matches the weight dtype (:data:`FIDELITY`, the tt_transformers recipe: bf16 ->
 HiFi4, bfp8 -> HiFi2, bfp4 -> LoFi). The routed experts are ``ttnn.sparse_matmul``'s B operand,
-which takes all three (0.81.1: BFLOAT4_B, BFLOAT8_B, BFLOAT16, FLOAT32; ``limits.sparse_matmul``),
+which takes all three (0.81.1: BFLOAT4_B, BFLOAT8_B, BFLOAT16, FLOAT32; ``virtual/rules_moe.py`` ``sparse_matmul``),
 with bf16 activations as A and a bf16 output. Norm weights, GDN gate constants and the recurrent
 state stay in higher precision: the Qwen3.5 port in tt-metal reports the DeltaNet state blowing up
 when it is kept in low precision.

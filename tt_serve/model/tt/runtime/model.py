@@ -270,7 +270,8 @@ class TTModel:
 
     def _sum_across(self, t: Tensor) -> Tensor:
         """[1, R, 1] partial sums -> their sum over the chips, gathered on dim 0: a tile-padded
-        last dim would take the composite gather, unsafe under trace (limits.all_gather_async)."""
+        last dim would take the composite gather, unsafe under trace (``all_gather_async`` in
+        ``virtual/rules_ccl.py``)."""
         return self.ops.sum(self.ccl.gather_all(t, 0), 0)
 
     def _decode_ids(self, inp: InputBuffers) -> Tensor:

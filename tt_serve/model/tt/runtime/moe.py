@@ -48,7 +48,7 @@ weights need no broadcast copy of x:
 * ``xT = x^T`` [1, 1, H, N] and ``rT`` = the routing weights as [1, E, 1, N];
 * per group of G experts (:func:`expert_groups`), gate and up ``W [1, G, I, H] @ xT`` ->
   [1, G, I, N]: ttnn's batch-broadcast matmul (B's batch is 1, "BCMK*11KN=BCMN",
-  ``limits.matmul``); ``h = silu(gate) * up * rT`` (row broadcast over I);
+  ``virtual/rules_matmul.py`` ``matmul``); ``h = silu(gate) * up * rT`` (row broadcast over I);
 * down ``D [1, 1, H, G·I] @ h [1, 1, G·I, N]`` -> [1, 1, H, N], where D holds the experts'
   down projections side by side: the sum over the experts happens in the matmul's K
   accumulation (unrouted experts add exact zeros);
