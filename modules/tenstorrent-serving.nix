@@ -279,6 +279,12 @@ in
       fixed cost, as on a CPU at the 0.8B shape, all of them where it does not). At least
       maxBatchSize: every prefilling request, in lockstep.
     '';
+    stepProbeSeconds = opt types.number d.stepProbeSeconds ''
+      Seconds the startup may spend timing a few scratch steps for maxPrefillRows 0 on torch
+      (about 5 s at the 0.8B shape on 2 CPU cores, under 1 s on the demo model), so the first
+      burst after a start already gets the measured rows. 0: none (the first burst then runs
+      in lockstep until its own steps were timed).
+    '';
     maxModelLen = opt types.int d.maxModelLen "Context limit in tokens; 0 = the model's own.";
     traceRegionSize = opt types.int d.traceRegionSize ''
       ttnn trace region in bytes (split over the DRAM banks); 0 sizes it from the traces

@@ -53,6 +53,7 @@ rec {
       "--max-waiting" (toString cfg.maxWaiting)
       "--max-num-batched-tokens" (toString cfg.maxNumBatchedTokens)
       "--max-prefill-rows" (toString cfg.maxPrefillRows)
+      "--step-probe-seconds" (toString cfg.stepProbeSeconds)
       "--max-model-len" (toString cfg.maxModelLen)
       "--trace-region-size" (toString cfg.traceRegionSize)
       "--log-level" cfg.logLevel

@@ -35,6 +35,7 @@
   maxWaiting = 256;
   maxNumBatchedTokens = 2048;
   maxPrefillRows = 0; # requests prefilling per step, earliest first (0: the backend's default)
+  stepProbeSeconds = 20; # startup time for timing the steps the prefill-rows rule needs (0: none)
   maxModelLen = 0; # 0: the model's own context length
   traceRegionSize = 0; # 0: sized from the traces the ttnn backend captures
   apiKeyFile = null;

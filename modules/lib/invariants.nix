@@ -115,6 +115,8 @@ in
     "${p}.responseStoreEntries and ${p}.responseStoreMb must not be negative (got ${s cfg.responseStoreEntries} and ${s cfg.responseStoreMb}).")
   (rule (cfg.maxPrefillRows >= 0)
     "${p}.maxPrefillRows must not be negative (0 = the backend's default; got ${s cfg.maxPrefillRows}).")
+  (rule (cfg.stepProbeSeconds >= 0)
+    "${p}.stepProbeSeconds must not be negative (0: no startup probe; got ${s cfg.stepProbeSeconds}).")
   (rule (cfg.kvBlocks == 0 || cfg.kvBlocks >= 2)
     "${p}.kvBlocks must be 0 (size from memory) or at least 2 (block 0 is reserved for padding; got ${s cfg.kvBlocks}).")
   (rule (cfg.maxModelLen >= 0)

@@ -9,11 +9,12 @@ import time
 import pytest
 
 import tt_serve.engine.engine as engine_module
+import tt_serve.engine.prefill_rows as prefill_rows_module
 from tests.engine.fake_backend import FakeBackend
 from tt_serve.engine.engine import Engine, EngineConfig
 from tt_serve.engine.prefill_rows import MIN_STEPS, PrefillRows
 from tt_serve.engine.scheduler import SchedulerConfig
-from tt_serve.model.interface import StepBatch, StepOutput
+from tt_serve.model.interface import StateCopy, StepBatch, StepOutput
 from tt_serve.sequence import SamplingParams
 
 C = 256
@@ -143,3 +144,86 @@ def test_the_engine_measures_its_steps_and_prefills_one_row_at_a_time(
     assert e.scheduler.max_prefill_rows == 1
     third = burst("c")
     assert max(sum(r.num_tokens > 1 for r in b.rows) for b in third) == 1
+
+
+def _probed_engine(monkeypatch: pytest.MonkeyPatch, clock: Clock) -> Engine:
+    monkeypatch.setattr(engine_module, "time", clock)
+    monkeypatch.setattr(prefill_rows_module, "time", clock)
+    sched = SchedulerConfig(
+        max_batch=8,
+        max_num_batched_tokens=4 * C,
+        chunk=C,
+        block_size=16,
+        measured_prefill_rows=True,
+    )
+    cfg = EngineConfig(
+        scheduler=sched,
+        num_kv_blocks=1024,
+        num_snapshot_slots=16,
+        max_model_len=8192,
+        vocab_size=1000,
+        eos_token_ids=frozenset(),
+    )
+    return Engine(TimedBackend(clock), cfg)
+
+
+def test_the_startup_probe_gives_the_first_burst_one_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Timed at startup, the rule holds from the first request: the first burst no longer
+    prefills in lockstep; the probe's blocks and slot go back to their pools, and its state
+    slot is reset after it."""
+    clock = Clock()
+    e = _probed_engine(monkeypatch, clock)
+    cache = e.scheduler.cache
+    free = cache.num_free_blocks
+    res = e.probe_step_costs(20.0)
+    assert res is not None
+    assert (res.small_steps, res.large_steps) == (MIN_STEPS, MIN_STEPS)
+    assert res.limit == 1 and e.scheduler.max_prefill_rows == 1
+    assert cache.num_free_blocks == free and cache.num_active_blocks == 0
+    cache.check_invariants()
+    probe_rows = [r for b in e.backend.batches for r in b.rows]
+    assert len(probe_rows) == 2 * (MIN_STEPS + 1)
+    pos = 0
+    for r in probe_rows:  # one scratch sequence at contiguous positions
+        assert r.start_pos == pos and r.sample == (r.num_tokens == 1)
+        pos += r.num_tokens
+    assert e.backend.copies[0] == e.backend.copies[-1] == StateCopy.reset(probe_rows[0].state_slot)
+
+    rng = random.Random(1)
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    start = len(e.backend.batches)
+    for i in range(4):
+        e.add_request(f"a{i}", [rng.randrange(1000) for _ in range(2 * C)], params)
+    while e.has_unfinished():
+        e.step()
+    first = e.backend.batches[start:]
+    assert max(sum(r.num_tokens > 1 for r in b.rows) for b in first) == 1
+
+
+def test_the_probe_keeps_to_its_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A half chunk costs 0.9 s here: a 3 s budget takes the warm-up pair and what fits after
+    it, and the rule waits for the server's own steps (lockstep meanwhile)."""
+    clock = Clock()
+    e = _probed_engine(monkeypatch, clock)
+    res = e.probe_step_costs(3.0)
+    assert res is not None and res.seconds <= 3.0 + 1e-9
+    assert res.large_steps < MIN_STEPS and res.limit == 0
+    assert e.probe_step_costs(0.0) is None  # 0: no probe
+
+
+def test_no_probe_with_work_queued_or_a_fixed_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock()
+    e = _probed_engine(monkeypatch, clock)
+    e.add_request("x", [1, 2, 3], SamplingParams(max_tokens=2))
+    assert e.probe_step_costs(20.0) is None
+    fixed = Engine(
+        FakeBackend(),
+        EngineConfig(
+            scheduler=SchedulerConfig(max_batch=4, chunk=C, block_size=16, max_prefill_rows=1),
+            num_kv_blocks=64,
+            num_snapshot_slots=4,
+            max_model_len=4096,
+            vocab_size=1000,
+        ),
+    )
+    assert fixed.probe_step_costs(20.0) is None and not fixed.backend.batches

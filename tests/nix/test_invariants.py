@@ -56,6 +56,8 @@ TRUTH_TABLE: list[tuple[str, dict[str, Any], bool]] = [
     ("gpu-memory-half", {"device": "cuda", "gpuMemoryUtilization": 0.5}, True),
     ("prefill-rows-default", {"maxPrefillRows": 0}, True),
     ("prefill-rows-negative", {"maxPrefillRows": -1}, False),
+    ("step-probe-off", {"stepProbeSeconds": 0}, True),
+    ("step-probe-negative", {"stepProbeSeconds": -1.5}, False),
     ("gpu-memory-zero", {"device": "cuda", "gpuMemoryUtilization": 0.0}, False),
     ("gpu-memory-over-one", {"device": "cuda", "gpuMemoryUtilization": 1.5}, False),
     ("torch-batch-0", {"maxBatchSize": 0}, True),
@@ -311,6 +313,9 @@ NEW_RULE_MESSAGES = {
     ],
     "prefill-rows-negative": [
         f"{P}.maxPrefillRows must not be negative (0 = the backend's default; got -1)."
+    ],
+    "step-probe-negative": [
+        f"{P}.stepProbeSeconds must not be negative (0: no startup probe; got -1.500000)."
     ],
     "gpu-memory-zero": [
         f"{P}.gpuMemoryUtilization must be more than 0 and at most 1 (a fraction of the GPU's "

@@ -63,6 +63,7 @@ _JSON_FIELDS: dict[str, tuple[str, tuple[type, ...]]] = {
     "responseStoreMb": ("response_store_mb", (int,)),
     "maxNumBatchedTokens": ("max_num_batched_tokens", (int,)),
     "maxPrefillRows": ("max_prefill_rows", (int,)),
+    "stepProbeSeconds": ("step_probe_seconds", (int, float)),
     "maxModelLen": ("max_model_len", (int,)),
     "traceRegionSize": ("trace_region_size", (int,)),
     "precision": ("precision", (str,)),

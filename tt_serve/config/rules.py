@@ -196,6 +196,11 @@ def validate(cfg: ServeConfig) -> list[str]:
             f"{cfg.max_prefill_rows}).",
         ),
         (
+            cfg.step_probe_seconds >= 0,
+            f"{p}.stepProbeSeconds must not be negative (0: no startup probe; got "
+            f"{_num(cfg.step_probe_seconds)}).",
+        ),
+        (
             cfg.kv_blocks == 0 or cfg.kv_blocks >= 2,
             f"{p}.kvBlocks must be 0 (size from memory) or at least 2 (block 0 is reserved "
             f"for padding; got {cfg.kv_blocks}).",

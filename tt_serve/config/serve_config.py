@@ -151,6 +151,13 @@ class ServeConfig:
         "dwarfs a step's fixed cost, as on a CPU at the 0.8B shape, all of them where it does "
         "not); at least --max-batch-size: all of them, in lockstep",
     )
+    step_probe_seconds: float = _opt(
+        20.0,
+        "seconds the startup may spend timing a few scratch steps for --max-prefill-rows 0 on "
+        "torch (about 5 s at the 0.8B shape on 2 CPU cores, under 1 s on the demo model), so a "
+        "fresh server's first burst already gets the measured rows; 0: none (the first burst "
+        "then runs in lockstep until its own steps were timed)",
+    )
     max_model_len: int = _opt(0, "context limit in tokens; 0 = the model's own")
     trace_region_size: int = _opt(
         0,

@@ -22,7 +22,7 @@ from typing import Protocol
 
 import numpy as np
 
-from tt_serve.engine import sampler
+from tt_serve.engine import prefill_rows, sampler
 from tt_serve.engine.scheduler import (
     ScheduledStep,
     Scheduler,
@@ -261,6 +261,37 @@ class Engine:
         self.scheduler.finish(t.req, FinishReason.ABORT)
         self._tracked.pop(request_id, None)
         return True
+
+    def probe_step_costs(self, budget_s: float) -> prefill_rows.ProbeResult | None:
+        """Time a few scratch steps for the measured prefill-rows rule before the first request
+        (``prefill_rows.probe``); None where there is nothing to measure: a fixed rule, a
+        pipelined decode (its steps are not timed), work already queued, or a pool too small
+        for the scratch sequence."""
+        rule = self.scheduler.prefill_rows
+        if rule is None or budget_s <= 0 or self._pipelined is not None or self.has_unfinished():
+            return None
+        with self.scheduler.scratch(
+            prefill_rows.probe_blocks(rule.chunk, self.config.scheduler.block_size)
+        ) as held:
+            if held is None:
+                return None
+            blocks, slot = held
+            res = prefill_rows.probe(
+                self.backend,
+                rule,
+                blocks=blocks,
+                state_slot=slot,
+                vocab_size=self.config.vocab_size,
+                budget_s=budget_s,
+            )
+        log.info(
+            "startup probe: %d decode and %d half-chunk steps in %.2f s; prefill rows per step: %s",
+            res.small_steps,
+            res.large_steps,
+            res.seconds,
+            res.limit or "all",
+        )
+        return res
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work() or self._inflight is not None

@@ -100,7 +100,10 @@ def build_engine(
         cfg.prefill_chunk,
         cfg.resolved_max_batch_size,
     )
-    return Engine(backend, config, text_streams=streams)
+    engine = Engine(backend, config, text_streams=streams)
+    if cfg.measured_prefill_rows:
+        engine.probe_step_costs(cfg.step_probe_seconds)
+    return engine
 
 
 MESSAGE_START = "<|im_start|>"

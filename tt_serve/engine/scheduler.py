@@ -38,7 +38,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 from tt_serve.cache import (
@@ -225,6 +225,22 @@ class Scheduler:
                 f"request needs {pages} KV blocks ({need} tokens) but the KV pool has only "
                 f"{self.cache.num_usable_blocks} blocks of {bs} tokens: it can never fit"
             )
+
+    @contextlib.contextmanager
+    def scratch(self, num_blocks: int) -> Iterator[tuple[tuple[int, ...], int] | None]:
+        """Fresh KV blocks and a free state slot for work outside any request (the startup
+        probe), returned to their pools on exit; None when either is short."""
+        pool = self.cache.block_pool
+        if not self._free_slots or num_blocks > pool.num_allocatable:
+            yield None
+            return
+        blocks = pool.allocate(num_blocks)
+        slot = self._free_slots.pop()
+        try:
+            yield tuple(blocks), slot
+        finally:
+            self._free_slots.append(slot)
+            pool.release(blocks)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
