@@ -5,11 +5,17 @@ checked (middleware) and the body validated (pydantic, strict): model name and r
 endpoint's prompts, jobs submitted with their queue slots (400 or 503 here, before any header
 is sent), then one JSON body or an SSE stream. Each endpoint only says how to build its prompts
 and its choices.
+
+``TT_SERVE_FAULT_LEAK_KB=N`` is a test hook (``bench/soak``'s RSS slope check must catch it):
+every request that finishes here leaves N KiB behind in a module-level list, a leak of N KiB per
+request. Read when the app is created; 0 or unset: none.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -47,6 +53,10 @@ DEFAULT_CHAT_MAX_TOKENS = 512
 RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "add_generation_prompt", "tools"})
 
 BodyT = TypeVar("BodyT", bound=SamplingRequest)
+
+FAULT_LEAK_ENV = "TT_SERVE_FAULT_LEAK_KB"
+_leaked: list[bytes] = []  # the test hook's retained buffers; never freed
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -112,6 +122,14 @@ class OpenAIServing(ABC, Generic[BodyT]):
     def __init__(self, state: ServerState, metrics: Metrics) -> None:
         self.state = state
         self.metrics = metrics
+        self.leak_bytes = int(os.environ.get(FAULT_LEAK_ENV) or 0) << 10
+        if self.leak_bytes:
+            log.warning(
+                "%s: every finished %s request leaks %d KiB",
+                FAULT_LEAK_ENV,
+                self.id_prefix,
+                self.leak_bytes >> 10,
+            )
 
     async def create(self, body: BodyT) -> Response:
         engine = self._engine(body.model)
@@ -165,6 +183,8 @@ class OpenAIServing(ABC, Generic[BodyT]):
         last_token_time: dict[str, float] = {}
         async for out in outputs:
             self.metrics.observe(out, last_token_time)
+            if out.finished and self.leak_bytes:
+                _leaked.append(b"\x5a" * self.leak_bytes)  # filled: its pages are resident
             if out.finish_reason == FinishReason.ERROR:
                 if out.bad_request:  # the request's schema, not the server, failed
                     raise APIError(400, f"constrained decoding failed: {out.error}")

@@ -1,0 +1,5 @@
+import sys
+
+from bench.soak.harness import main
+
+sys.exit(main())
