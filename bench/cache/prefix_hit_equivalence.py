@@ -29,6 +29,7 @@ import argparse
 import json
 import random
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -155,8 +156,11 @@ def check(
     logprob_tol: float = 1e-3,
     timeout: float = 600.0,
     concurrency: int = 1,
+    fail_fast: bool = False,
 ) -> Report:
-    """Run the cold / warm / control comparison; the report lists every failure."""
+    """Run the cold / warm / control comparison; the report lists every failure. ``fail_fast``:
+    no case starts once one has found a defect (the gate has failed; the cases already running
+    finish and are reported)."""
     rng = random.Random(f"equivalence|{seed}")
     lo, hi = token_range(vocab)
     prompts = []
@@ -173,8 +177,11 @@ def check(
         httpx.Client(base_url=url, timeout=timeout, limits=limits) as srv,
         httpx.Client(base_url=control_url or url, timeout=timeout, limits=limits) as ctl,
     ):
+        failed = threading.Event()
 
-        def one(i: int) -> tuple[dict[str, Any], list[str]]:
+        def one(i: int) -> tuple[dict[str, Any], list[str]] | None:
+            if failed.is_set():
+                return None
             prompt, other = prompts[i]
             cold = complete(srv, prompt, max_tokens)
             complete(srv, other, max_tokens)
@@ -190,6 +197,8 @@ def check(
             defects = _diff("warm", cold, warm, logprob_tol) + _diff(
                 "control", cold, control, logprob_tol
             )
+            if defects and fail_fast:
+                failed.set()
             case = {
                 "case": i,
                 "prompt_len": len(prompt),
@@ -205,7 +214,10 @@ def check(
         with ThreadPoolExecutor(max(1, concurrency)) as pool:
             results = list(pool.map(one, range(cases)))
     report = Report()
-    for case, fails in results:
+    for result in results:
+        if result is None:  # not started: an earlier case had failed the gate (fail_fast)
+            continue
+        case, fails = result
         report.cases.append(case)
         report.failures += [f"case {case['case']}: {f}" for f in fails]
     return report
@@ -225,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--vocab", type=int, default=0, help="tiny models: ids in [vocab/2, vocab)")
     p.add_argument("--logprob-tol", type=float, default=1e-3)
+    p.add_argument(
+        "--fail-fast", action="store_true", help="start no case once one has found a defect"
+    )
     a = p.parse_args(argv)
     try:
         report = check(
@@ -238,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
             vocab=a.vocab,
             logprob_tol=a.logprob_tol,
             concurrency=a.concurrency,
+            fail_fast=a.fail_fast,
         )
     except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
         print(f"FAIL: request error: {type(exc).__name__}: {exc}", file=sys.stderr)

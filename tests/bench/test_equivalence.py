@@ -117,9 +117,11 @@ def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_default_run_excludes_1_in_128_and_catches_it(
     demo_dir: Path, fault_every: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The default run (384 cases) on the demo model: clean, it states "excludes 1/128 at
-    95%"; with the test hook perturbing one GDN restore in 128 on the warm server (chosen by
-    the snapshot's bits: the same ones at any interleaving), it fails."""
+    """The default run's 384 cases on the demo model (a 128-token head, two chunks, a 16-token
+    suffix, 8 tokens out: short enough for CI's slow tier): clean, it states "excludes 1/128 at
+    95%"; with the test hook perturbing one GDN restore in 128 on the warm server (chosen by the
+    snapshot's bits: the same ones at any interleaving), it fails, at its first defect
+    (``fail_fast``, which a clean run never triggers)."""
     from tests.server.conftest import serve
 
     with serve(demo_dir, prefix_caching=False) as ctl:
@@ -128,7 +130,16 @@ def test_the_default_run_excludes_1_in_128_and_catches_it(
         # Snapshot slots for every case in flight: a hit evicted by a neighbour is not compared.
         with serve(demo_dir, max_model_len=1024, snapshot_slots=256) as warm:
             monkeypatch.delenv("TT_SERVE_FAULT_RESTORE_EVERY", raising=False)
-            report = check(warm.url, control_url=ctl.url, concurrency=8)
+            # With the defect, the run stops at the first one: failing is all it must show.
+            report = check(
+                warm.url,
+                control_url=ctl.url,
+                concurrency=8,
+                head=128,
+                suffix=16,
+                max_tokens=8,
+                fail_fast=True,
+            )
     gate = report.gate
     if not fault_every:
         assert report.ok, report.failures[:5]

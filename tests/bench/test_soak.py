@@ -73,9 +73,9 @@ def test_bad_and_oversized_items_expect_their_errors() -> None:
     assert {c.api for c in convos} == {"chat", "responses", "messages"}
 
 
-def _soak(extra_env: dict[str, str]) -> tuple[int, dict[str, Any]]:
+def _soak(extra_env: dict[str, str], args: list[str] = SHORT) -> tuple[int, dict[str, Any]]:
     env = dict(os.environ, OMP_NUM_THREADS="1", **extra_env)
-    cmd = [sys.executable, "-m", "bench.soak", *SHORT]
+    cmd = [sys.executable, "-m", "bench.soak", *args]
     res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
     try:
         report = json.loads(res.stdout)
@@ -103,7 +103,9 @@ def test_a_short_clean_soak_passes_every_check() -> None:
 def test_a_server_leaking_per_request_fails_the_rss_check_only() -> None:
     # 1 MiB per finished request: about 0.7 MiB per request of the mix (bad inputs, drops and
     # timeouts finish none), several times the 256 KiB bound.
-    rc, report = _soak({"TT_SERVE_FAULT_LEAK_KB": "1024"})
+    # Half a minute and a small replay sample: the leak shows within seconds.
+    leak = ["--minutes", "0.5", "--concurrency", "4", "--max-compare", "16", "--no-ledger"]
+    rc, report = _soak({"TT_SERVE_FAULT_LEAK_KB": "1024"}, leak)
     assert rc == 1 and not report["ok"]
     assert report["failed"] == ["rss"], report["failed"]
     assert report["checks"]["rss"]["kib_per_request"] > 256

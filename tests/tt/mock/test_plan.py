@@ -34,7 +34,7 @@ def _published(name: str) -> tuple[dict[str, Any], ModelSpec]:
     return config, ModelSpec.from_config(config, model_id=name)
 
 
-@pytest.mark.parametrize("batch", [1, 16, 32])
+@pytest.mark.parametrize("batch", [16, 32])  # the ttnn default and the most it serves
 def test_qwen35_9b_starts_on_a_mock_p150(ttnn_python: Path, batch: int) -> None:
     """Real size, shape-only: weights (18 GB bf16), KV pool, states and snapshots allocated by
     tt-metal's allocator, the workload's prefill, decode, sampling and snapshot copies
