@@ -101,8 +101,7 @@ def build_engine(
         cfg.resolved_max_batch_size,
     )
     engine = Engine(backend, config, text_streams=streams)
-    if cfg.measured_prefill_rows:
-        engine.probe_step_costs(cfg.step_probe_seconds)
+    engine.probe_step_costs(cfg.step_probe_seconds)  # nothing to probe without a measured rule
     return engine
 
 

@@ -118,7 +118,6 @@ class ProbeResult:
     large_steps: int
     seconds: float
     limit: int
-    fit: tuple[float, float] | None
 
 
 def probe_blocks(chunk: int, block_size: int) -> int:
@@ -178,4 +177,4 @@ def probe(
                     counts[large] += 1
     finally:
         backend.copy_states([StateCopy.reset(state_slot)])
-    return ProbeResult(counts[False], counts[True], clock() - start, rows.limit, rows.fit())
+    return ProbeResult(counts[False], counts[True], clock() - start, rows.limit)
