@@ -198,9 +198,11 @@ in
       refused on backend = "ttnn" (use precision for its weights).
     '';
     precision = opt (types.enum [ "auto" "bfloat16" "mixed" "bfp4-mlp" ]) d.precision ''
-      ttnn weight precision profile: auto (bfloat16 today), bfloat16 (every weight bf16),
+      Weight precision profile, the same on both backends: bfloat16 (every weight bf16),
       mixed (attention, GDN, MLP, expert and LM-head weights bfloat8_b), bfp4-mlp (as mixed,
-      MLP and expert weights bfloat4_b). Anything but auto needs backend = "ttnn".
+      MLP and expert weights bfloat4_b); auto: bfloat16 on ttnn, the checkpoint's float32 on
+      torch. On torch the profile runs on the CPU (block-float kernels; device cpu, dtype
+      float32); MoE routed experts stay float32 there.
     '';
     deviceArgmax = opt types.bool d.deviceArgmax
       "Pick greedy tokens on the device; only token ids come back to the host.";

@@ -5,7 +5,7 @@ layers in the release pattern, context-sensitive init, saved in bf16 as release 
 runs on the torch reference backend (float32) and, per profile (``bfloat16``, ``mixed``,
 ``bfp4-mlp``), on the ttnn backend over the virtual device with ``card_formats`` on: every stored
 value is rounded to its dtype as the card stores it (bf16 activations and KV, block-float
-weights, ``tt_serve/model/tt/formats.py``); ops compute in float32, so math fidelity and bf16
+weights, ``tt_serve/model/formats.py``); ops compute in float32, so math fidelity and bf16
 accumulation are not in these numbers (``README`` "Precision profiles"). A ``float32`` row
 (the ``mixed`` build with ``card_formats`` off) is the method's own floor.
 
@@ -22,7 +22,7 @@ tokenizer). Per prompt the reference decodes greedily; every profile then
     python -m bench.precision.cost --table-from bench/runs/precision-cost.jsonl --layers 4
 
 One ledger line to ``bench/runs/precision-cost.jsonl``; ``--write-table`` merges the shape's
-numbers into ``tt_serve/model/tt/precision_cost.json`` (what ``tt-serve plan`` shows).
+numbers into ``tt_serve/model/precision_cost.json`` (what ``tt-serve plan`` shows).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ import torch
 from bench.common.checkpoint import write_checkpoint
 from bench.common.provenance import REPO_ROOT, append_ledger
 from tt_serve.model.interface import Backend, StateCopy, StepBatch, StepRow
+from tt_serve.model.precision import PROFILES
 from tt_serve.model.published import published_config
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.torch.backend import TorchBackend
@@ -50,7 +51,6 @@ from tt_serve.model.tt.layout.parallel import TensorParallel
 from tt_serve.model.tt.ops import Ops
 from tt_serve.model.tt.options import TTOptions
 from tt_serve.model.tt.plan.cost_table import TABLE_PATH, merge_shape
-from tt_serve.model.tt.precision import PROFILES
 from tt_serve.model.tt.runtime.build import build_backend
 from tt_serve.model.tt.virtual.device import VirtualTTNN
 from tt_serve.model.weights import load_weights

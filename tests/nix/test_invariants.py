@@ -107,7 +107,8 @@ TRUTH_TABLE: list[tuple[str, dict[str, Any], bool]] = [
     ("ttnn-precision-mixed", {**TTNN, "precision": "mixed"}, True),
     ("ttnn-precision-bfloat16", {**TTNN, "precision": "bfloat16", "dtype": "bfloat16"}, True),
     ("ttnn-precision-unknown", {**TTNN, "precision": "fp8"}, False),
-    ("torch-precision-mixed", {"precision": "mixed"}, False),
+    ("torch-precision-mixed", {"precision": "mixed"}, True),
+    ("cpu-precision-mixed-bf16", {"precision": "mixed", "dtype": "bfloat16"}, False),
     ("cuda-precision-bfloat16", {"precision": "bfloat16", "device": "cuda"}, False),
     ("torch-precision-auto", {"precision": "auto", "device": "cuda"}, True),
     ("kv-blocks-1", {"kvBlocks": 1}, False),
@@ -328,9 +329,10 @@ NEW_RULE_MESSAGES = {
     "ttnn-precision-unknown": [
         f"{P}.precision must be one of auto, bfloat16, mixed, bfp4-mlp (got fp8)."
     ],
-    "torch-precision-mixed": [
-        f'{P}.precision selects a ttnn weight profile; it needs {P}.backend = "ttnn" '
-        "(got backend torch, precision mixed)."
+    "cpu-precision-mixed-bf16": [
+        f"{P}.precision = mixed on backend torch holds the card's weight formats for the CPU's "
+        f"float32 kernels: it needs a CPU {P}.device and {P}.dtype auto or float32 (got device "
+        "cpu, dtype bfloat16)."
     ],
     "chunk-not-block-multiple-untraced": [
         f"{P}.prefillChunk (96) must be a multiple of {P}.blockSize (64): prefill chunks end on "

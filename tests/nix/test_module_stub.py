@@ -264,7 +264,7 @@ def test_systemd_specials_are_escaped() -> None:
         ({"backend": "ttnn", "maxBatchSize": 64}, f"{P}.maxBatchSize must be in 0..32"),
         ({"prefillChunk": 96, "blockSize": 32}, "GDN chunk (64)"),
         ({"backend": "ttnn", "dtype": "float32"}, f"{P}.dtype = float32 is not available"),
-        ({"precision": "mixed"}, f"{P}.precision selects a ttnn weight profile"),
+        ({"precision": "mixed", "device": "cuda"}, f"{P}.precision = mixed on backend torch"),
         ({"kvBlocks": 1}, f"{P}.kvBlocks must be 0 (size from memory) or at least 2"),
         ({"maxModelLen": -1}, f"{P}.maxModelLen must not be negative"),
         ({"prefillChunk": 96, "blockSize": 64, "prefixCaching": {"enable": False}},

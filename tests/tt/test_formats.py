@@ -1,4 +1,4 @@
-"""``tt_serve/model/tt/formats.py`` in the main venv: hand-computed block-float values, padding,
+"""``tt_serve/model/formats.py`` in the main venv: hand-computed block-float values, padding,
 idempotence and ``is_representable``. (Bit equality with tt-metal's own packer is
 ``tests/tt_host/test_formats_host.py``, in the ttnn venv.)"""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tt_serve.model.tt.formats import block_float, is_representable, round_to
+from tt_serve.model.formats import block_float, is_representable, round_to
 
 
 def _row(values: list[float]) -> torch.Tensor:

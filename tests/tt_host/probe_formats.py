@@ -1,6 +1,6 @@
 """Run by the ttnn venv under a mock cluster descriptor: tt-metal's own host conversion
 (``ttnn.from_torch`` to a TILE tensor, ``ttnn.to_torch`` back) against ``round_to`` of
-``tt_serve.model.tt.formats``, bit for bit, on inputs chosen to hit every branch of the block-float
+``tt_serve.model.formats``, bit for bit, on inputs chosen to hit every branch of the block-float
 packer. Prints "TTNN_PROBE_RESULT " + JSON {"cases": [{"name", "dtype", "n", "diff", "first"}]}."""
 
 import json
@@ -8,7 +8,7 @@ import json
 import torch
 import ttnn
 
-from tt_serve.model.tt.formats import round_to
+from tt_serve.model.formats import round_to
 
 DTYPES = {"bfloat16": ttnn.bfloat16, "bfloat8_b": ttnn.bfloat8_b, "bfloat4_b": ttnn.bfloat4_b}
 

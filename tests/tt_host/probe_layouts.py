@@ -9,11 +9,11 @@ import ttnn
 
 from tt_serve.model.buckets import fit_table
 from tt_serve.model.interface import StepRow
+from tt_serve.model.precision import Precision
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.layout import ROW_MAJOR, TILE
 from tt_serve.model.tt.layout.checkpoint import layout_weights
 from tt_serve.model.tt.ops import Ops
-from tt_serve.model.tt.precision import Precision
 from tt_serve.model.tt.runtime.buffers import DECODE_FIELDS, PREFILL_FIELDS
 from tt_serve.model.tt.runtime.inputs import (
     decode_values,

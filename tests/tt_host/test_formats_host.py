@@ -1,4 +1,4 @@
-"""Host tier: ``tt_serve.model.tt.formats`` against tt-metal's own conversion in the ttnn==0.81.1
+"""Host tier: ``tt_serve.model.formats`` against tt-metal's own conversion in the ttnn==0.81.1
 wheel, bit for bit (``probe_formats.py``, run by the ttnn venv under the mock cluster descriptor
 that TILE host conversion needs). Skips without the venv unless ``REQUIRE_TTNN=1``."""
 

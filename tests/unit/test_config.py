@@ -150,6 +150,8 @@ def test_resolved_precision() -> None:
     assert PRECISIONS == ("auto", "bfloat16", "mixed", "bfp4-mlp")
     assert ServeConfig(backend="ttnn").resolved_precision == "bfloat16"
     assert ServeConfig(backend="ttnn", precision="mixed").resolved_precision == "mixed"
+    assert ServeConfig().resolved_precision == "float32"  # torch: the checkpoint's weights
+    assert ServeConfig(precision="bfp4-mlp").resolved_precision == "bfp4-mlp"
 
 
 def test_from_kwargs() -> None:
@@ -237,10 +239,11 @@ REFUSED = [
         ],
     ),
     (
-        ServeConfig(precision="mixed"),
+        ServeConfig(precision="mixed", device="cuda"),
         [
-            f'{P}.precision selects a ttnn weight profile; it needs {P}.backend = "ttnn" '
-            "(got backend torch, precision mixed)."
+            f"{P}.precision = mixed on backend torch holds the card's weight formats for the "
+            f"CPU's float32 kernels: it needs a CPU {P}.device and {P}.dtype auto or float32 "
+            "(got device cuda, dtype auto)."
         ],
     ),
     (

@@ -99,9 +99,12 @@ def validate(cfg: ServeConfig) -> list[str]:
             f"{p}.precision must be one of {', '.join(PRECISIONS)} (got {cfg.precision}).",
         ),
         (
-            ttnn or cfg.precision == "auto",
-            f'{p}.precision selects a ttnn weight profile; it needs {p}.backend = "ttnn" '
-            f"(got backend {cfg.backend}, precision {cfg.precision}).",
+            ttnn
+            or cfg.precision == "auto"
+            or (not _CUDA_DEVICE.fullmatch(cfg.device) and cfg.dtype != "bfloat16"),
+            f"{p}.precision = {cfg.precision} on backend torch holds the card's weight formats "
+            f"for the CPU's float32 kernels: it needs a CPU {p}.device and {p}.dtype auto or "
+            f"float32 (got device {cfg.device}, dtype {cfg.dtype}).",
         ),
         (
             cfg.device_resident is not True or cfg.device_argmax,

@@ -67,9 +67,10 @@ class ServeConfig:
     )
     precision: str = _opt(
         "auto",
-        "ttnn weight precision profile: auto (bfloat16 today), bfloat16 (every weight bf16), "
+        "weight precision profile, the same on both backends: bfloat16 (every weight bf16), "
         "mixed (attention, GDN, MLP, expert and LM-head weights bfloat8_b), bfp4-mlp (as mixed, "
-        "MLP and expert weights bfloat4_b)",
+        "MLP and expert weights bfloat4_b); auto: bfloat16 on ttnn, the checkpoint's float32 on "
+        "torch (a profile on torch runs the CPU's block-float kernels)",
         choices=PRECISIONS,
     )
     device_argmax: bool = _opt(
@@ -233,8 +234,11 @@ class ServeConfig:
 
     @property
     def resolved_precision(self) -> str:
-        """The ttnn weight profile ``auto`` stands for."""
-        return "bfloat16" if self.precision == "auto" else self.precision
+        """The weight profile ``auto`` stands for: bfloat16 on ttnn, float32 (the checkpoint's
+        own weights, no profile) on torch."""
+        if self.precision != "auto":
+            return self.precision
+        return "bfloat16" if self.backend == "ttnn" else "float32"
 
     @property
     def mixed_steps(self) -> bool:

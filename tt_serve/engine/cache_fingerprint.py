@@ -42,7 +42,7 @@ def checkpoint_fingerprint(cfg: ServeConfig, model_id: str) -> bytes:
         "x".join(map(str, mesh_shape(cfg))) if ttnn else cfg.device.split(":")[0],
         _release(),
         cfg.resolved_dtype,
-        cfg.resolved_precision if ttnn else "",
+        cfg.resolved_precision if ttnn or cfg.precision != "auto" else "",
         str(cfg.block_size),
         str(cfg.prefill_chunk),
         cfg.resume_points,

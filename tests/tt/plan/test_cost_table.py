@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tt_serve.model.precision import PROFILES
 from tt_serve.model.tt.plan import cost_table as ct
 from tt_serve.model.tt.plan.planner import Plan
 from tt_serve.model.tt.plan.report import format_quality
-from tt_serve.model.tt.precision import PROFILES
 
 ROW = {
     "greedy_equal_reference": 0.5,

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
+from tt_serve.model.precision import Precision
 from tt_serve.model.published import write_published_config
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.boards import device_spec
 from tt_serve.model.tt.options import TTOptions
 from tt_serve.model.tt.plan import planner, startup
-from tt_serve.model.tt.precision import Precision
 
 pytestmark = pytest.mark.slow
 

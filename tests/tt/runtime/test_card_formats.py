@@ -12,8 +12,8 @@ import numpy as np
 
 from tests import numerics as nm
 from tests.tt import harness as h
+from tt_serve.model.formats import is_representable
 from tt_serve.model.interface import Backend, StateCopy, StepBatch, StepRow
-from tt_serve.model.tt.formats import is_representable
 from tt_serve.model.tt.virtual.device import VirtualTTNN
 
 DECODE = 24

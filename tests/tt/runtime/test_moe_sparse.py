@@ -14,13 +14,13 @@ import torch
 
 from tests.tt import harness as h
 from tests.tt.runtime.test_moe import INTER, TOP_K, H, _checkpoint, _dense, _ops, _weights
+from tt_serve.model.precision import Precision
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.layout import ROW_MAJOR
 from tt_serve.model.tt.layout.checkpoint import layout_weights
 from tt_serve.model.tt.layout.host import shape_only_weights
 from tt_serve.model.tt.layout.transforms import sparse_experts
 from tt_serve.model.tt.ops import Ops
-from tt_serve.model.tt.precision import Precision
 from tt_serve.model.tt.runtime import moe
 from tt_serve.model.tt.virtual import rules_moe
 from tt_serve.model.tt.virtual.device import P150, WORMHOLE, VirtualTTNN

@@ -324,9 +324,9 @@ def test_from_config_maps_the_serve_config(
     dense_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from tt_serve.config import ServeConfig
+    from tt_serve.model.precision import Precision
     from tt_serve.model.tt.ops import Ops
     from tt_serve.model.tt.plan import planner
-    from tt_serve.model.tt.precision import Precision
     from tt_serve.model.tt.runtime import weight_cache
 
     fake = h.fake()
@@ -434,7 +434,7 @@ def test_precision_profiles_convert_and_configure_every_matmul(
     gets a compute kernel config whose fidelity matches its weight dtype (LoFi for bfp4, HiFi2
     for bfp8, HiFi4 for bf16 and the one-hot/rotation matmuls), and the LM head runs as column
     chunks. The fake computes in fp32, so the tokens stay the torch backend's."""
-    from tt_serve.model.tt.precision import PROFILES, Precision
+    from tt_serve.model.precision import PROFILES, Precision
     from tt_serve.model.tt.runtime import model as tt_model
 
     assert PROFILES == ("bfloat16", "mixed", "bfp4-mlp")

@@ -20,11 +20,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tests.tt import harness as h
+from tt_serve.model.precision import Precision
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.layout.host import to_numpy
 from tt_serve.model.tt.layout.parallel import TensorParallel
 from tt_serve.model.tt.ops import Ops
-from tt_serve.model.tt.precision import Precision
 from tt_serve.model.tt.runtime import weight_cache, weights
 from tt_serve.model.tt.runtime.weight_cache import MANIFEST, TEMP_MARK, WeightCache
 from tt_serve.model.weights import load_weights

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tt_serve.model.precision import Precision
 from tt_serve.model.published import SIZES, published_config
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.layout.checkpoint import layout_weights
@@ -20,7 +21,6 @@ from tt_serve.model.tt.layout.host import HostWeight, is_shape_only, shape_only_
 from tt_serve.model.tt.layout.parallel import TensorParallel
 from tt_serve.model.tt.layout.table import TABLE, DeviceWeight, Placement, slot
 from tt_serve.model.tt.plan import planner
-from tt_serve.model.tt.precision import Precision
 
 MESHES = ((1, 1), (1, 2), (1, 4), (2, 4))
 # Two profiles in which every weight group has its own pair of dtypes, so a weight taking its

@@ -35,7 +35,7 @@
 #endif
 
 /* The interface version native.py expects (bump it with any signature change). */
-int tt_native_abi(void) { return 6; }
+int tt_native_abi(void) { return 7; }
 
 int tt_screen_levels(void) { return TT_SCREEN_LEVELS; }
 
@@ -419,6 +419,164 @@ int tt_linear(const float *wb, const float *x, int64_t rows, int64_t out, int64_
     return 0;
 #else
     (void)wb, (void)x, (void)rows, (void)out, (void)in, (void)y;
+    return 1;
+#endif
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Block-float projections: y [rows][out] = x [rows][in] . wᵀ on a weight held as the card holds
+ * it in bfloat8_b or bfloat4_b (model/blockfloat.py packs it): the card's weight is [in, out]
+ * TILE, so one shared exponent covers 16 consecutive outputs at one k. Packed [out / 16][in]:
+ * per (panel, k) the 16 outputs' sign-magnitude codes (bfloat8_b: 16 bytes, sign | 7-bit
+ * magnitude; bfloat4_b: 8 bytes, byte j holding outputs j (low nibble) and j + 8, sign | 3-bit
+ * magnitude) and in ``exps`` [out / 16][in] their shared exponent e: a value reads back as
+ * magnitude x 2^(e - 127 - (bits - 1)). ``bits`` is the magnitude width: 7 or 3.
+ *
+ * The sums are tt_linear's: each output one FMA chain over k ascending from +0. A decode row
+ * multiplies x_k by the block's power-of-two unit (exact) and that by the integer magnitude
+ * in the FMA, whose product is x_k . w_k exactly, so the result has the bits of tt_linear on
+ * the unpacked weight; prefill unpacks a KC x 16 panel to fp32 once per MC-row block and runs
+ * tt_linear's micro-kernel on it. A row's bits therefore do not depend on the other rows, and
+ * equal the fp32 kernel's on formats.round_to's values (tests/model/test_blockfloat.py).
+ * Blocks with 0 < e < bits, whose values the card's packer wraps, are refused by the packer.
+ * out % 16 == 0; returns 1 (writing nothing) otherwise. */
+#if defined(__AVX2__) && defined(__FMA__)
+/* The unit of a block's magnitudes, 2^(e - 127 - (bits - 1)); 0 for a zero block (e == 0). */
+static inline float tt_bfp_unit(uint8_t e, int bits) {
+    const int biased = (int)e - (bits - 1);
+    if (e == 0 || biased <= 0) return 0.0f;
+    const uint32_t u = (uint32_t)biased << 23;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* The 16 codes of one (panel, k) as signed integer-valued floats, outputs 0-7 and 8-15. */
+static inline __attribute__((always_inline)) void tt_bfp_ints(const uint8_t *p, const int bits,
+                                                               __m256 *lo, __m256 *hi) {
+    __m128i s;
+    if (bits == 7) {
+        const __m128i b = _mm_loadu_si128((const __m128i *)p);
+        const __m128i mag = _mm_and_si128(b, _mm_set1_epi8(0x7f));
+        /* blendv picks by each byte's top bit: the sign */
+        s = _mm_blendv_epi8(mag, _mm_sub_epi8(_mm_setzero_si128(), mag), b);
+    } else {
+        const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 0, -1, -2, -3, -4, -5, -6, -7);
+        const __m128i b = _mm_loadl_epi64((const __m128i *)p);
+        const __m128i m = _mm_set1_epi8(0x0f);
+        const __m128i nib =
+            _mm_unpacklo_epi64(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
+        s = _mm_shuffle_epi8(lut, nib);
+    }
+    *lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s));
+    *hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s, 8)));
+}
+
+#define TT_BFP_ACC(i) __m256 c##i##0 = _mm256_setzero_ps(), c##i##1 = _mm256_setzero_ps();
+#define TT_BFP_FMA(i)                                                                             \
+    if (n > i) {                                                                                  \
+        const __m256 xv = _mm256_set1_ps(x[i * in + k] * unit);                                   \
+        c##i##0 = _mm256_fmadd_ps(xv, u, c##i##0);                                                \
+        c##i##1 = _mm256_fmadd_ps(xv, v, c##i##1);                                                \
+    }
+#define TT_BFP_OUT(i)                                                                             \
+    if (n > i) {                                                                                  \
+        _mm256_storeu_ps(y + i * ldy, c##i##0);                                                   \
+        _mm256_storeu_ps(y + i * ldy + 8, c##i##1);                                               \
+    }
+/* n (<= 6) decode rows x one panel's 16 outputs over all of k. */
+static inline __attribute__((always_inline)) void
+tt_bfp_micro(const uint8_t *restrict codes, const uint8_t *restrict exps, const int bits,
+             const float *restrict x, int64_t in, float *restrict y, int64_t ldy, const int n) {
+    TT_BFP_ACC(0) TT_BFP_ACC(1) TT_BFP_ACC(2) TT_BFP_ACC(3) TT_BFP_ACC(4) TT_BFP_ACC(5)
+    const int64_t stride = bits == 7 ? 16 : 8;
+    for (int64_t k = 0; k < in; k++) {
+        __m256 u, v;
+        tt_bfp_ints(codes + k * stride, bits, &u, &v);
+        const float unit = tt_bfp_unit(exps[k], bits);
+        TT_BFP_FMA(0) TT_BFP_FMA(1) TT_BFP_FMA(2) TT_BFP_FMA(3) TT_BFP_FMA(4) TT_BFP_FMA(5)
+    }
+    TT_BFP_OUT(0) TT_BFP_OUT(1) TT_BFP_OUT(2) TT_BFP_OUT(3) TT_BFP_OUT(4) TT_BFP_OUT(5)
+}
+
+static void tt_bfp_rows(const uint8_t *codes, const uint8_t *exps, int bits, const float *x,
+                        int64_t in, float *y, int64_t ldy, int64_t n) {
+#define TT_BFP_CASE(b, r)                                                                         \
+    if (bits == b && n == r) {                                                                \
+        tt_bfp_micro(codes, exps, b, x, in, y, ldy, r);                                           \
+        return;                                                                                   \
+    }
+    TT_BFP_CASE(7, 1) TT_BFP_CASE(7, 2) TT_BFP_CASE(7, 3) TT_BFP_CASE(7, 4) TT_BFP_CASE(7, 5)
+    TT_BFP_CASE(7, 6) TT_BFP_CASE(3, 1) TT_BFP_CASE(3, 2) TT_BFP_CASE(3, 3) TT_BFP_CASE(3, 4)
+    TT_BFP_CASE(3, 5) TT_BFP_CASE(3, 6)
+#undef TT_BFP_CASE
+}
+
+/* One panel's k-block [k0, k0 + kn) unpacked to fp32 in tt_linear's layout: w0 [kn][8] for
+ * outputs 0-7, w1 [kn][8] for 8-15. */
+static void tt_bfp_unpack(const uint8_t *codes, const uint8_t *exps, int bits, int64_t kn,
+                          float *w0, float *w1) {
+    const int64_t stride = bits == 7 ? 16 : 8;
+    for (int64_t k = 0; k < kn; k++) {
+        __m256 u, v;
+        tt_bfp_ints(codes + k * stride, bits, &u, &v);
+        const __m256 unit = _mm256_set1_ps(tt_bfp_unit(exps[k], bits));
+        _mm256_storeu_ps(w0 + k * 8, _mm256_mul_ps(u, unit));
+        _mm256_storeu_ps(w1 + k * 8, _mm256_mul_ps(v, unit));
+    }
+}
+#endif
+
+int tt_bfp_linear(const uint8_t *codes, const uint8_t *exps, int32_t bits, const float *x,
+                  int64_t rows, int64_t out, int64_t in, float *y) {
+#if defined(__AVX2__) && defined(__FMA__)
+    if (out % 16 != 0 || rows < 0 || in < 1 || (bits != 7 && bits != 3)) return 1;
+    if (rows == 0) return 0;
+    const int64_t panels = out / 16, stride = bits == 7 ? 16 : 8;
+    if (rows <= TT_MR) {
+#pragma omp parallel for schedule(static)
+        for (int64_t p = 0; p < panels; p++)
+            tt_bfp_rows(codes + p * in * stride, exps + p * in, bits, x, in, y + p * 16, out, rows);
+        return 0;
+    }
+    float *xp = malloc(sizeof(float) * TT_MC * TT_KC);
+    if (xp == NULL) return 1;
+    int failed = 0;
+#pragma omp parallel
+    {
+        float *wp = malloc(sizeof(float) * 2 * TT_KC * 8);
+        if (wp == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+        for (int64_t k0 = 0; k0 < in; k0 += TT_KC) {
+            const int64_t kn = in - k0 < TT_KC ? in - k0 : TT_KC;
+            for (int64_t m0 = 0; m0 < rows; m0 += TT_MC) {
+                const int64_t mn = rows - m0 < TT_MC ? rows - m0 : TT_MC;
+#pragma omp for schedule(static)
+                for (int64_t g = 0; g < mn; g += TT_MR)
+                    for (int64_t k = 0; k < kn; k++)
+                        for (int64_t i = 0; i < TT_MR; i++)
+                            xp[g * kn + k * TT_MR + i] =
+                                g + i < mn ? x[(m0 + g + i) * in + k0 + k] : 0.0f;
+#pragma omp for schedule(static)
+                for (int64_t p = 0; p < panels; p++) {
+                    if (wp == NULL) continue;
+                    tt_bfp_unpack(codes + (p * in + k0) * stride, exps + p * in + k0, bits, kn,
+                                  wp, wp + TT_KC * 8);
+                    for (int64_t g = 0; g < mn; g += TT_MR)
+                        tt_lin_rows(wp, wp + TT_KC * 8, xp + g * kn, TT_MR, 1,
+                                    y + (m0 + g) * out + p * 16, out, kn, k0 == 0,
+                                    mn - g < TT_MR ? mn - g : TT_MR);
+                }
+            }
+        }
+        free(wp);
+    }
+    free(xp);
+    return failed;
+#else
+    (void)codes, (void)exps, (void)bits, (void)x, (void)rows, (void)out, (void)in, (void)y;
     return 1;
 #endif
 }

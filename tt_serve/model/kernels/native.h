@@ -46,6 +46,8 @@ int tt_linear_compiled(void);
 int tt_linear_preferred(void);
 void tt_linear_pack(const float *w, int64_t out, int64_t in, float *dst);
 int tt_linear(const float *wb, const float *x, int64_t rows, int64_t out, int64_t in, float *y);
+int tt_bfp_linear(const uint8_t *codes, const uint8_t *exps, int32_t bits, const float *x,
+                  int64_t rows, int64_t out, int64_t in, float *y);
 
 /* native_layers.c */
 void tt_rms_norm(const void *x, const void *res, void *y_out, int64_t rows, int64_t n,

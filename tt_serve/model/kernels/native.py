@@ -31,11 +31,12 @@ from pathlib import Path
 
 import torch
 
+from tt_serve.model.blockfloat import BlockFloatWeight
 from tt_serve.user_cache import user_cache_dir
 
 log = logging.getLogger(__name__)
 
-ABI = 6  # native.c's tt_native_abi()
+ABI = 7  # native.c's tt_native_abi()
 FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c11")  # and -march (``_build``)
 _DIR = Path(__file__).parent
 # What the library is compiled from (one compiler call, one .so), and the headers they include:
@@ -139,6 +140,8 @@ class NativeKernels:
         lib.tt_linear_pack.restype = None
         lib.tt_linear.argtypes = [_P, _P, _I64, _I64, _I64, _P]
         lib.tt_linear.restype = ctypes.c_int
+        lib.tt_bfp_linear.argtypes = [_P, _P, ctypes.c_int32, _P, _I64, _I64, _I64, _P]
+        lib.tt_bfp_linear.restype = ctypes.c_int
         if lib.tt_native_abi() != ABI:
             raise RuntimeError(f"native library ABI {lib.tt_native_abi()} is not {ABI}")
         self.screen_levels = int(lib.tt_screen_levels())
@@ -194,6 +197,21 @@ class NativeKernels:
         if self.lib.tt_linear(blocked.data_ptr(), x.data_ptr(), x.shape[0], blocks * 8, inp,
                               y.data_ptr()):  # fmt: skip
             raise RuntimeError("tt_linear refused its shapes (or ran out of memory)")
+        return y
+
+    def bfp_linear(self, bw: BlockFloatWeight, x: torch.Tensor) -> torch.Tensor:
+        """fp32 x [rows, in] · wᵀ -> [rows, padded out] on a block-float weight, decoded in
+        the kernel: the bits of ``linear`` on ``blockfloat.unpack(bw)``."""
+        inp = bw.in_features
+        if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != inp or x.device.type != "cpu":
+            raise ValueError(f"bfp_linear: fp32 CPU rows of {inp} values, got {tuple(x.shape)}")
+        if not self.linear_compiled:
+            raise ValueError("bfp_linear needs the AVX2 + FMA build of the kernels")
+        x = x.contiguous()
+        y = torch.empty(x.shape[0], bw.padded_out, dtype=torch.float32)
+        if self.lib.tt_bfp_linear(bw.codes.data_ptr(), bw.exps.data_ptr(), bw.bits, x.data_ptr(),
+                                  x.shape[0], bw.padded_out, inp, y.data_ptr()):  # fmt: skip
+            raise RuntimeError("tt_bfp_linear refused its shapes (or ran out of memory)")
         return y
 
     def screen_gemv(

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import torch
 import torch.nn.functional as F
 
+from tt_serve.model import blockfloat, formats
+from tt_serve.model.blockfloat import BLOCK_FLOATS, BlockFloatWeight
 from tt_serve.model.kernels import native
 
 
@@ -109,11 +112,35 @@ class Linear:
     (CUDA, other dtypes, a torch built without oneDNN) it is ``F.linear``.
     """
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(
+        self, weight: torch.Tensor, storage: str = "float32", *, bf16_inputs: bool = False
+    ) -> None:
         self.out_features, self.in_features = int(weight.shape[0]), int(weight.shape[1])
         self.packed: torch.Tensor | None = None
         self.blocked: torch.Tensor | None = None
+        self.block_float: BlockFloatWeight | None = None
         self.weight: torch.Tensor | None = weight
+        self.native: native.NativeKernels | None = None
+        self.storage = storage
+        self.bf16_inputs = bf16_inputs
+        self.keep: torch.Tensor | None = None  # output columns kept (``fused``'s padding)
+        if storage not in ("float32", *STORAGE_ROUNDED):
+            raise ValueError(f"weight storage {storage!r}: use float32 or one of {STORAGE_ROUNDED}")
+        if storage != "float32":
+            if storage in BLOCK_FLOATS:
+                k = native.kernels()
+                if (
+                    k is not None
+                    and k.linear_compiled
+                    and weight.device.type == "cpu"
+                    and weight.dtype == torch.float32
+                ):
+                    self.block_float = blockfloat.pack(weight, storage)
+                    self.native, self.weight = k, None
+                    return
+            # no block-float kernel here (or bf16 storage): the card's values, in fp32
+            weight = formats.round_to(weight.T, storage).T.contiguous().to(weight.dtype)
+        self.weight = weight
         self.native = native_linear(weight)
         if self.native is not None:
             self.blocked = self.native.linear_pack(weight)
@@ -125,6 +152,8 @@ class Linear:
     @property
     def kernel(self) -> str:
         """Which kernel runs: ``native``, ``onednn`` or ``torch`` (``F.linear``)."""
+        if self.block_float is not None:
+            return self.block_float.dtype
         return (
             "native"
             if self.blocked is not None
@@ -134,19 +163,33 @@ class Linear:
         )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.blocked is not None:
+        if self.bf16_inputs:  # the card feeds its matmuls bf16 activations
+            x = x.to(torch.bfloat16).to(x.dtype)
+        lead = x.shape[:-1]
+        flat = x.reshape(-1, self.in_features)
+        if self.block_float is not None:
             assert self.native is not None
-            flat = x.reshape(-1, self.in_features)
-            return self.native.linear(self.blocked, flat).reshape(*x.shape[:-1], self.out_features)
-        if self.packed is None:
+            y = self.native.bfp_linear(self.block_float, flat)
+        elif self.blocked is not None:
+            assert self.native is not None
+            y = self.native.linear(self.blocked, flat)
+        elif self.packed is not None:
+            y = torch.ops.mkldnn._linear_pointwise(
+                flat.contiguous(), self.packed, None, "none", [], ""
+            )
+        else:
             assert self.weight is not None
-            return F.linear(x, self.weight)
-        flat = x.reshape(-1, self.in_features).contiguous()
-        y = torch.ops.mkldnn._linear_pointwise(flat, self.packed, None, "none", [], "")
-        return y.reshape(*x.shape[:-1], self.out_features)
+            y = F.linear(flat, self.weight)
+        if self.keep is not None:  # ``fused``'s padding rows left out
+            y = y.index_select(1, self.keep.to(y.device))
+        elif y.shape[1] != self.out_features:  # the block float's padding to 16
+            y = y[:, : self.out_features]
+        return y.reshape(*lead, self.out_features)
 
 
 LINEAR_KERNELS = ("auto", "native", "onednn")
+# Storage formats of a ``Linear`` weight besides float32: the card's bf16 and block floats.
+STORAGE_ROUNDED = ("bfloat16", *BLOCK_FLOATS)
 
 
 def native_linear(weight: torch.Tensor) -> native.NativeKernels | None:
@@ -181,10 +224,26 @@ def cpu_bf16() -> bool:
     )
 
 
-def fused(*weights: torch.Tensor) -> tuple[Linear, tuple[int, ...]]:
+def fused(
+    *weights: torch.Tensor, storage: str = "float32", bf16_inputs: bool = False
+) -> tuple[Linear, tuple[int, ...]]:
     """One ``Linear`` over the row-concatenation of [out_i, in] weights and the out_i (one
-    GEMM instead of several small ones; ``torch.split`` of its output gives each)."""
-    return Linear(torch.cat(weights, dim=0)), tuple(int(w.shape[0]) for w in weights)
+    GEMM instead of several small ones; ``torch.split`` of its output gives each).
+
+    In a block float each part keeps the card's own blocks (16 outputs from a multiple of 16:
+    the card holds each part as its own tensor), so a part of a size not a multiple of 16
+    (the demo model's GDN b and a) is padded with zero rows, which the output leaves out."""
+    splits = tuple(int(w.shape[0]) for w in weights)
+    pad = [-n % 16 if storage in BLOCK_FLOATS else 0 for n in splits]
+    if not any(pad):
+        return Linear(torch.cat(weights, dim=0), storage, bf16_inputs=bf16_inputs), splits
+    parts = [torch.cat([w, w.new_zeros(p, w.shape[1])]) for w, p in zip(weights, pad, strict=True)]
+    lin = Linear(torch.cat(parts, dim=0), storage, bf16_inputs=bf16_inputs)
+    starts = itertools.accumulate([0, *(n + p for n, p in zip(splits, pad, strict=True))])
+    keep = [torch.arange(s, s + n) for s, n in zip(starts, splits, strict=False)]
+    lin.keep = torch.cat(keep)
+    lin.out_features = sum(splits)
+    return lin, splits
 
 
 def swiglu(x: torch.Tensor, gate_up: Linear, down: Linear) -> torch.Tensor:

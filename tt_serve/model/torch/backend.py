@@ -29,6 +29,7 @@ from tt_serve.model.interface import (
     StepRow,
     check_rows,
 )
+from tt_serve.model.precision import Precision
 from tt_serve.model.ref.layers import cpu_bf16
 from tt_serve.model.ref.plan import StepPlan
 from tt_serve.model.resident import ResidentSlots
@@ -39,6 +40,7 @@ from tt_serve.model.torch.model import HybridModel
 from tt_serve.model.torch.outputs import fill_logprobs, pick_on_device, pick_screened, screens
 from tt_serve.model.torch.pending import PendingStep
 from tt_serve.model.torch.pools import Pools
+from tt_serve.model.tt.layout.table import checkpoint_dtypes
 
 if TYPE_CHECKING:
     from tt_serve.config.serve_config import ServeConfig
@@ -61,6 +63,7 @@ class TorchOptions(TypedDict, total=False):
     max_model_len: int | None  # [None: the model's own] sizes the programs' block tables
     capture_graphs: bool  # [True] capture on CUDA (False: run the bucketed programs eagerly)
     screen_lm_head: bool  # [True] greedy / top-k picks through the int8 screen (CPU)
+    precision: str | None  # [None] a weight profile: the card's stored values (CardStorage)
 
 
 class TorchBackend:
@@ -98,8 +101,13 @@ class TorchBackend:
             n: t if n.endswith(("A_log", "dt_bias")) else t.to(self.dtype)
             for n, t in weights.items()
         }
+        profile = options.get("precision")
         self.model = HybridModel(
-            spec, cast, self.device, screen=options.get("screen_lm_head", True)
+            spec,
+            cast,
+            self.device,
+            screen=options.get("screen_lm_head", True),
+            dtypes=None if profile is None else checkpoint_dtypes(spec, Precision.named(profile)),
         )
         self.pools: Pools | None = None
         self.max_prefill_chunk = options.get("max_prefill_chunk", DEFAULT_PREFILL_CHUNK)
@@ -142,6 +150,7 @@ class TorchBackend:
             device_resident=graphs and resident,
             max_prefill_chunk=cfg.prefill_chunk,
             max_model_len=max_model_len,
+            precision=None if cfg.precision == "auto" else cfg.precision,
         )
 
     def profile_step_memory(

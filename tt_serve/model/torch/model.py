@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypedDict
 
 import torch
 import torch.nn.functional as F
 
+from tt_serve.model.blockfloat import BLOCK_FLOATS
+from tt_serve.model.formats import round_to
 from tt_serve.model.ref.attention import AttentionWeights, attention_forward
 from tt_serve.model.ref.gdn import GdnWeights, gdn_forward
 from tt_serve.model.ref.layers import (
@@ -48,6 +50,39 @@ class AttentionMixer(Protocol):
     ) -> torch.Tensor: ...
 
 
+class LinearOptions(TypedDict, total=False):
+    storage: str
+    bf16_inputs: bool
+
+
+@dataclass(frozen=True)
+class CardStorage:
+    """What a Tenstorrent card stores each checkpoint tensor as under a precision profile
+    (``dtypes``: ``tt/layout/table.checkpoint_dtypes``, the table the ttnn layout is built
+    from), applied to the torch backend's tensors. Projections and the LM head keep the card's
+    block-float (or bf16) values in a ``Linear`` fed bf16 activations, as the card's matmuls
+    are; the embedding, norm scales (``1 + w`` for Qwen's RMSNorm, as the card stores it), conv
+    taps and MoE router are rounded to the card's bf16 and kept in fp32. MoE routed experts
+    stay in the checkpoint's precision here (not yet packed). ``dtypes`` None: every tensor as
+    the checkpoint has it (the fp32 reference)."""
+
+    dtypes: dict[str, str] | None = None
+
+    def linear_options(self, key: str) -> LinearOptions:
+        if self.dtypes is None:
+            return {}
+        return {"storage": self.dtypes.get(key, "float32"), "bf16_inputs": True}
+
+    def values(self, t: torch.Tensor, key: str) -> torch.Tensor:
+        """``t`` (checkpoint tensor ``key``, or its norm scale) with the card's values."""
+        dtype = "float32" if self.dtypes is None else self.dtypes.get(key, "float32")
+        if dtype == "float32":
+            return t
+        if dtype in BLOCK_FLOATS:
+            raise ValueError(f"{key} is a block float on the card: it belongs in a Linear")
+        return round_to(t, dtype).to(t.dtype)
+
+
 @dataclass(frozen=True)
 class DenseMlpWeights:
     gate_up: Linear  # [gate | up] x H fused
@@ -73,28 +108,48 @@ class HybridModel:
         device: torch.device,
         *,
         screen: bool = True,
+        dtypes: dict[str, str] | None = None,
     ) -> None:
         self.spec = spec
         w = {n: t.to(device) for n, t in weights.items()}
-        self.embed = w["embed_tokens.weight"]
-        self.final_norm = norm_scale(w["norm.weight"])
-        self.lm_head = LmHead(w["lm_head.weight"], screen=screen)
+        card = CardStorage(dtypes)
+        self.card = card
+        self.embed = card.values(w["embed_tokens.weight"], "embed_tokens.weight")
+        self.final_norm = card.values(norm_scale(w["norm.weight"]), "norm.weight")
+        self.lm_head = LmHead(
+            w["lm_head.weight"], screen=screen, **card.linear_options("lm_head.weight")
+        )
         self.inv_freq = rope_inv_freq(spec.rotary_dim, spec.rope_theta, device)
-        self.layers = [self._layer(spec, w, i) for i in range(spec.num_layers)]
+        self.layers = [self._layer(spec, w, i, card) for i in range(spec.num_layers)]
 
     @staticmethod
-    def _layer(spec: ModelSpec, w: dict[str, torch.Tensor], i: int) -> LayerWeights:
+    def _layer(
+        spec: ModelSpec, w: dict[str, torch.Tensor], i: int, card: CardStorage
+    ) -> LayerWeights:
         p = f"layers.{i}."
+
+        def lin(key: str) -> Linear:
+            return Linear(w[key], **card.linear_options(key))
+
+        def fuse(*keys: str) -> tuple[Linear, tuple[int, ...]]:
+            options = {str(card.linear_options(k)) for k in keys}
+            if len(options) != 1:
+                raise ValueError(f"fused projections {keys} are stored in different formats")
+            return fused(*(w[k] for k in keys), **card.linear_options(keys[0]))
+
+        def norm(key: str) -> torch.Tensor:
+            return card.values(norm_scale(w[key]), key)
+
         mixer: GdnWeights | AttentionWeights
         if spec.layer_types[i] == FULL_ATTENTION:
             a = p + "self_attn."
-            qkv, qkv_splits = fused(*(w[a + f"{n}_proj.weight"] for n in "qkv"))
+            qkv, qkv_splits = fuse(*(a + f"{n}_proj.weight" for n in "qkv"))
             mixer = AttentionWeights(
                 qkv_proj=qkv,
                 qkv_splits=qkv_splits,
-                o_proj=Linear(w[a + "o_proj.weight"]),
-                q_norm=norm_scale(w[a + "q_norm.weight"]),
-                k_norm=norm_scale(w[a + "k_norm.weight"]),
+                o_proj=lin(a + "o_proj.weight"),
+                q_norm=norm(a + "q_norm.weight"),
+                k_norm=norm(a + "k_norm.weight"),
                 num_heads=spec.num_attention_heads,
                 num_kv_heads=spec.num_kv_heads,
                 head_dim=spec.head_dim,
@@ -103,18 +158,17 @@ class HybridModel:
             rank = spec.attention_layers.index(i)
         else:
             g = p + "linear_attn."
-            in_proj, in_splits = fused(
-                *(w[g + f"in_proj_{n}.weight"] for n in ("qkv", "z", "b", "a"))
-            )
+            in_proj, in_splits = fuse(*(g + f"in_proj_{n}.weight" for n in ("qkv", "z", "b", "a")))
+            conv = card.values(w[g + "conv1d.weight"].float(), g + "conv1d.weight")
             mixer = GdnWeights(
                 in_proj=in_proj,
                 in_splits=in_splits,
                 # tap-major storage: causal_conv reads one tap (a [C] column) at a time
-                conv=w[g + "conv1d.weight"].float().T.contiguous().T,
+                conv=conv.T.contiguous().T,
                 neg_a=-w[g + "A_log"].float().exp(),
                 dt_bias=w[g + "dt_bias"].float(),
-                norm=w[g + "norm.weight"],
-                out_proj=Linear(w[g + "out_proj.weight"]),
+                norm=card.values(w[g + "norm.weight"], g + "norm.weight"),
+                out_proj=lin(g + "out_proj.weight"),
                 num_k_heads=spec.linear_num_key_heads,
                 num_v_heads=spec.linear_num_value_heads,
                 head_k_dim=spec.linear_key_head_dim,
@@ -126,23 +180,25 @@ class HybridModel:
         mlp: DenseMlpWeights | MoeWeights
         if spec.is_moe_layer(i):
             mlp = MoeWeights(
-                router=w[m + "gate.weight"],
+                router=card.values(w[m + "gate.weight"], m + "gate.weight"),
                 gate_up=w[m + "experts.gate_up_proj"],
                 down=w[m + "experts.down_proj"],
-                shared_gate_up=fused(
-                    w[m + "shared_expert.gate_proj.weight"], w[m + "shared_expert.up_proj.weight"]
+                shared_gate_up=fuse(
+                    m + "shared_expert.gate_proj.weight", m + "shared_expert.up_proj.weight"
                 )[0],
-                shared_down=Linear(w[m + "shared_expert.down_proj.weight"]),
-                shared_expert_gate=w[m + "shared_expert_gate.weight"],
+                shared_down=lin(m + "shared_expert.down_proj.weight"),
+                shared_expert_gate=card.values(
+                    w[m + "shared_expert_gate.weight"], m + "shared_expert_gate.weight"
+                ),
                 top_k=spec.num_experts_per_tok,
                 norm_topk_prob=spec.norm_topk_prob,
             )
         else:
-            gate_up, _ = fused(w[m + "gate_proj.weight"], w[m + "up_proj.weight"])
-            mlp = DenseMlpWeights(gate_up, Linear(w[m + "down_proj.weight"]))
+            gate_up, _ = fuse(m + "gate_proj.weight", m + "up_proj.weight")
+            mlp = DenseMlpWeights(gate_up, lin(m + "down_proj.weight"))
         return LayerWeights(
-            norm_scale(w[p + "input_layernorm.weight"]),
-            norm_scale(w[p + "post_attention_layernorm.weight"]),
+            norm(p + "input_layernorm.weight"),
+            norm(p + "post_attention_layernorm.weight"),
             mixer,
             mlp,
             rank,
@@ -228,10 +284,20 @@ class LmHead:
     bf16). It keeps the plain weight (the embedding itself when tied: no
     copy; one more fp32 copy when not) and an int8 one (a quarter of its size)."""
 
-    def __init__(self, weight: torch.Tensor, *, screen: bool = True) -> None:
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        *,
+        screen: bool = True,
+        storage: str = "float32",
+        bf16_inputs: bool = False,
+    ) -> None:
         self.packed: Linear | None = None
         self.weight_t: torch.Tensor | None = None
         self.screened: ScreenedHead | None = None
+        if storage != "float32":  # the card's values: every logit from them, no screen
+            self.packed = Linear(weight, storage, bf16_inputs=bf16_inputs)
+            return
         if screen and packs(weight) and screen_available():  # fp32, or bf16 on a bf16 CPU
             self.screened = ScreenedHead(weight)
         if packs(weight):

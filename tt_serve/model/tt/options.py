@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tt_serve.config.serve_config import DEFAULT_BATCH, ServeConfig, mesh_shape
+from tt_serve.model.precision import Precision
 from tt_serve.model.tt.boards import DeviceSpec
 from tt_serve.model.tt.layout.experts import MoeDispatch
 from tt_serve.model.tt.layout.parallel import TensorParallel
-from tt_serve.model.tt.precision import Precision
 
 if TYPE_CHECKING:
     from tt_serve.model.spec import ModelSpec
@@ -35,7 +35,7 @@ DEFAULT_CCL_LINKS = 1  # tt_transformers get_num_links: 1 on N300/T3K, 2 on P150
 class TTOptions:
     """What a ttnn start reads from the configuration (defaults: ``ServeConfig``'s)."""
 
-    precision: str = _D.resolved_precision  # the weight profile, ``Precision.named``
+    precision: str = ServeConfig(backend="ttnn").resolved_precision  # ``Precision.named``
     max_batch_size: int = DEFAULT_BATCH["ttnn"]  # state slots = decode rows
     prefill_chunk: int = _D.prefill_chunk  # the largest prefill bucket
     block_size: int = _D.block_size

@@ -23,8 +23,8 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from tt_serve.model.precision import PROFILES
 from tt_serve.model.tt.golden.formats import mock_cluster_env
-from tt_serve.model.tt.precision import PROFILES
 
 if TYPE_CHECKING:
     from tt_serve.model.spec import ModelSpec

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from tt_serve.model.precision import Precision
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.layout.experts import DISPATCHES, MoeDispatch
 from tt_serve.model.tt.layout.host import HostWeight
 from tt_serve.model.tt.layout.parallel import TensorParallel
 from tt_serve.model.tt.layout.table import slots
-from tt_serve.model.tt.precision import Precision
 
 
 def layout_weights(

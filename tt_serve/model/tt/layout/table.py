@@ -22,12 +22,12 @@ from typing import Any, Literal
 
 import numpy as np
 
+from tt_serve.model.precision import Precision
 from tt_serve.model.spec import FULL_ATTENTION, ModelSpec
 from tt_serve.model.tt.layout import ROW_MAJOR, TILE
 from tt_serve.model.tt.layout import transforms as tf
 from tt_serve.model.tt.layout.experts import DISPATCHES, MoeDispatch, expert_groups
 from tt_serve.model.tt.layout.host import concat_rows
-from tt_serve.model.tt.precision import Precision
 
 # (checkpoint arrays in ``keys`` order, the model, the index j of a ``{j}`` name) -> host array
 Transform = Callable[[Sequence[np.ndarray], ModelSpec, int], np.ndarray]
@@ -328,3 +328,19 @@ def slot(spec: ModelSpec, name: str) -> Slot:
         raise KeyError(
             f"{name!r} is not a device weight of {spec.model_id or 'the model'}"
         ) from None
+
+
+def checkpoint_dtypes(
+    spec: ModelSpec, precision: Precision, moe_dispatch: MoeDispatch = "sparse"
+) -> dict[str, str]:
+    """Checkpoint key -> the dtype the card stores it in under ``precision``: the table read
+    from the other side, for a backend that holds the checkpoint's own tensors (the torch
+    backend's ``--precision``). Two device weights built from one key (q_proj: attention's
+    q and gate) must agree; a key no device weight reads is absent."""
+    out: dict[str, str] = {}
+    for s in slots(spec, moe_dispatch):
+        dtype = s.weight.dtype(precision)
+        for key in s.checkpoint_keys():
+            if out.setdefault(key, dtype) != dtype:
+                raise ValueError(f"{key} is stored as both {out[key]} and {dtype}")
+    return out

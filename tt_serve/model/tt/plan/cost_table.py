@@ -2,7 +2,7 @@
 
 The numbers are data, not code: ``bench/precision/cost.py --write-table`` measures them (each
 profile on the virtual device with the card's storage formats, against the float32 reference, at
-a published model's layer shapes) and writes ``tt_serve/model/tt/precision_cost.json`` with its
+a published model's layer shapes) and writes ``tt_serve/model/precision_cost.json`` with its
 provenance (commit, shape, layers, vocabulary, prompts, positions). This module only reads and
 merges that file; a missing file or shape reads as "not measured".
 """

@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
+from tt_serve.model.precision import Precision
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.boards import DeviceSpec, device_spec
 from tt_serve.model.tt.layout import ROW_MAJOR
@@ -43,7 +44,6 @@ from tt_serve.model.tt.options import Target, TTOptions
 from tt_serve.model.tt.plan import startup
 from tt_serve.model.tt.plan.oplog import OpLog
 from tt_serve.model.tt.plan.startup import PlanError, Run
-from tt_serve.model.tt.precision import Precision
 from tt_serve.model.tt.runtime.backend import TABLE_ALIGN, table_width
 from tt_serve.model.tt.virtual.dram import DramBudget
 from tt_serve.model.tt.virtual.rules_base import TensorInfo

@@ -7,13 +7,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from typing import Any
 
+from tt_serve.model.precision import PROFILES
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.boards import DeviceSpec
 from tt_serve.model.tt.options import Target, TTOptions
 from tt_serve.model.tt.plan import tiers
 from tt_serve.model.tt.plan.cost_table import ShapeCosts
 from tt_serve.model.tt.plan.planner import Plan, max_batch_that_fits, plan, probe_blocks
-from tt_serve.model.tt.precision import PROFILES
 
 
 def _gb(n: int) -> str:

@@ -17,12 +17,12 @@ from typing import Any
 
 import numpy as np
 
+from tt_serve.model.precision import FIDELITY, Precision
 from tt_serve.model.spec import FULL_ATTENTION, ModelSpec
 from tt_serve.model.tt.layout import ROW_MAJOR
 from tt_serve.model.tt.layout.experts import MoeDispatch, expert_groups
 from tt_serve.model.tt.layout.parallel import TensorParallel
 from tt_serve.model.tt.ops import Ops, Tensor
-from tt_serve.model.tt.precision import FIDELITY, Precision
 from tt_serve.model.tt.runtime.attention import (
     AttentionWeights,
     SdpaConfigs,

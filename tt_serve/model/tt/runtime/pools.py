@@ -14,11 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tt_serve.model.interface import CopyKind, StateCopy
+from tt_serve.model.precision import Precision
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.layout import ROW_MAJOR
 from tt_serve.model.tt.layout.parallel import TensorParallel
 from tt_serve.model.tt.ops import Ops, Tensor
-from tt_serve.model.tt.precision import Precision
 
 
 @dataclass

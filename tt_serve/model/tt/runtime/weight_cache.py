@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tt_serve.model.precision import Precision
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.layout.experts import MoeDispatch
 from tt_serve.model.tt.layout.parallel import TensorParallel
 from tt_serve.model.tt.layout.table import slots
-from tt_serve.model.tt.precision import Precision
 
 # 3: stacked expert groups (tt/runtime/moe.py); 4: the sparse expert layout; 5: mesh entries
 # (per-chip shards), keyed on the checkpoint's content, written by rename

@@ -14,13 +14,13 @@ from collections.abc import Callable
 
 import numpy as np
 
+from tt_serve.model.precision import Precision
 from tt_serve.model.spec import ModelSpec
 from tt_serve.model.tt.layout.checkpoint import layout_weights
 from tt_serve.model.tt.layout.experts import MoeDispatch
 from tt_serve.model.tt.layout.host import is_shape_only
 from tt_serve.model.tt.layout.parallel import TensorParallel
 from tt_serve.model.tt.ops import Ops, Tensor
-from tt_serve.model.tt.precision import Precision
 from tt_serve.model.tt.runtime.weight_cache import WeightCache
 
 log = logging.getLogger(__name__)

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from tt_serve.model.formats import round_to
 from tt_serve.model.tt.boards import ChipSpec
-from tt_serve.model.tt.formats import round_to
 from tt_serve.model.tt.virtual import dram, rules_attention, rules_base
 from tt_serve.model.tt.virtual.tensors import (
     INT_TYPES,
@@ -50,7 +50,7 @@ class DeviceBase:
     ) -> None:
         self._num_devices = num_devices
         # card_formats: every stored value is rounded to its tensor's dtype as the card stores it
-        # (``tt_serve/model/tt/formats.py``: bf16, tt-metal's block floats); off, all is float32.
+        # (``tt_serve/model/formats.py``: bf16, tt-metal's block floats); off, all is float32.
         self.card_formats = card_formats
         # shape_only: tensors hold torch ``meta`` data (shape, no storage); ops check every rule
         # and produce outputs of the right shape and dtype without computing; host reads give

@@ -32,7 +32,7 @@ compared token for token with the torch reference; device numerics are tested on
 
 ``VirtualTTNN(card_formats=True)``: every value a tensor stores is rounded to its dtype as the
 card stores it (bf16 round to nearest even; bfloat8_b / bfloat4_b as tt-metal's block-float
-packer, ``tt_serve/model/tt/formats.py``), so a run carries the card's storage error; ops still
+packer, ``tt_serve/model/formats.py``), so a run carries the card's storage error; ops still
 compute in float32 (math fidelity and bf16 accumulation are not modelled). Off by default.
 
 Replay re-runs the recorded ops on the recorded buffers, in place, like a device trace.

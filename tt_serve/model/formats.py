@@ -76,20 +76,31 @@ def block_float(x: torch.Tensor, bits: int) -> torch.Tensor:
     return out.reshape(flat.shape)[:, :width].reshape(shape)
 
 
-def _round_blocks_fast(rows: torch.Tensor, bits: int) -> torch.Tensor:
-    """``_round_blocks`` in float64 arithmetic, ~4x fewer passes: with the value scaled to units
-    of the row's last kept bit (exact: a power-of-two scale), flooring at 2^-(24 - bits) is the
-    packer's truncating alignment to its 24-bit register and ``torch.round`` its ties-to-even.
-    Rows whose shared exponent is below ``bits`` read back with a wrapped exponent
-    (``_decode``); those few go through the integer path."""
+def encode_blocks(rows: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[n, 16] float32 -> what the packer stores of each row: (negative [n, 16] bool, magnitude
+    [n, 16] float64 holding integers 0 .. 2^bits - 1, shared exponent [n, 1] int64, the largest
+    biased float32 exponent of the row). Computed in float64 arithmetic: with the value scaled
+    to units of the row's last kept bit (exact: a power-of-two scale), flooring at
+    2^-(24 - bits) is the packer's truncating alignment to its 24-bit register and
+    ``torch.round`` its ties-to-even. A value reads back as magnitude x 2^(shared - 127 -
+    (bits - 1)) with its sign, except in rows whose shared exponent is below ``bits``
+    (``_decode`` wraps their exponent, as the packer's uint32 arithmetic does)."""
     exp = (rows.contiguous().view(torch.int32) >> 23) & 0xFF
-    shared = exp.amax(dim=1, keepdim=True)
+    shared = exp.amax(dim=1, keepdim=True).to(torch.int64)
     x = rows.to(torch.float64)
     unit = torch.exp2((shared - 127 - bits + 1).to(torch.float64))  # [n, 1]: the kept last bit
     q = torch.floor(x.abs() / unit * 2.0 ** (24 - bits))
     m = torch.round(q * 2.0 ** (bits - 24))
     m = m.clamp_(max=(1 << bits) - 1).masked_fill_(exp == 0, 0.0)
-    out = (m * unit).copysign_(x)
+    return x < 0, m, shared
+
+
+def _round_blocks_fast(rows: torch.Tensor, bits: int) -> torch.Tensor:
+    """``_round_blocks`` through ``encode_blocks``, ~4x fewer passes; the few rows whose shared
+    exponent is below ``bits`` go through the integer path."""
+    negative, m, shared = encode_blocks(rows, bits)
+    unit = torch.exp2((shared - 127 - bits + 1).to(torch.float64))
+    out = torch.where(negative, -(m * unit), m * unit)
     out = out.masked_fill(m == 0, 0.0).to(torch.float32)
     low = (shared < bits).squeeze(1)
     if bool(low.any()):
