@@ -201,8 +201,8 @@ in
       Weight precision profile, the same on both backends: bfloat16 (every weight bf16),
       mixed (attention, GDN, MLP, expert and LM-head weights bfloat8_b), bfp4-mlp (as mixed,
       MLP and expert weights bfloat4_b); auto: bfloat16 on ttnn, the checkpoint's float32 on
-      torch. On torch the profile runs on the CPU (block-float kernels; device cpu, dtype
-      float32); MoE routed experts stay float32 there.
+      torch (a profile on torch runs the CPU's block-float kernels). On torch it needs device
+      cpu and dtype float32; MoE routed experts stay float32 there.
     '';
     deviceArgmax = opt types.bool d.deviceArgmax
       "Pick greedy tokens on the device; only token ids come back to the host.";

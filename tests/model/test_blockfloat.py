@@ -26,6 +26,11 @@ needs_kernel = pytest.mark.skipif(
 )
 
 
+def bfp(bw: blockfloat.BlockFloatWeight, x: torch.Tensor) -> torch.Tensor:
+    assert KERNELS is not None
+    return KERNELS.bfp_linear(bw.codes, bw.exps, bw.bits, x)
+
+
 def weight(out: int, inp: int, seed: int = 0) -> torch.Tensor:
     """Unit-scale weights with a wide spread of magnitudes per block, exact zeros, ties."""
     g = torch.Generator().manual_seed(seed)
@@ -86,7 +91,7 @@ def test_kernel_has_the_fp32_kernels_bits_on_the_cards_values(dtype: str, rows: 
     w = weight(48, 300)  # k spans two of the prefill path's 256-wide blocks
     bw = blockfloat.pack(w, dtype)
     x = torch.randn(rows, 300, generator=torch.Generator().manual_seed(rows))
-    got = KERNELS.bfp_linear(bw, x)
+    got = bfp(bw, x)
     want = KERNELS.linear(KERNELS.linear_pack(blockfloat.unpack(bw)), x)
     assert torch.equal(got, want)
     assert torch.allclose(got, x @ card_values(w, dtype).T, rtol=1e-4, atol=1e-5)
@@ -103,7 +108,7 @@ def test_a_wrong_code_or_exponent_changes_the_result(dtype: str, fault: str, row
     bw = blockfloat.pack(w, dtype)
     x = torch.randn(rows, 64, generator=torch.Generator().manual_seed(1))
     want = KERNELS.linear(KERNELS.linear_pack(card_values(w, dtype)), x)
-    assert torch.equal(KERNELS.bfp_linear(bw, x), want)
+    assert torch.equal(bfp(bw, x), want)
     codes, exps = bw.codes.clone(), bw.exps.clone()
     p, k, j = 1, 10, 3
     if fault == "exponent":
@@ -112,7 +117,7 @@ def test_a_wrong_code_or_exponent_changes_the_result(dtype: str, fault: str, row
         bit = {"mantissa": 0, "sign": formats.MANTISSA_BITS[dtype]}[fault]
         codes[p, k, j] ^= 1 << bit
     bad = blockfloat.BlockFloatWeight(dtype, codes, exps, bw.out_features, bw.in_features)
-    assert not torch.equal(KERNELS.bfp_linear(bad, x), want)
+    assert not torch.equal(bfp(bad, x), want)
 
 
 @needs_kernel

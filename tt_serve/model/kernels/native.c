@@ -441,6 +441,11 @@ int tt_linear(const float *wb, const float *x, int64_t rows, int64_t out, int64_
  * Blocks with 0 < e < bits, whose values the card's packer wraps, are refused by the packer.
  * out % 16 == 0; returns 1 (writing nothing) otherwise. */
 #if defined(__AVX2__) && defined(__FMA__)
+/* Up to this many rows decode the codes in registers for every six rows (the panel's codes
+ * stay in cache between the groups); more unpack each panel's k-block to fp32 once per MC rows
+ * and run tt_linear's micro-kernel (the same products, the same order: the same bits). */
+#define TT_BFP_DIRECT_ROWS 24
+
 /* The unit of a block's magnitudes, 2^(e - 127 - (bits - 1)); 0 for a zero block (e == 0). */
 static inline float tt_bfp_unit(uint8_t e, int bits) {
     const int biased = (int)e - (bits - 1);
@@ -472,10 +477,18 @@ static inline __attribute__((always_inline)) void tt_bfp_ints(const uint8_t *p, 
     *hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s, 8)));
 }
 
+/* The units of 8 consecutive k's blocks (8 exponent bytes), as floats; 0 where e < bits. */
+static inline __m256 tt_bfp_units8(const uint8_t *e, const int bits) {
+    const __m256i biased = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)e)),
+                                            _mm256_set1_epi32(bits - 1));
+    const __m256i kept = _mm256_max_epi32(biased, _mm256_setzero_si256());
+    return _mm256_castsi256_ps(_mm256_slli_epi32(kept, 23));
+}
+
 #define TT_BFP_ACC(i) __m256 c##i##0 = _mm256_setzero_ps(), c##i##1 = _mm256_setzero_ps();
 #define TT_BFP_FMA(i)                                                                             \
     if (n > i) {                                                                                  \
-        const __m256 xv = _mm256_set1_ps(x[i * in + k] * unit);                                   \
+        const __m256 xv = _mm256_broadcast_ss(xs + i * 8 + j);                                    \
         c##i##0 = _mm256_fmadd_ps(xv, u, c##i##0);                                                \
         c##i##1 = _mm256_fmadd_ps(xv, v, c##i##1);                                                \
     }
@@ -484,26 +497,43 @@ static inline __attribute__((always_inline)) void tt_bfp_ints(const uint8_t *p, 
         _mm256_storeu_ps(y + i * ldy, c##i##0);                                                   \
         _mm256_storeu_ps(y + i * ldy + 8, c##i##1);                                               \
     }
-/* n (<= 6) decode rows x one panel's 16 outputs over all of k. */
+/* n (<= 6) rows x one panel's 16 outputs over all of k, decoding the codes in registers: per 8
+ * k the rows' x_k times their blocks' units (exact) go to a small buffer, from which each k's
+ * value is broadcast into the FMAs; a k tail of in % 8 takes the units one by one. */
 static inline __attribute__((always_inline)) void
 tt_bfp_micro(const uint8_t *restrict codes, const uint8_t *restrict exps, const int bits,
-             const float *restrict x, int64_t in, float *restrict y, int64_t ldy, const int n) {
+             const float *restrict x, int64_t ldx, int64_t in, float *restrict y, int64_t ldy,
+             const int n) {
     TT_BFP_ACC(0) TT_BFP_ACC(1) TT_BFP_ACC(2) TT_BFP_ACC(3) TT_BFP_ACC(4) TT_BFP_ACC(5)
     const int64_t stride = bits == 7 ? 16 : 8;
-    for (int64_t k = 0; k < in; k++) {
+    float xs[6 * 8] __attribute__((aligned(32)));
+    int64_t k0 = 0;
+    for (; k0 + 8 <= in; k0 += 8) {
+        const __m256 units = tt_bfp_units8(exps + k0, bits);
+        for (int i = 0; i < n; i++)
+            _mm256_store_ps(xs + i * 8, _mm256_mul_ps(_mm256_loadu_ps(x + i * ldx + k0), units));
+        for (int j = 0; j < 8; j++) {
+            __m256 u, v;
+            tt_bfp_ints(codes + (k0 + j) * stride, bits, &u, &v);
+            TT_BFP_FMA(0) TT_BFP_FMA(1) TT_BFP_FMA(2) TT_BFP_FMA(3) TT_BFP_FMA(4) TT_BFP_FMA(5)
+        }
+    }
+    for (; k0 < in; k0++) {
+        const float unit = tt_bfp_unit(exps[k0], bits);
+        for (int i = 0; i < n; i++) xs[i * 8] = x[i * ldx + k0] * unit;
+        const int j = 0;
         __m256 u, v;
-        tt_bfp_ints(codes + k * stride, bits, &u, &v);
-        const float unit = tt_bfp_unit(exps[k], bits);
+        tt_bfp_ints(codes + k0 * stride, bits, &u, &v);
         TT_BFP_FMA(0) TT_BFP_FMA(1) TT_BFP_FMA(2) TT_BFP_FMA(3) TT_BFP_FMA(4) TT_BFP_FMA(5)
     }
     TT_BFP_OUT(0) TT_BFP_OUT(1) TT_BFP_OUT(2) TT_BFP_OUT(3) TT_BFP_OUT(4) TT_BFP_OUT(5)
 }
 
 static void tt_bfp_rows(const uint8_t *codes, const uint8_t *exps, int bits, const float *x,
-                        int64_t in, float *y, int64_t ldy, int64_t n) {
+                        int64_t ldx, int64_t in, float *y, int64_t ldy, int64_t n) {
 #define TT_BFP_CASE(b, r)                                                                         \
     if (bits == b && n == r) {                                                                \
-        tt_bfp_micro(codes, exps, b, x, in, y, ldy, r);                                           \
+        tt_bfp_micro(codes, exps, b, x, ldx, in, y, ldy, r);                                           \
         return;                                                                                   \
     }
     TT_BFP_CASE(7, 1) TT_BFP_CASE(7, 2) TT_BFP_CASE(7, 3) TT_BFP_CASE(7, 4) TT_BFP_CASE(7, 5)
@@ -533,10 +563,12 @@ int tt_bfp_linear(const uint8_t *codes, const uint8_t *exps, int32_t bits, const
     if (out % 16 != 0 || rows < 0 || in < 1 || (bits != 7 && bits != 3)) return 1;
     if (rows == 0) return 0;
     const int64_t panels = out / 16, stride = bits == 7 ? 16 : 8;
-    if (rows <= TT_MR) {
+    if (rows <= TT_BFP_DIRECT_ROWS) { /* decode in registers, six rows at a time per panel */
 #pragma omp parallel for schedule(static)
         for (int64_t p = 0; p < panels; p++)
-            tt_bfp_rows(codes + p * in * stride, exps + p * in, bits, x, in, y + p * 16, out, rows);
+            for (int64_t r0 = 0; r0 < rows; r0 += TT_MR)
+                tt_bfp_rows(codes + p * in * stride, exps + p * in, bits, x + r0 * in, in, in,
+                            y + r0 * out + p * 16, out, rows - r0 < TT_MR ? rows - r0 : TT_MR);
         return 0;
     }
     float *xp = malloc(sizeof(float) * TT_MC * TT_KC);

@@ -31,7 +31,6 @@ from pathlib import Path
 
 import torch
 
-from tt_serve.model.blockfloat import BlockFloatWeight
 from tt_serve.user_cache import user_cache_dir
 
 log = logging.getLogger(__name__)
@@ -199,18 +198,22 @@ class NativeKernels:
             raise RuntimeError("tt_linear refused its shapes (or ran out of memory)")
         return y
 
-    def bfp_linear(self, bw: BlockFloatWeight, x: torch.Tensor) -> torch.Tensor:
-        """fp32 x [rows, in] · wᵀ -> [rows, padded out] on a block-float weight, decoded in
-        the kernel: the bits of ``linear`` on ``blockfloat.unpack(bw)``."""
-        inp = bw.in_features
+    def bfp_linear(
+        self, codes: torch.Tensor, exps: torch.Tensor, bits: int, x: torch.Tensor
+    ) -> torch.Tensor:
+        """fp32 x [rows, in] · wᵀ -> [rows, 16 · panels] on a block-float weight as
+        ``model/blockfloat.py`` packs it (``codes`` [panels, in, 16 or 8] uint8, ``exps``
+        [panels, in] uint8, ``bits`` 7 or 3), decoded in the kernel: the bits of ``linear`` on
+        the unpacked weight."""
+        panels, inp = (int(d) for d in exps.shape)
         if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != inp or x.device.type != "cpu":
             raise ValueError(f"bfp_linear: fp32 CPU rows of {inp} values, got {tuple(x.shape)}")
         if not self.linear_compiled:
             raise ValueError("bfp_linear needs the AVX2 + FMA build of the kernels")
         x = x.contiguous()
-        y = torch.empty(x.shape[0], bw.padded_out, dtype=torch.float32)
-        if self.lib.tt_bfp_linear(bw.codes.data_ptr(), bw.exps.data_ptr(), bw.bits, x.data_ptr(),
-                                  x.shape[0], bw.padded_out, inp, y.data_ptr()):  # fmt: skip
+        y = torch.empty(x.shape[0], panels * 16, dtype=torch.float32)
+        if self.lib.tt_bfp_linear(codes.data_ptr(), exps.data_ptr(), bits, x.data_ptr(),
+                                  x.shape[0], panels * 16, inp, y.data_ptr()):  # fmt: skip
             raise RuntimeError("tt_bfp_linear refused its shapes (or ran out of memory)")
         return y
 

@@ -162,6 +162,14 @@ class Linear:
             else "torch"
         )
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the weight as held (what a decode step reads of it)."""
+        if self.block_float is not None:
+            return self.block_float.nbytes
+        held = next(t for t in (self.blocked, self.packed, self.weight) if t is not None)
+        return held.numel() * held.element_size()
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.bf16_inputs:  # the card feeds its matmuls bf16 activations
             x = x.to(torch.bfloat16).to(x.dtype)
@@ -169,7 +177,8 @@ class Linear:
         flat = x.reshape(-1, self.in_features)
         if self.block_float is not None:
             assert self.native is not None
-            y = self.native.bfp_linear(self.block_float, flat)
+            bw = self.block_float
+            y = self.native.bfp_linear(bw.codes, bw.exps, bw.bits, flat)
         elif self.blocked is not None:
             assert self.native is not None
             y = self.native.linear(self.blocked, flat)

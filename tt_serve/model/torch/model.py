@@ -305,6 +305,17 @@ class LmHead:
         else:
             self.weight_t = weight.t().contiguous()
 
+    @property
+    def nbytes_per_token(self) -> int:
+        """Bytes a greedy decode row reads of the head: the int8 screen (its few exact rows
+        left out) or the whole held weight."""
+        if self.screened is not None:
+            return self.screened.weight.numel()
+        if self.packed is not None:
+            return self.packed.nbytes
+        assert self.weight_t is not None
+        return self.weight_t.numel() * self.weight_t.element_size()
+
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
             return self.packed(hidden).float()
