@@ -36,9 +36,8 @@ import torch
 
 from bench.common.checkpoint import write_checkpoint
 from bench.common.provenance import REPO_ROOT, append_ledger, arguments
-from bench.kernels.cpu_decode import BLOCK, Arm
+from bench.kernels.cpu_decode import BLOCK, Arm, backend
 from tt_serve.model.ref.layers import Linear
-from tt_serve.model.torch.backend import TorchBackend
 from tt_serve.model.torch.model import HybridModel
 
 LEDGER = REPO_ROOT / "bench" / "runs" / "block-float.jsonl"
@@ -71,17 +70,6 @@ def decode_bytes(model: HybridModel) -> int:
     """Weight bytes one batch-1 decode step reads (projections as held, the head's read)."""
     per_layer = sum(lin.nbytes for layer in model.layers for lin in linears(layer))
     return per_layer + model.lm_head.nbytes_per_token
-
-
-def backend(path: Path, profile: str, width: int, batch: int) -> TorchBackend:
-    be = TorchBackend.from_pretrained(path, precision=None if profile == "float32" else profile)
-    be.allocate(
-        num_kv_blocks=batch * width + 1,
-        block_size=BLOCK,
-        num_state_slots=batch + 1,
-        num_snapshot_slots=1,
-    )
-    return be
 
 
 def llama_bench(exe: str, gguf: Path, a: argparse.Namespace) -> dict[str, float]:
@@ -130,7 +118,9 @@ def main(argv: list[str] | None = None) -> int:
         arms: list[Arm] = []
         for p in profiles:
             t = time.perf_counter()
-            arms.append(Arm(backend(path, p, width, max(batches)), p, a.ctx, width))
+            precision = None if p == "float32" else p
+            be = backend(path, "auto", width, max(batches), precision)
+            arms.append(Arm(be, p, a.ctx, width))
             loaded[p] = round(time.perf_counter() - t, 1)
     bandwidth = read_bandwidth_gbs()
     res: dict[str, dict[str, list[float]]] = {arm.kernel: {} for arm in arms}

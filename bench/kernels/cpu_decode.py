@@ -33,9 +33,13 @@ LEDGER = REPO_ROOT / "bench" / "runs" / "cpu-decode.jsonl"
 BLOCK = 64
 
 
-def backend(path: Path, kernel: str, width: int, batch: int) -> TorchBackend:
+def backend(
+    path: Path, kernel: str, width: int, batch: int, precision: str | None = None
+) -> TorchBackend:
+    """A backend with room for ``batch`` sequences of ``width`` blocks; ``precision`` is a
+    ``--precision`` profile (None: float32)."""
     with linear_kernel(kernel):
-        be = TorchBackend.from_pretrained(path)
+        be = TorchBackend.from_pretrained(path, precision=precision)
     be.allocate(
         num_kv_blocks=batch * width + 1,
         block_size=BLOCK,

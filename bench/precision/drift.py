@@ -76,14 +76,19 @@ def prefill_speed(be: TorchBackend, ids: list[int]) -> float:
     return len(ids) / (time.perf_counter() - t)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.precision.drift", description=__doc__)
-    ap.add_argument("--model", type=Path, default=None, help="checkpoint folder (demo model)")
-    ap.add_argument("--prompts", type=int, default=16)
+def prompt_args(ap: argparse.ArgumentParser, prompts: int, ledger: Path) -> None:
+    """The arguments of a seeded prompt set decoded ``--steps`` greedily, and the ledger."""
+    ap.add_argument("--prompts", type=int, default=prompts)
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--ledger", type=Path, default=LEDGER)
+    ap.add_argument("--ledger", type=Path, default=ledger)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.precision.drift", description=__doc__)
+    ap.add_argument("--model", type=Path, default=None, help="checkpoint folder (demo model)")
+    prompt_args(ap, 16, LEDGER)
     a = ap.parse_args(argv)
     path = a.model or ensure_demo_model(log=lambda s: None)
     fp32, bf16 = _backend(path, "float32"), _backend(path, "bfloat16")

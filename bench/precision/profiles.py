@@ -35,7 +35,7 @@ import torch
 
 from bench.common.checkpoint import write_checkpoint
 from bench.common.provenance import REPO_ROOT, append_ledger, arguments
-from bench.precision.drift import BLOCK, forced_logprobs, greedy
+from bench.precision.drift import BLOCK, forced_logprobs, greedy, prompt_args
 from tt_serve.model.precision import PROFILES
 from tt_serve.model.torch.backend import TorchBackend
 
@@ -77,11 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=0, help="layers (0: the model's all)")
     ap.add_argument("--model", type=Path, default=None, help="a checkpoint folder instead")
     ap.add_argument("--profiles", default=",".join(PROFILES))
-    ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--prompt-len", type=int, default=64)
-    ap.add_argument("--steps", type=int, default=32)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--ledger", type=Path, default=LEDGER)
+    prompt_args(ap, 8, LEDGER)
     a = ap.parse_args(argv)
     tokens = a.prompt_len + a.steps
     results: dict[str, Any] = {}

@@ -343,12 +343,14 @@ void tt_linear_pack(const float *w, int64_t out, int64_t in, float *dst) {
         c##i##0 = _mm256_loadu_ps(y + i * ldy);                                                   \
         c##i##1 = _mm256_loadu_ps(y + i * ldy + 8);                                               \
     }
-#define TT_LIN_FMA(i)                                                                             \
+/* row i's value at ``at`` times the 16 weights u | v, into row i's accumulators */
+#define TT_FMA(i, at)                                                                             \
     if (n > i) {                                                                                  \
-        const __m256 xv = _mm256_broadcast_ss(xk + i * ldi);                                      \
+        const __m256 xv = _mm256_broadcast_ss(at);                                                \
         c##i##0 = _mm256_fmadd_ps(xv, u, c##i##0);                                                \
         c##i##1 = _mm256_fmadd_ps(xv, v, c##i##1);                                                \
     }
+#define TT_LIN_FMA(i) TT_FMA(i, xk + i * ldi)
 #define TT_LIN_OUT(i)                                                                             \
     if (n > i) {                                                                                  \
         _mm256_storeu_ps(y + i * ldy, c##i##0);                                                   \
@@ -446,16 +448,6 @@ int tt_linear(const float *wb, const float *x, int64_t rows, int64_t out, int64_
  * and run tt_linear's micro-kernel (the same products, the same order: the same bits). */
 #define TT_BFP_DIRECT_ROWS 24
 
-/* The unit of a block's magnitudes, 2^(e - 127 - (bits - 1)); 0 for a zero block (e == 0). */
-static inline float tt_bfp_unit(uint8_t e, int bits) {
-    const int biased = (int)e - (bits - 1);
-    if (e == 0 || biased <= 0) return 0.0f;
-    const uint32_t u = (uint32_t)biased << 23;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 /* The 16 codes of one (panel, k) as signed integer-valued floats, outputs 0-7 and 8-15. */
 static inline __attribute__((always_inline)) void tt_bfp_ints(const uint8_t *p, const int bits,
                                                                __m256 *lo, __m256 *hi) {
@@ -477,56 +469,50 @@ static inline __attribute__((always_inline)) void tt_bfp_ints(const uint8_t *p, 
     *hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s, 8)));
 }
 
-/* The units of 8 consecutive k's blocks (8 exponent bytes), as floats; 0 where e < bits. */
-static inline __m256 tt_bfp_units8(const uint8_t *e, const int bits) {
-    const __m256i biased = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)e)),
-                                            _mm256_set1_epi32(bits - 1));
+/* The units of the blocks of m (<= 8) consecutive k's (m exponent bytes at e), as floats:
+ * a block's magnitudes read back in its unit 2^(e - 127 - (bits - 1)); 0 for a zero block
+ * (e == 0, or e < bits, which the packer refuses) and for the lanes past m. */
+static inline __m256 tt_bfp_units8(const uint8_t *e, const int64_t m, const int bits) {
+    uint8_t pad[8] = {0};
+    if (m < 8) memcpy(pad, e, (size_t)m);
+    const __m128i b = _mm_loadl_epi64((const __m128i *)(m < 8 ? pad : e));
+    const __m256i biased = _mm256_sub_epi32(_mm256_cvtepu8_epi32(b), _mm256_set1_epi32(bits - 1));
     const __m256i kept = _mm256_max_epi32(biased, _mm256_setzero_si256());
     return _mm256_castsi256_ps(_mm256_slli_epi32(kept, 23));
 }
 
-#define TT_BFP_ACC(i) __m256 c##i##0 = _mm256_setzero_ps(), c##i##1 = _mm256_setzero_ps();
-#define TT_BFP_FMA(i)                                                                             \
-    if (n > i) {                                                                                  \
-        const __m256 xv = _mm256_broadcast_ss(xs + i * 8 + j);                                    \
-        c##i##0 = _mm256_fmadd_ps(xv, u, c##i##0);                                                \
-        c##i##1 = _mm256_fmadd_ps(xv, v, c##i##1);                                                \
-    }
-#define TT_BFP_OUT(i)                                                                             \
-    if (n > i) {                                                                                  \
-        _mm256_storeu_ps(y + i * ldy, c##i##0);                                                   \
-        _mm256_storeu_ps(y + i * ldy + 8, c##i##1);                                               \
-    }
+/* The first m (<= 8) lanes set: maskload's mask for a k block of m. */
+static inline __m256i tt_first_lanes(const int64_t m) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)m), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+#define TT_BFP_FMA(i) TT_FMA(i, xs + i * 8 + j)
 /* n (<= 6) rows x one panel's 16 outputs over all of k, decoding the codes in registers: per 8
- * k the rows' x_k times their blocks' units (exact) go to a small buffer, from which each k's
- * value is broadcast into the FMAs; a k tail of in % 8 takes the units one by one. */
+ * k (the last block may be shorter) the rows' x_k times their blocks' units (exact) go to a
+ * small buffer, from which each k's value is broadcast into the FMAs. */
 static inline __attribute__((always_inline)) void
 tt_bfp_micro(const uint8_t *restrict codes, const uint8_t *restrict exps, const int bits,
              const float *restrict x, int64_t ldx, int64_t in, float *restrict y, int64_t ldy,
              const int n) {
-    TT_BFP_ACC(0) TT_BFP_ACC(1) TT_BFP_ACC(2) TT_BFP_ACC(3) TT_BFP_ACC(4) TT_BFP_ACC(5)
+    const int first = 1; /* tt_linear's chains start from +0 */
+    TT_LIN_ACC(0) TT_LIN_ACC(1) TT_LIN_ACC(2) TT_LIN_ACC(3) TT_LIN_ACC(4) TT_LIN_ACC(5)
     const int64_t stride = bits == 7 ? 16 : 8;
     float xs[6 * 8] __attribute__((aligned(32)));
-    int64_t k0 = 0;
-    for (; k0 + 8 <= in; k0 += 8) {
-        const __m256 units = tt_bfp_units8(exps + k0, bits);
-        for (int i = 0; i < n; i++)
-            _mm256_store_ps(xs + i * 8, _mm256_mul_ps(_mm256_loadu_ps(x + i * ldx + k0), units));
-        for (int j = 0; j < 8; j++) {
+    for (int64_t k0 = 0; k0 < in; k0 += 8) {
+        const int64_t m = in - k0 < 8 ? in - k0 : 8;
+        const __m256 units = tt_bfp_units8(exps + k0, m, bits);
+        for (int i = 0; i < n; i++) {
+            const float *xi = x + i * ldx + k0;
+            const __m256 xv = m == 8 ? _mm256_loadu_ps(xi) : _mm256_maskload_ps(xi, tt_first_lanes(m));
+            _mm256_store_ps(xs + i * 8, _mm256_mul_ps(xv, units));
+        }
+        for (int j = 0; j < m; j++) {
             __m256 u, v;
             tt_bfp_ints(codes + (k0 + j) * stride, bits, &u, &v);
             TT_BFP_FMA(0) TT_BFP_FMA(1) TT_BFP_FMA(2) TT_BFP_FMA(3) TT_BFP_FMA(4) TT_BFP_FMA(5)
         }
     }
-    for (; k0 < in; k0++) {
-        const float unit = tt_bfp_unit(exps[k0], bits);
-        for (int i = 0; i < n; i++) xs[i * 8] = x[i * ldx + k0] * unit;
-        const int j = 0;
-        __m256 u, v;
-        tt_bfp_ints(codes + k0 * stride, bits, &u, &v);
-        TT_BFP_FMA(0) TT_BFP_FMA(1) TT_BFP_FMA(2) TT_BFP_FMA(3) TT_BFP_FMA(4) TT_BFP_FMA(5)
-    }
-    TT_BFP_OUT(0) TT_BFP_OUT(1) TT_BFP_OUT(2) TT_BFP_OUT(3) TT_BFP_OUT(4) TT_BFP_OUT(5)
+    TT_LIN_OUT(0) TT_LIN_OUT(1) TT_LIN_OUT(2) TT_LIN_OUT(3) TT_LIN_OUT(4) TT_LIN_OUT(5)
 }
 
 static void tt_bfp_rows(const uint8_t *codes, const uint8_t *exps, int bits, const float *x,
@@ -547,10 +533,12 @@ static void tt_bfp_rows(const uint8_t *codes, const uint8_t *exps, int bits, con
 static void tt_bfp_unpack(const uint8_t *codes, const uint8_t *exps, int bits, int64_t kn,
                           float *w0, float *w1) {
     const int64_t stride = bits == 7 ? 16 : 8;
+    float units[8] __attribute__((aligned(32)));
     for (int64_t k = 0; k < kn; k++) {
+        if (k % 8 == 0) _mm256_store_ps(units, tt_bfp_units8(exps + k, kn - k < 8 ? kn - k : 8, bits));
         __m256 u, v;
         tt_bfp_ints(codes + k * stride, bits, &u, &v);
-        const __m256 unit = _mm256_set1_ps(tt_bfp_unit(exps[k], bits));
+        const __m256 unit = _mm256_broadcast_ss(units + k % 8);
         _mm256_storeu_ps(w0 + k * 8, _mm256_mul_ps(u, unit));
         _mm256_storeu_ps(w1 + k * 8, _mm256_mul_ps(v, unit));
     }

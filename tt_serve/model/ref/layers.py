@@ -113,41 +113,46 @@ class Linear:
     """
 
     def __init__(
-        self, weight: torch.Tensor, storage: str = "float32", *, bf16_inputs: bool = False
+        self,
+        weight: torch.Tensor,
+        storage: str = "float32",
+        *,
+        bf16_inputs: bool = False,
+        keep: torch.Tensor | None = None,
     ) -> None:
-        self.out_features, self.in_features = int(weight.shape[0]), int(weight.shape[1])
+        """``storage``: float32, or a card format the weight is held in (bfloat16: its values
+        in fp32; a block float: packed as the card holds it, decoded by native.c, or its
+        values in fp32 where that kernel is missing). ``bf16_inputs``: round the inputs to
+        bf16 first, as the card feeds its matmuls. ``keep``: the output columns kept (the
+        padding rows of ``fused``'s block-float parts are left out)."""
+        if storage not in ("float32", *STORAGE_ROUNDED):
+            raise ValueError(f"weight storage {storage!r}: use float32 or one of {STORAGE_ROUNDED}")
+        self.in_features = int(weight.shape[1])
+        self.out_features = int(weight.shape[0]) if keep is None else int(keep.numel())
+        self.storage, self.bf16_inputs, self.keep = storage, bf16_inputs, keep
         self.packed: torch.Tensor | None = None
         self.blocked: torch.Tensor | None = None
         self.block_float: BlockFloatWeight | None = None
-        self.weight: torch.Tensor | None = weight
+        self.weight: torch.Tensor | None = None
         self.native: native.NativeKernels | None = None
-        self.storage = storage
-        self.bf16_inputs = bf16_inputs
-        self.keep: torch.Tensor | None = None  # output columns kept (``fused``'s padding)
-        if storage not in ("float32", *STORAGE_ROUNDED):
-            raise ValueError(f"weight storage {storage!r}: use float32 or one of {STORAGE_ROUNDED}")
-        if storage != "float32":
-            if storage in BLOCK_FLOATS:
-                k = native.kernels()
-                if (
-                    k is not None
-                    and k.linear_compiled
-                    and weight.device.type == "cpu"
-                    and weight.dtype == torch.float32
-                ):
-                    self.block_float = blockfloat.pack(weight, storage)
-                    self.native, self.weight = k, None
-                    return
-            # no block-float kernel here (or bf16 storage): the card's values, in fp32
+        if (
+            storage in BLOCK_FLOATS
+            and weight.device.type == "cpu"
+            and weight.dtype == torch.float32
+        ):
+            k = native.kernels()
+            if k is not None and k.linear_compiled:
+                self.block_float, self.native = blockfloat.pack(weight, storage), k
+                return
+        if storage != "float32":  # the card's values, in fp32
             weight = formats.round_to(weight.T, storage).T.contiguous().to(weight.dtype)
-        self.weight = weight
         self.native = native_linear(weight)
         if self.native is not None:
             self.blocked = self.native.linear_pack(weight)
-            self.weight = None
         elif packs(weight):
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACK_ROWS)
-            self.weight = None
+        else:
+            self.weight = weight
 
     @property
     def kernel(self) -> str:
@@ -247,11 +252,9 @@ def fused(
     if not any(pad):
         return Linear(torch.cat(weights, dim=0), storage, bf16_inputs=bf16_inputs), splits
     parts = [torch.cat([w, w.new_zeros(p, w.shape[1])]) for w, p in zip(weights, pad, strict=True)]
-    lin = Linear(torch.cat(parts, dim=0), storage, bf16_inputs=bf16_inputs)
     starts = itertools.accumulate([0, *(n + p for n, p in zip(splits, pad, strict=True))])
-    keep = [torch.arange(s, s + n) for s, n in zip(starts, splits, strict=False)]
-    lin.keep = torch.cat(keep)
-    lin.out_features = sum(splits)
+    keep = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, splits, strict=False)])
+    lin = Linear(torch.cat(parts, dim=0), storage, bf16_inputs=bf16_inputs, keep=keep)
     return lin, splits
 
 

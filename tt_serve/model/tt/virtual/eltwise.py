@@ -20,6 +20,9 @@ from tt_serve.model.tt.virtual.tensors import (
     Tensor,
 )
 
+# The binary ops giving 0 / 1 (as floats).
+COMPARISONS = ("ge", "gt", "le", "lt", "eq")
+
 
 class EltwiseOps(DeviceBase):
     """Elementwise math, reductions, topk, argmax, embedding."""
@@ -40,6 +43,8 @@ class EltwiseOps(DeviceBase):
     def rms_norm(self, x: Tensor, *, epsilon: float, weight: Tensor) -> Tensor:
         def fn() -> torch.Tensor:
             d = x.buffer.data
+            if d.is_meta:  # shape-only: x's shape
+                return torch.empty_like(d, dtype=torch.result_type(d, weight.buffer.data))
             return (
                 d
                 * torch.rsqrt(d.pow(2).mean(-1, keepdim=True) + epsilon)
@@ -62,7 +67,16 @@ class EltwiseOps(DeviceBase):
         def val(v: Any) -> Any:
             return v.buffer.data if isinstance(v, (Tensor, Ref)) else v
 
-        return self._single(name, ts, lambda: f(val(a), val(b)), ts[0].dtype)
+        def fn() -> torch.Tensor:
+            x, y = val(a), val(b)
+            held = [v for v in (x, y) if isinstance(v, torch.Tensor)]
+            if any(v.is_meta for v in held):  # shape-only: the broadcast shape, f's dtype
+                dtype = torch.float32 if name in COMPARISONS else torch.result_type(x, y)
+                shape = torch.broadcast_shapes(*(v.shape for v in held))
+                return torch.empty(shape, dtype=dtype, device="meta")
+            return f(x, y)
+
+        return self._single(name, ts, fn, ts[0].dtype)
 
     def add(self, a: Any, b: Any) -> Tensor:
         return self._binary("add", a, b, lambda x, y: x + y)

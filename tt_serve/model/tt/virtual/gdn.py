@@ -152,6 +152,11 @@ class GdnOps(DeviceBase):
 
         def fn() -> tuple[torch.Tensor, torch.Tensor]:
             dk = initial_state.shape[2]
+            if q.buffer.data.is_meta:  # shape-only: out [B, T, Hv, dv], final state [B, Hv, dk, dv]
+                return (
+                    torch.empty(b, t, hv, dv, device="meta"),
+                    torch.empty(b, hv, dk, dv, device="meta"),
+                )
             qd = q.buffer.data.reshape(b, t, -1, dk)
             kd = k.buffer.data.reshape(b, t, -1, dk)
             rep = hv // qd.shape[2]
