@@ -167,6 +167,36 @@ def _plan_mesh(text: str, dev: DeviceSpec) -> tuple[int, int]:
     return mesh
 
 
+def _plan_torch(model: str, as_json: bool) -> int:
+    """What a batch-1 decode step of the torch CPU backend reads of its weights, per profile."""
+    from tt_serve.model.precision import PROFILES
+    from tt_serve.model.torch.footprint import decode_read
+
+    try:
+        spec = _plan_spec(model)
+    except (FileNotFoundError, ValueError, KeyError) as exc:
+        print(f"tt-serve plan: error: {exc}", file=sys.stderr)
+        return 2
+    reads = {p or "float32": decode_read(spec, p) for p in (None, *PROFILES)}
+    if as_json:
+        rows = {
+            n: {"projections": r.projections, "lm_head": r.lm_head, "total": r.total}
+            for n, r in reads.items()
+        }
+        print(json.dumps({"backend": "torch", "model": spec.model_id, "decode_read_bytes": rows}))
+        return 0
+    print(f"torch CPU backend, {spec.model_id}: weight bytes one batch-1 decode step reads")
+    print(f"{'profile':10} {'projections':>12} {'lm head':>9} {'total':>9}")
+    for name, r in reads.items():
+        gb = [f"{v / 1e9:.2f} GB" for v in (r.projections, r.lm_head, r.total)]
+        print(f"{name:10} {gb[0]:>12} {gb[1]:>9} {gb[2]:>9}")
+    print(
+        "A batch-1 decode step is bound by these bytes over the memory's read bandwidth "
+        "(python -m bench.kernels.block_float measures both); float32's head is its int8 screen."
+    )
+    return 0
+
+
 def _plan(argv: Sequence[str]) -> int:
     from tt_serve.config.serve_config import DEFAULT_BATCH, PRECISIONS, ServeConfig
     from tt_serve.model.published import SIZES
@@ -186,7 +216,12 @@ def _plan(argv: Sequence[str]) -> int:
         required=True,
         help="checkpoint folder (config.json is enough) or a published size: " + ", ".join(SIZES),
     )
-    p.add_argument("--backend", choices=("ttnn",), default="ttnn")
+    p.add_argument(
+        "--backend",
+        choices=("ttnn", "torch"),
+        default="ttnn",
+        help="torch: the CPU backend's weight bytes per decode token in every profile",
+    )
     p.add_argument("--device", default="p150", help="n150, n300, p150, p300, t3k, ...")
     p.add_argument("--max-batch-size", type=int, default=DEFAULT_BATCH["ttnn"])
     p.add_argument("--prefill-chunk", type=int, default=d.prefill_chunk)
@@ -258,6 +293,8 @@ def _plan(argv: Sequence[str]) -> int:
         "(the default where such a Python exists; else virtual)",
     )
     a = p.parse_args(argv)
+    if a.backend == "torch":
+        return _plan_torch(a.model, a.json)
 
     from tt_serve.model.tt.options import TTOptions
     from tt_serve.model.tt.plan import planner, report

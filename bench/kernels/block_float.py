@@ -37,7 +37,7 @@ import torch
 from bench.common.checkpoint import write_checkpoint
 from bench.common.provenance import REPO_ROOT, append_ledger, arguments
 from bench.kernels.cpu_decode import BLOCK, Arm, backend
-from tt_serve.model.ref.layers import Linear
+from tt_serve.model.torch.footprint import held_read
 from tt_serve.model.torch.model import HybridModel
 
 LEDGER = REPO_ROOT / "bench" / "runs" / "block-float.jsonl"
@@ -55,21 +55,9 @@ def read_bandwidth_gbs(gib: float = 1.0, tries: int = 5) -> float:
     return x.numel() * 4 / best / 1e9
 
 
-def linears(obj: object) -> list[Linear]:
-    """Every ``Linear`` a layer's weights hold (dataclass fields, one level of nesting)."""
-    out: list[Linear] = []
-    for value in vars(obj).values():
-        if isinstance(value, Linear):
-            out.append(value)
-        elif hasattr(value, "__dataclass_fields__"):
-            out += linears(value)
-    return out
-
-
 def decode_bytes(model: HybridModel) -> int:
     """Weight bytes one batch-1 decode step reads (projections as held, the head's read)."""
-    per_layer = sum(lin.nbytes for layer in model.layers for lin in linears(layer))
-    return per_layer + model.lm_head.nbytes_per_token
+    return held_read(model).total
 
 
 def llama_bench(exe: str, gguf: Path, a: argparse.Namespace) -> dict[str, float]:
