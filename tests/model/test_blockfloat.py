@@ -177,7 +177,7 @@ def test_profiles_read_the_ttnn_table(dense_dir: Path, profile: str) -> None:
 
 
 @needs_kernel
-@pytest.mark.parametrize("profile", ["mixed", "bfp4-mlp"])
+@pytest.mark.parametrize("profile", PROFILES)
 def test_profile_warm_equals_cold(dense_dir: Path, profile: str) -> None:
     """A prefix-cache hit gives the cold answer in a block-float profile, as in fp32."""
     path = dense_dir

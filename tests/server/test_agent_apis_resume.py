@@ -80,3 +80,20 @@ def test_warm_equals_cold_and_later_turns_resume(
             # the closed turn was prefilled, so only the new items (past the grid) are computed.
             new_items = added - SIZES.answer - 1
             assert computed <= new_items + BLOCK, (rec, added)
+
+
+@pytest.mark.parametrize(("profile", "api"), [("mixed", "messages"), ("bfp4-mlp", "responses")])
+def test_a_block_float_profile_resumes_and_answers_as_cold(
+    demo_dir: Path, profile: str, api: str, qwen_tok: Tokenizer
+) -> None:
+    """The card's packed weights on the CPU (``--precision``): an agent's later turns resume
+    from the cache and every answer equals a cache-off server's in the same profile."""
+    with (
+        serve(demo_dir, precision=profile) as warm,
+        serve(demo_dir, precision=profile, prefix_caching=False) as cold,
+    ):
+        got = asyncio.run(converse(warm.url, api, "verbatim", qwen_tok))
+        ref = asyncio.run(converse(cold.url, api, "verbatim", qwen_tok))
+    assert [(a.content, a.reasoning) for _, a in got] == [(a.content, a.reasoning) for _, a in ref]
+    later = [r for r, _ in got if r.turn > 1]
+    assert later and all((r.cached_tokens or 0) >= SIZES.head for r in later), later
