@@ -262,6 +262,19 @@ in
     '';
     diskCacheGb = opt types.number d.diskCacheGb
       "GiB the disk tier may hold (past it, the units of least value are removed, as in the host tier).";
+    diskWriteback = opt (types.enum [ "resume" "all" ]) d.diskWriteback ''
+      Which units the disk tier takes: resume writes each request's first and last message
+      cuts (the shared head, and where the conversation's next turn resumes) plus any unit a
+      host-tier restore reused; chunk ends and prompt ends in between stay in host memory.
+      all writes every unit through (the A/B control; several times the disk bytes per turn).
+    '';
+    diskWriteMbPerS = opt types.number d.diskWriteMbPerS
+      "Average MiB per second the disk write-back may write (0: unpaced); past the write-back queue's bound a unit stays in host memory only.";
+    diskReadAheadMb = opt types.int d.diskReadAheadMb ''
+      MiB of disk-tier units a reader thread may hold, read or in flight, for requests waiting
+      on them: the request waits while the engine steps on (0: the engine step reads the disk
+      itself, the A/B control).
+    '';
     responseStoreEntries = opt types.int d.responseStoreEntries ''
       Stored responses kept at most (the Responses API's store: previous_response_id continues
       from their exact token ids), the least recently used evicted first; with diskCacheDir

@@ -47,6 +47,9 @@ rec {
       "--snapshots-per-conversation" (toString cfg.snapshotsPerConversation)
       "--host-cache-gb" (toString cfg.hostCacheGb)
       "--disk-cache-gb" (toString cfg.diskCacheGb)
+      "--disk-writeback" cfg.diskWriteback
+      "--disk-write-mb-per-s" (toString cfg.diskWriteMbPerS)
+      "--disk-read-ahead-mb" (toString cfg.diskReadAheadMb)
       "--response-store-entries" (toString cfg.responseStoreEntries)
       "--response-store-mb" (toString cfg.responseStoreMb)
       "--max-batch-size" (toString cfg.maxBatchSize)

@@ -29,6 +29,9 @@
   hostCacheGb = 0; # GiB of host memory for the prefix cache's host tier; 0: off
   diskCacheDir = null; # folder of the disk tier (kept across restarts); null: off
   diskCacheGb = 64; # GiB the disk tier may hold
+  diskWriteback = "resume"; # all: every unit written through (the A/B control)
+  diskWriteMbPerS = 256; # average MiB/s the disk write-back may write; 0: unpaced
+  diskReadAheadMb = 1024; # MiB of units read ahead for waiting requests; 0: reads in the step
   responseStoreEntries = 4096; # stored responses (previous_response_id); 0: none
   responseStoreMb = 256; # MiB the stored responses may hold
   maxBatchSize = 0; # 0: the backend's default (32 on torch, 16 on ttnn)

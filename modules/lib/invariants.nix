@@ -12,6 +12,7 @@ let
   dtypes = [ "auto" "float32" "bfloat16" ];
   precisions = [ "auto" "bfloat16" "mixed" "bfp4-mlp" ];
   resumePoints = [ "messages" "chunks" ];
+  diskWritebacks = [ "resume" "all" ];
   logLevels = [ "critical" "error" "warning" "info" "debug" "trace" ];
   routerPolicies = [ "cache_aware" "round_robin" "power_of_two" "random" ];
 
@@ -99,6 +100,10 @@ in
     "${p}.hostCacheGb must not be negative (0 = no host tier; got ${s cfg.hostCacheGb}).")
   (rule (cfg.diskCacheDir == null || cfg.diskCacheGb > 0)
     "${p}.diskCacheGb must be positive when ${p}.diskCacheDir is set (got ${s cfg.diskCacheGb}).")
+  (rule (elem cfg.diskWriteback diskWritebacks)
+    "${p}.diskWriteback must be one of ${builtins.concatStringsSep ", " diskWritebacks} (got ${cfg.diskWriteback}).")
+  (rule (cfg.diskWriteMbPerS >= 0 && cfg.diskReadAheadMb >= 0)
+    "${p}.diskWriteMbPerS and ${p}.diskReadAheadMb must not be negative (0: unpaced; 0: reads in the step; got ${s cfg.diskWriteMbPerS} and ${s cfg.diskReadAheadMb}).")
   (rule (pc.snapshotSlots >= 0)
     "${p}.prefixCaching.snapshotSlots must not be negative (got ${s pc.snapshotSlots}).")
   (rule (multiple cfg.prefillChunk cfg.blockSize)

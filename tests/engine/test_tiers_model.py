@@ -288,3 +288,51 @@ def test_disk_unit_evicted_while_restoring_is_a_miss_and_a_right_answer(
     _same(w, cold, lp_tol(engine_model_dir))
     assert_idle(m)
     m.engine.close()
+
+
+def test_a_slow_disk_read_never_holds_the_step(engine_model_dir: Path, tmp_path: Path) -> None:
+    """After a restart one request's unit is slow to read from disk: the engine steps another
+    request to its end meanwhile (the step never waits on the disk), then the restored request
+    answers as the cold run does."""
+    import threading
+
+    head = toks(256, 31)
+    prompt = head + toks(40, 32)
+    other = toks(40, 34)
+    cold = llm(engine_model_dir, prefix_caching=False, **SMALL).generate([prompt], SP)[0]
+    first = llm(engine_model_dir, disk_cache_dir=str(tmp_path), **SMALL)
+    first.generate([head + toks(30, 33)], SP)
+    first.engine.close()
+    m = llm(engine_model_dir, disk_cache_dir=str(tmp_path), **SMALL)
+    tiers = m.engine.scheduler.cache.tiers
+    assert tiers is not None and tiers.disk is not None
+    gate = threading.Event()
+    real = tiers.disk.read
+
+    def slow(key: Any) -> Any:
+        assert threading.current_thread().name == "tier-reader"
+        gate.wait(60)
+        return real(key)
+
+    tiers.disk.read = slow  # type: ignore[method-assign]
+    eng = m.engine
+    eng.add_request("warm", prompt, SP)
+    eng.add_request("other", other, SP)
+    done: dict[str, Any] = {}
+    while "other" not in done:  # the warm request waits on its read all along
+        for out in eng.step():
+            if out.finished:
+                done[out.request_id] = out
+    assert "warm" not in done and tiers.reading()
+    gate.set()
+    while eng.has_unfinished():
+        for out in eng.step():
+            if out.finished:
+                done[out.request_id] = out
+    w = done["warm"]
+    assert w.cached_tokens == 256
+    _same(w, cold, lp_tol(engine_model_dir))
+    st = eng.stats().tiers
+    assert st is not None and st.disk_hits == 1 and st.disk_reads_ahead == 1
+    assert_idle(m)
+    eng.close()

@@ -24,7 +24,7 @@ from tt_serve.cache.results import (
 )
 from tt_serve.cache.resume import ResumeKind, ResumePoints, ResumeRule
 from tt_serve.cache.snapshot_pool import SnapshotKey, SnapshotPool
-from tt_serve.cache.tiers import Tiers, TierStats
+from tt_serve.cache.tiers import TierPolicy, Tiers, TierStats
 
 __all__ = [
     "PAD_BLOCK",
@@ -40,6 +40,7 @@ __all__ = [
     "SnapshotKey",
     "SnapshotPool",
     "SnapshotSave",
+    "TierPolicy",
     "TierStats",
     "Tiers",
     "UnitRead",

@@ -80,6 +80,8 @@ class DiskStore:
         self.corrupt = 0  # files that failed a check on read and were removed
         self.evictions = 0
         self.writes = 0
+        self.bytes_written = 0  # unit and block files this process wrote
+        self._block_file = 0  # the size of a block file seen (they are all one size)
 
     @classmethod
     def open(cls, root: str | Path, fingerprint: bytes, budget_bytes: int) -> DiskStore:
@@ -131,6 +133,7 @@ class DiskStore:
                         continue
                     if p.suffix == ".blk":
                         self._blocks.add(bytes.fromhex(p.stem))
+                        self._block_file = st.st_size
                     elif p.suffix == ".unit":
                         hashes = self._read_unit_hashes(p)
                         if hashes is None:
@@ -163,6 +166,15 @@ class DiskStore:
             if key in self._units:
                 return True
         return self._unit_path(key).exists()
+
+    def unit_nbytes(self, key: SnapshotKey, num_blocks: int) -> int:
+        """About the bytes a read of ``key`` returns (its unit file and ``num_blocks`` block
+        files; one stat): what the reader bounds its memory by."""
+        try:
+            unit = self._unit_path(key).stat().st_size
+        except OSError:
+            unit = 0
+        return unit + num_blocks * self._block_file
 
     def has_block(self, h: BlockHash) -> bool:
         with self._lock:
@@ -305,6 +317,9 @@ class DiskStore:
         self._atomic_write(path, data + _checksum(data))
         with self._lock:
             self._bytes += len(data) + _SUM
+            self.bytes_written += len(data) + _SUM
+            if magic == _BLOCK_MAGIC:
+                self._block_file = len(data) + _SUM
 
     def _atomic_write(self, path: Path, data: bytes) -> None:
         tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}.{secrets.token_hex(6)}")

@@ -57,7 +57,7 @@ from tt_serve.cache.results import (
 from tt_serve.cache.resume import ResumeKind, ResumePoints, ResumeRule
 from tt_serve.cache.snapshot_pool import SnapshotKey, SnapshotPool
 from tt_serve.cache.tier_link import Later, TierLink
-from tt_serve.cache.tiers import Tiers
+from tt_serve.cache.tiers import Reading, Tiers
 
 
 @dataclass
@@ -365,6 +365,8 @@ class PrefixCache:
             return None
         if isinstance(got, Later):
             return AdmitResult(Admission.LATER)
+        if isinstance(got, Reading):
+            return AdmitResult(Admission.READING)
         self._restores += 1
         self._resumes[points.kind(got.b)] += 1
         self._add_request(request_id, tokens, points, got.table, got.b, hashes, got.snapshot_slot)
@@ -450,7 +452,8 @@ class PrefixCache:
             return None
         if self._link is not None:
             n = num_computed // self._bs
-            self._link.reserved(slot, req.table[:n], tuple(req.hashes[:n]))
+            to_disk = num_computed in _disk_cuts(req.points)
+            self._link.reserved(slot, req.table[:n], tuple(req.hashes[:n]), to_disk)
         self._unpublished[slot] = (request_id, key, self._parent_key(req, num_computed, held))
         self._inflight[key] += 1  # still in flight until published or aborted
         return SnapshotSave(request_id, slot, num_computed)
@@ -605,3 +608,14 @@ class PrefixCache:
         assert s.snapshot_restores <= s.hits, "more restores than hit tokens"
         if not self._enabled:
             assert s.hits == 0 and s.kv_registrations == 0, "disabled cache hit or registered"
+
+
+def _disk_cuts(points: ResumePoints) -> tuple[int, ...]:
+    """The cuts the disk's ``resume`` write-back keeps (``cache/tiers.py``): the first and last
+    message cuts (the shared head; where the next turn resumes), or without any, the last chunk
+    cut (the deepest state a longer prompt can share)."""
+    cuts = list(zip(points.cuts, points.kinds, strict=True))
+    messages = [q for q, k in cuts if k is ResumeKind.MESSAGE]
+    if messages:
+        return (messages[0], messages[-1])
+    return tuple([q for q, k in cuts if k is ResumeKind.CHUNK][-1:])

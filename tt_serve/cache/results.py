@@ -14,6 +14,7 @@ class Admission(enum.Enum):
     NOW = "now"
     LATER = "later"
     NEVER = "never"
+    READING = "reading"  # its hit is being read from disk: ask again after a step
 
 
 @dataclass(frozen=True)
@@ -100,3 +101,4 @@ class UnitRead:
     snapshot_slot: int
     blocks: tuple[int, ...]
     block_hashes: tuple[bytes, ...]
+    to_disk: bool = True  # a cut the disk's write-back policy keeps (``cache/tiers.py``)

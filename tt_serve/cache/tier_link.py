@@ -22,7 +22,7 @@ from tt_serve.cache.block_pool import BlockPool
 from tt_serve.cache.hashing import BlockHash
 from tt_serve.cache.results import UnitRead, UnitWrite
 from tt_serve.cache.snapshot_pool import SnapshotKey, SnapshotPool
-from tt_serve.cache.tiers import Tiers
+from tt_serve.cache.tiers import Reading, Tiers
 
 
 @dataclass(frozen=True)
@@ -52,26 +52,36 @@ class TierLink:
         self._bs = block_size
         self._blocks = blocks
         self._snapshots = snapshots
-        # Reserved snapshot slot -> the blocks and hashes of its unit.
-        self._unit_of: dict[int, tuple[tuple[int, ...], tuple[BlockHash, ...]]] = {}
+        # Reserved snapshot slot -> the blocks and hashes of its unit, and whether the
+        # write-back policy sends it to disk.
+        self._unit_of: dict[int, tuple[tuple[int, ...], tuple[BlockHash, ...], bool]] = {}
         self._reads: list[UnitRead] = []
 
     # -- write-through -----------------------------------------------------------------------
 
-    def reserved(self, slot: int, blocks: tuple[int, ...], hashes: tuple[BlockHash, ...]) -> None:
-        self._unit_of[slot] = (blocks, hashes)
+    def reserved(
+        self, slot: int, blocks: tuple[int, ...], hashes: tuple[BlockHash, ...], to_disk: bool
+    ) -> None:
+        self._unit_of[slot] = (blocks, hashes, to_disk)
 
     def aborted(self, slot: int) -> None:
         self._unit_of.pop(slot, None)
 
     def published(self, slot: int, b: int) -> None:
-        blocks, hashes = self._unit_of.pop(slot)
-        if self.tiers.holds((hashes[-1], b)):
+        blocks, hashes, to_disk = self._unit_of.pop(slot)
+        if not self.tiers.wants(to_disk) or self.tiers.holds((hashes[-1], b)):
             return
         # The whole unit; ``narrow`` picks the blocks to read just before the read, since
         # storing an earlier unit of the same step may evict blocks this one shares.
         self._reads.append(
-            UnitRead(b=b, hashes=hashes, snapshot_slot=slot, blocks=blocks, block_hashes=hashes)
+            UnitRead(
+                b=b,
+                hashes=hashes,
+                snapshot_slot=slot,
+                blocks=blocks,
+                block_hashes=hashes,
+                to_disk=to_disk,
+            )
         )
 
     def narrow(self, read: UnitRead) -> UnitRead | None:
@@ -95,16 +105,18 @@ class TierLink:
         if len(blocks) != len(read.blocks):
             raise ValueError(f"unit at b={read.b}: {len(blocks)} blocks for {len(read.blocks)}")
         new = dict(zip(read.block_hashes, blocks, strict=True))
-        self.tiers.store((read.hashes[-1], read.b), read.hashes, snapshot, new)
+        key = (read.hashes[-1], read.b)
+        self.tiers.store(key, read.hashes, snapshot, new, to_disk=read.to_disk)
 
     # -- restore -----------------------------------------------------------------------------
 
     def restore(
         self, hashes: list[BlockHash], keys: list[SnapshotKey], pages: int
-    ) -> Restored | Later | None:
+    ) -> Restored | Later | Reading | None:
         """Admit ``pages`` blocks with a hit at the longest of ``keys`` (ascending cuts, all
         past the device's hit; ``hashes`` cover them) a tier holds; None when there is none,
-        or no snapshot slot for it (the device hit applies)."""
+        or no snapshot slot for it (the device hit applies); ``READING`` while the longest is
+        read from disk (nothing changed: the request asks again)."""
         for key in self.tiers.candidates(keys):
             slot = self._snapshots.lookup(key)
             if slot is None and self._snapshots.slot_for(key) is not None:
@@ -118,6 +130,8 @@ class TierLink:
                 return LATER
             start = time.perf_counter()
             got = self.tiers.fetch(key, tuple(hashes[:n]))
+            if isinstance(got, Reading):
+                return got
             if got is None:
                 continue  # a bad disk file (removed): try a shorter cut
             data, tier = got

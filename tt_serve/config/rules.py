@@ -18,6 +18,7 @@ from tt_serve.config.serve_config import (
     LOG_LEVELS,
     NIX_PREFIX,
     PRECISIONS,
+    DISK_WRITEBACKS,
     RESUME_POINTS,
     ROUTER_POLICIES,
     ServeConfig,
@@ -164,6 +165,17 @@ def validate(cfg: ServeConfig) -> list[str]:
             cfg.disk_cache_dir is None or cfg.disk_cache_gb > 0,
             f"{p}.diskCacheGb must be positive when {p}.diskCacheDir is set (got "
             f"{_num(cfg.disk_cache_gb)}).",
+        ),
+        (
+            cfg.disk_writeback in DISK_WRITEBACKS,
+            f"{p}.diskWriteback must be one of {', '.join(DISK_WRITEBACKS)} "
+            f"(got {cfg.disk_writeback}).",
+        ),
+        (
+            cfg.disk_write_mb_per_s >= 0 and cfg.disk_read_ahead_mb >= 0,
+            f"{p}.diskWriteMbPerS and {p}.diskReadAheadMb must not be negative (0: unpaced; "
+            f"0: reads in the step; got {_num(cfg.disk_write_mb_per_s)} and "
+            f"{cfg.disk_read_ahead_mb}).",
         ),
         (
             cfg.snapshot_slots >= 0,

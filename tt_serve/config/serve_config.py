@@ -23,6 +23,7 @@ DTYPES = ("auto", "float32", "bfloat16")
 PRECISIONS = ("auto", "bfloat16", "mixed", "bfp4-mlp")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 RESUME_POINTS = ("messages", "chunks")
+DISK_WRITEBACKS = ("resume", "all")  # cache/tiers.py WRITEBACK_POLICIES
 """Where prompts are cut and prefix-cache hits resume (``tt_serve/cache/resume.py``)."""
 ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "random")
 """sglang-router 0.3.2 policies the module offers (docs/routing.md says why cache_aware)."""
@@ -131,6 +132,22 @@ class ServeConfig:
         "restarts and shareable by replicas of the same model and precision; None: off",
     )
     disk_cache_gb: float = _opt(64.0, "GiB the disk tier may hold (with --disk-cache-dir)")
+    disk_writeback: str = _opt(
+        "resume",
+        "which units go to the disk tier: resume (each request's first and last message cuts: "
+        "the shared head and where its next turn resumes, plus any unit a host-tier restore "
+        "reused) or all (every unit written through: the A/B control)",
+        choices=DISK_WRITEBACKS,
+    )
+    disk_write_mb_per_s: float = _opt(
+        256.0, "MiB per second the disk tier's write-back may write on average; 0: unpaced"
+    )
+    disk_read_ahead_mb: int = _opt(
+        1024,
+        "MiB of disk-tier units a reader thread may hold read or in flight for waiting "
+        "requests, so the engine step never waits on the disk; 0: read in the step (the A/B "
+        "control)",
+    )
     response_store_entries: int = _opt(
         4096,
         "stored responses (the Responses API's store: previous_response_id continues from their "

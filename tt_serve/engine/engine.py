@@ -17,7 +17,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
@@ -27,6 +27,7 @@ from tt_serve.engine.scheduler import (
     ScheduledStep,
     Scheduler,
     SchedulerConfig,
+    TierPolicy,
     TierStats,
     UnitWrite,
 )
@@ -49,6 +50,8 @@ from tt_serve.sequence import (
 )
 
 log = logging.getLogger(__name__)
+
+_READ_POLL_S = 0.05  # the longest an idle engine waits on a disk read before looking again
 
 
 class TextStream(Protocol):
@@ -85,6 +88,7 @@ class EngineConfig:
     disk_cache_dir: str | None = None
     disk_cache_bytes: int = 0
     cache_fingerprint: bytes = b""
+    tier_policy: TierPolicy = field(default_factory=TierPolicy)  # how the disk is used
 
 
 @dataclass(frozen=True)
@@ -173,6 +177,7 @@ class Engine:
             disk_cache_dir=config.disk_cache_dir,
             disk_cache_bytes=config.disk_cache_bytes,
             cache_fingerprint=config.cache_fingerprint,
+            tier_policy=config.tier_policy,
             uniform=self._uniform,
             device_top_k=device_top_k_limit(backend),
         )
@@ -342,6 +347,8 @@ class Engine:
             return self._step_pipelined(self._inflight)
         step = self.scheduler.schedule()  # 1. schedule
         if step is None:
+            if self._tiers is not None and self._tiers.reading():
+                self._tiers.wait_read(_READ_POLL_S)  # nothing runs until a disk read is in
             return self._collect()
         if step.pre_copies:  # 2. state copies ...
             try:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from tt_serve.config.serve_config import ServeConfig
 from tt_serve.engine.engine import Engine, EngineConfig, TextStreamFactory
-from tt_serve.engine.scheduler import SchedulerConfig
+from tt_serve.engine.scheduler import SchedulerConfig, TierPolicy
 
 if TYPE_CHECKING:
     from tt_serve.model.interface import Launched
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 GIB = 1 << 30
+MIB = 1 << 20
 
 
 def build_engine(
@@ -79,6 +80,11 @@ def build_engine(
         disk_cache_dir=cfg.disk_cache_dir if cfg.prefix_caching else None,
         disk_cache_bytes=int(cfg.disk_cache_gb * GIB),
         cache_fingerprint=checkpoint_fingerprint(cfg, spec.model_id) if tiered else b"",
+        tier_policy=TierPolicy(
+            read_ahead_bytes=int(cfg.disk_read_ahead_mb * MIB),
+            writeback=cfg.disk_writeback,
+            write_bytes_per_s=int(cfg.disk_write_mb_per_s * MIB),
+        ),
     )
     if cfg.host_cache_gb > 0 and cfg.backend == "torch" and cfg.device == "cpu":
         # The rule: on the CPU the device pool is host memory already.

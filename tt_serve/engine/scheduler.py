@@ -47,13 +47,14 @@ from tt_serve.cache import (
     PrefixCache,
     ResumeRule,
     SnapshotSave,
+    TierPolicy,
     Tiers,
     TierStats,
     UnitRead,
     UnitWrite,
 )
 
-__all__ = ["ScheduledStep", "Scheduler", "SchedulerConfig", "TierStats", "UnitWrite"]
+__all__ = ["ScheduledStep", "Scheduler", "SchedulerConfig", "TierPolicy", "TierStats", "UnitWrite"]
 from tt_serve.config.serve_config import RESUME_POINTS, ServeConfig
 from tt_serve.engine.prefill_rows import PrefillRows
 from tt_serve.model.interface import RowSampling, StateCopy, StepBatch, StepRow
@@ -186,6 +187,7 @@ class Scheduler:
         disk_cache_dir: str | None = None,
         disk_cache_bytes: int = 0,
         cache_fingerprint: bytes = b"",
+        tier_policy: TierPolicy | None = None,
     ) -> Scheduler:
         """A scheduler over a new prefix cache of these sizes (the cache is its alone), with
         the host / disk tiers asked for (``Tiers.open``: ValueError for an unusable folder)."""
@@ -197,6 +199,7 @@ class Scheduler:
                 disk_dir=disk_cache_dir,
                 disk_bytes=disk_cache_bytes,
                 fingerprint=cache_fingerprint,
+                policy=tier_policy,
             )
         cache = PrefixCache(
             num_blocks=num_kv_blocks,
@@ -266,6 +269,10 @@ class Scheduler:
                 deferred.append(self.waiting.popleft())
                 continue
             res = self.cache.admit(req.request_id, prompt, req.params.max_tokens, points)
+            if res.admission is Admission.READING:
+                # Its hit is being read from disk: the step runs without it, others may go.
+                deferred.append(self.waiting.popleft())
+                continue
             if res.admission is Admission.LATER:
                 self._admission_blocked = True
                 break
