@@ -143,7 +143,7 @@ def test_a_full_disk_turns_the_disk_tier_off_and_answers_stay_right(
     tiers = m.engine.scheduler.cache.tiers
     assert tiers is not None and tiers.disk is not None
 
-    def full(path: Path, data: bytes) -> None:
+    def full(path: Path, *parts: bytes) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(tiers.disk, "_atomic_write", full)
@@ -336,3 +336,106 @@ def test_a_slow_disk_read_never_holds_the_step(engine_model_dir: Path, tmp_path:
     assert st is not None and st.disk_hits == 1 and st.disk_reads_ahead == 1
     assert_idle(m)
     eng.close()
+
+
+def _paced(m: LLM, nbytes: int) -> list[tuple[int, bool]]:
+    """Restores write at most ``nbytes`` per step while others run; returns a log of every
+    device write: (KV bytes, whether it carried the snapshot)."""
+    from dataclasses import replace
+
+    sched = m.engine.scheduler
+    sched.config = replace(sched.config, restore_bytes_per_step=nbytes)
+    log: list[tuple[int, bool]] = []
+    real = m.engine.backend.write_unit
+
+    def spy(blocks: Any, data: Any, slot: int, snapshot: Any) -> None:
+        log.append((sum(len(d) for d in data), snapshot is not None))
+        real(blocks, data, slot, snapshot)
+
+    m.engine.backend.write_unit = spy  # type: ignore[method-assign]
+    return log
+
+
+def test_a_restore_lands_in_pieces_while_others_run(engine_model_dir: Path) -> None:
+    """With another request decoding, a 16-block restore is written a few blocks per step (the
+    snapshot in the first piece), a second request on the same history admitted meanwhile
+    waits for the blocks too, and both answer as the cold run; alone, a restore lands whole."""
+    head = toks(256, 41)
+    prompt, twin, alone = head + toks(40, 42), head + toks(40, 47), head + toks(40, 48)
+    kw: dict[str, Any] = dict(SMALL, kv_blocks=60, max_batch_size=3)
+    cold = dict(
+        zip(
+            ("warm", "twin", "alone"),
+            llm(engine_model_dir, prefix_caching=False, **kw).generate([prompt, twin, alone], SP),
+            strict=True,
+        )
+    )
+    m = llm(engine_model_dir, host_cache_gb=0.05, **kw)
+    m.generate([head + toks(30, 43)], SP)
+    _flood(m, 44)
+    assert m.engine.scheduler.cache.match(prompt) == 0
+    block = m.spec.kv_bytes_per_block(16, 4)
+    log = _paced(m, 3 * block)
+    eng = m.engine
+    eng.add_request("busy", toks(20, 45), SamplingParams(max_tokens=40, temperature=0.0))
+    eng.step()
+    eng.add_request("warm", prompt, SP)
+    eng.step()  # admitted: the first piece
+    eng.add_request("twin", twin, SP)
+    eng.step()  # the twin is admitted on the restored blocks, and waits with the restore
+    pieces = len(log)
+    (twin_req,) = [r for r in eng.scheduler.running if r.request_id == "twin"]
+    assert twin_req.num_computed == twin_req.cached_tokens == 256
+    done: dict[str, Any] = {}
+    while eng.has_unfinished():
+        for out in eng.step():
+            if out.finished:
+                done[out.request_id] = out
+    assert [snap for _, snap in log] == [True] + [False] * (len(log) - 1)
+    assert len(log) >= 5 and len(log) > pieces and max(n for n, _ in log) == 3 * block
+    for rid in ("warm", "twin"):  # the twin: a device hit on blocks still being written
+        assert done[rid].cached_tokens == 256
+        _same(done[rid], cold[rid], lp_tol(engine_model_dir))
+    st = eng.stats().tiers
+    assert st is not None and st.host_hits == 1 and st.restores == 1
+    assert sum(n for n, _ in log) + m.spec.state_bytes_per_slot() == st.restore_bytes
+    assert_idle(m)
+    # alone: the whole unit in one write
+    _flood(m, 46)
+    log.clear()
+    (w,) = m.generate([alone], SP)
+    assert w.cached_tokens == 256 and len(log) == 1 and log[0][1]
+    _same(w, cold["alone"], lp_tol(engine_model_dir))
+
+
+def test_a_restore_whose_request_ends_lands_before_its_blocks_are_reused(
+    engine_model_dir: Path,
+) -> None:
+    """The restoring request is aborted after its first piece: the rest is written in the next
+    step, before any admission can reuse the blocks, and the history still restores right."""
+    head = toks(256, 51)
+    prompt = head + toks(40, 52)
+    kw: dict[str, Any] = dict(SMALL, kv_blocks=60, max_batch_size=3)
+    cold = llm(engine_model_dir, prefix_caching=False, **kw).generate([prompt], SP)[0]
+    m = llm(engine_model_dir, host_cache_gb=0.05, **kw)
+    m.generate([head + toks(30, 53)], SP)
+    _flood(m, 54)
+    block = m.spec.kv_bytes_per_block(16, 4)
+    log = _paced(m, 3 * block)
+    eng = m.engine
+    eng.add_request("busy", toks(20, 55), SamplingParams(max_tokens=30, temperature=0.0))
+    eng.step()
+    eng.add_request("warm", prompt, SP)
+    eng.step()
+    eng.abort("warm")
+    eng.step()
+    assert len(log) == 2 and log[0][1]  # the rest at once
+    while eng.has_unfinished():
+        eng.step()
+    assert_idle(m)
+    st = eng.stats().tiers
+    assert st is not None
+    assert sum(n for n, _ in log) + m.spec.state_bytes_per_slot() == st.restore_bytes
+    (w,) = m.generate([prompt], SP)  # a device hit on the restored blocks
+    assert w.cached_tokens == 256 and len(log) == 2
+    _same(w, cold, lp_tol(engine_model_dir))

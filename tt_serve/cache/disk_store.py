@@ -55,8 +55,12 @@ class DiskStoreError(RuntimeError):
     """The cache directory cannot be used (the message says why)."""
 
 
-def _checksum(data: bytes | memoryview) -> bytes:
-    return hashlib.blake2b(data, digest_size=_SUM).digest()
+def _checksum(*parts: bytes | memoryview) -> bytes:
+    """The checksum of the parts' concatenation (fed one by one: nothing is joined)."""
+    h = hashlib.blake2b(digest_size=_SUM)
+    for part in parts:
+        h.update(part)
+    return h.digest()
 
 
 class DiskStore:
@@ -188,9 +192,10 @@ class DiskStore:
         if not self.enabled:
             return None
         path = self._unit_path(key)
-        body = self._read_checked(path, _UNIT_MAGIC)
-        if body is None:
+        got = self._read_checked(path, _UNIT_MAGIC)
+        if got is None:
             return None
+        body = got[1]
         try:
             h, b, n = struct.unpack_from(f"<{DIGEST_SIZE}sQI", body)
             off = DIGEST_SIZE + 12
@@ -220,34 +225,38 @@ class DiskStore:
 
     def _read_block(self, h: BlockHash) -> bytes | None:
         path = self._block_path(h)
-        body = self._read_checked(path, _BLOCK_MAGIC)
-        if body is None:
+        got = self._read_checked(path, _BLOCK_MAGIC, DIGEST_SIZE)
+        if got is None:
             return None
-        if body[:DIGEST_SIZE] != h:
+        if got[0] != h:
             self._bad(path)
             return None
-        return body[DIGEST_SIZE:]
+        return got[1]
 
-    def _read_checked(self, path: Path, magic: bytes) -> bytes | None:
-        """The body of a file (between magic + fingerprint and checksum) if every check passes."""
+    def _read_checked(self, path: Path, magic: bytes, lead: int = 0) -> tuple[bytes, bytes] | None:
+        """The body of a file (between magic + fingerprint and checksum) if every check passes,
+        as its first ``lead`` bytes and the rest. Each part is read straight into its own
+        bytes and checksummed in place: no copy of the payload after the read (a 128k-token
+        unit is ~130 MB of block files)."""
+        head = len(magic) + len(self._fp)
         try:
-            data = path.read_bytes()
+            with path.open("rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size < head + lead + _SUM:
+                    parts = None
+                else:
+                    parts = (f.read(head), f.read(lead), f.read(size - head - lead - _SUM))
+                    tail = f.read(_SUM)
         except FileNotFoundError:
             return None
         except OSError as exc:
             log.warning("disk cache: reading %s failed: %r", path, exc)
             self.errors += 1
             return None
-        head = len(magic) + len(self._fp)
-        if (
-            len(data) < head + _SUM
-            or data[: len(magic)] != magic
-            or data[len(magic) : head] != self._fp
-            or _checksum(memoryview(data)[:-_SUM]) != data[-_SUM:]
-        ):
+        if parts is None or parts[0] != magic + self._fp or _checksum(*parts) != tail:
             self._bad(path)
             return None
-        return data[head:-_SUM]
+        return parts[1], parts[2]
 
     def _bad(self, path: Path) -> None:
         log.warning("disk cache: %s failed its checks (torn or corrupted): removed", path)
@@ -290,7 +299,7 @@ class DiskStore:
                 if not self.has_block(h):
                     if not blk:  # listed when queued, evicted since: the unit cannot go
                         return False
-                    self._write_file(self._block_path(h), _BLOCK_MAGIC, h + blk)
+                    self._write_file(self._block_path(h), _BLOCK_MAGIC, h, blk)
                     with self._lock:
                         self._blocks.add(h)
             body = (
@@ -312,20 +321,24 @@ class DiskStore:
             return False
         return True
 
-    def _write_file(self, path: Path, magic: bytes, body: bytes) -> None:
-        data = magic + self._fp + body
-        self._atomic_write(path, data + _checksum(data))
+    def _write_file(self, path: Path, magic: bytes, *body: bytes) -> None:
+        """``magic | fingerprint | body... | checksum``, the parts written one after another
+        (the payload is never joined into a copy)."""
+        parts = (magic + self._fp, *body)
+        self._atomic_write(path, *parts, _checksum(*parts))
+        size = sum(len(x) for x in parts) + _SUM
         with self._lock:
-            self._bytes += len(data) + _SUM
-            self.bytes_written += len(data) + _SUM
+            self._bytes += size
+            self.bytes_written += size
             if magic == _BLOCK_MAGIC:
-                self._block_file = len(data) + _SUM
+                self._block_file = size
 
-    def _atomic_write(self, path: Path, data: bytes) -> None:
+    def _atomic_write(self, path: Path, *parts: bytes) -> None:
         tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}.{secrets.token_hex(6)}")
         try:
             with tmp.open("wb") as f:
-                f.write(data)
+                for part in parts:
+                    f.write(part)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)

@@ -30,6 +30,7 @@ Data flow (the prefix cache drives it; the engine moves the bytes):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -260,7 +261,9 @@ class Tiers:
 
     # -- the reader --------------------------------------------------------------------------
 
-    def _take_read(self, key: SnapshotKey, hashes: tuple[BlockHash, ...]) -> UnitData | None | Reading:
+    def _take_read(
+        self, key: SnapshotKey, hashes: tuple[BlockHash, ...]
+    ) -> UnitData | Reading | None:
         """The unit read ahead (None: it turned out a miss), else queue its read: READING."""
         assert self.disk is not None
         now = time.monotonic()
@@ -517,7 +520,5 @@ class Tiers:
 def _lower_priority() -> None:
     """Nice the calling thread (Linux: per thread) so its checksums yield the cores to the
     engine's step; elsewhere, or when refused, nothing changes."""
-    try:
+    with contextlib.suppress(AttributeError, OSError):
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-    except (AttributeError, OSError):
-        pass

@@ -13,12 +13,12 @@ import re
 
 from tt_serve.config.serve_config import (
     BACKENDS,
+    DISK_WRITEBACKS,
     DTYPES,
     GDN_CHUNK,
     LOG_LEVELS,
     NIX_PREFIX,
     PRECISIONS,
-    DISK_WRITEBACKS,
     RESUME_POINTS,
     ROUTER_POLICIES,
     ServeConfig,

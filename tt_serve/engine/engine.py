@@ -350,7 +350,7 @@ class Engine:
             if self._tiers is not None and self._tiers.reading():
                 self._tiers.wait_read(_READ_POLL_S)  # nothing runs until a disk read is in
             return self._collect()
-        if step.pre_copies:  # 2. state copies ...
+        if step.pre_copies or step.unit_writes:  # 2. tier restores, state copies ...
             try:
                 step = self._pre_copies(step)
             except Exception as exc:  # a copy no running request owns: the whole step fails
@@ -381,11 +381,8 @@ class Engine:
         request owning the slot, whose row leaves the step; the others run."""
         owners = {req.state_slot: req for req in self.scheduler.running}
         failed: set[int] = set()
-        # Every running request, not only this step's rows: a hit admitted behind a chunk that
-        # filled the token budget runs later, but its blocks are registered already.
-        by_id = {req.request_id: req for req in self.scheduler.running}
         for rid, write in step.unit_writes:
-            self._restore_unit(by_id.get(rid), write, failed)
+            self._restore_unit(rid, write, failed)
         for op in step.pre_copies:
             try:
                 self.backend.copy_states([op])
@@ -406,9 +403,10 @@ class Engine:
             pre_copies=[],
         )
 
-    def _restore_unit(self, req: Request | None, write: UnitWrite, failed: set[int]) -> None:
-        """Write a tier hit's bytes into the device before any step can read them. Written
-        even when ``req`` ended meanwhile: its restored blocks stay registered."""
+    def _restore_unit(self, rid: str, write: UnitWrite, failed: set[int]) -> None:
+        """Write a piece of request ``rid``'s tier hit into the device before any step can
+        read it (the scheduler holds back every request on blocks still unwritten). Written
+        even when the request ended meanwhile: its restored blocks stay registered."""
         assert isinstance(self.backend, UnitIO)
         start = time.perf_counter()
         try:
@@ -422,10 +420,10 @@ class Engine:
             log.error("tier restore failed: %r", exc)
             self.unit_io_errors += 1
             error = f"backend error: restoring cached state failed: {exc}"
-            for ended in self.scheduler.unit_failed(write, error):
+            for ended in self.scheduler.unit_failed(rid, write, error):
                 failed.add(id(ended))
             return
-        self.scheduler.unit_restored(write, time.perf_counter() - start)
+        self.scheduler.unit_restored(rid, write, time.perf_counter() - start)
 
     def _write_through(self) -> None:
         """Read the units published this step out to the tiers, before the next schedule can

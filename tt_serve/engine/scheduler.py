@@ -89,6 +89,10 @@ class SchedulerConfig:
     # end to the chunk multiples; "chunks" is the chunk-only control arm.
     resume_points: str = _D.resume_points
     message_start_ids: frozenset[int] = frozenset()  # the tokenizer's <|im_start|>
+    # Bytes of tier restores written into the device per step while other requests run (the
+    # rest in later steps; the restoring request waits): a 128k-token unit never lands in one
+    # step. With nothing else to run, a restore is written whole.
+    restore_bytes_per_step: int = 16 << 20
 
     def __post_init__(self) -> None:
         if self.max_batch < 1:
@@ -118,6 +122,22 @@ class SchedulerConfig:
             boundary_ids=self.message_start_ids,
             messages=self.resume_points == "messages",
         )
+
+
+@dataclass
+class _PendingWrite:
+    """A tier restore being written into the device piece by piece (``Scheduler._pieces``)."""
+
+    request_id: str
+    write: UnitWrite
+    done: int = 0  # blocks in pieces planned so far
+    started: bool = False  # the first piece (with the snapshot) is planned
+    planned_all: bool = False  # the last piece is planned
+    seconds: float = 0.0  # device write time of the pieces applied
+
+    @property
+    def unwritten(self) -> tuple[int, ...]:
+        return self.write.blocks[self.done :]
 
 
 @dataclass
@@ -164,6 +184,7 @@ class Scheduler:
         self._queued_copies: list[StateCopy] = []
         self._queued_restored: list[str] = []
         self._queued_writes: list[tuple[str, UnitWrite]] = []
+        self._pending_writes: list[_PendingWrite] = []
         # The head of the queue did not fit and nothing was released since: admission would
         # fail again, so it need not drain a pipelined decode.
         self._admission_blocked = False
@@ -287,7 +308,7 @@ class Scheduler:
             req.num_computed = res.cached_tokens
             req.first_scheduled_time = time.monotonic()
             if res.unit_write is not None:
-                self._queued_writes.append((req.request_id, res.unit_write))
+                self._pending_writes.append(_PendingWrite(req.request_id, res.unit_write))
             if res.restore_snapshot is not None:
                 self._queued_copies.append(StateCopy.restore(res.restore_snapshot, req.state_slot))
                 self._queued_restored.append(req.request_id)
@@ -364,8 +385,9 @@ class Scheduler:
     def schedule(self) -> ScheduledStep | None:
         """Plan the next step, or None when nothing can run."""
         self._admit()
+        held = self._plan_writes()
         decodes = [r for r in self.running if r.prefill_done]
-        prefills = [r for r in self.running if not r.prefill_done]
+        prefills = [r for r in self.running if not r.prefill_done and id(r) not in held]
         rows: list[StepRow] = []
         reqs: list[Request] = []
         run_decode = bool(decodes)
@@ -394,7 +416,7 @@ class Scheduler:
                 budget -= row.num_tokens
                 if budget <= 0:
                     break
-        if not rows:
+        if not rows and not self._queued_writes:
             return None
         if run_prefill and decodes and not run_decode:
             self._prefill_streak += 1
@@ -409,6 +431,47 @@ class Scheduler:
         )
         self._queued_copies, self._queued_restored, self._queued_writes = [], [], []
         return step
+
+    def _plan_writes(self) -> set[int]:
+        """Queue this step's pieces of the pending tier restores and return the running
+        requests (by id()) that must wait: those holding a block still unwritten after it.
+
+        Each restore's first piece carries its snapshot (a state copy from its slot may run in
+        the same step), then its blocks in order, within ``restore_bytes_per_step`` over all
+        restores while some request that does not wait would run; everything at once when
+        none would, or when the restoring request has ended (its blocks and slot are no
+        longer held: the rest must land before an admission could reuse them)."""
+        if not self._pending_writes:
+            return set()
+        pending = {b for w in self._pending_writes for b in w.unwritten}
+        free = any(r.prefill_done or pending.isdisjoint(r.block_table) for r in self.running)
+        budget = self.config.restore_bytes_per_step
+        ids = {r.request_id for r in self.running}
+        for w in self._pending_writes:
+            if w.planned_all:
+                continue  # its last piece is in a step not yet applied
+            first = not w.started
+            n = len(w.unwritten)
+            paced = free and w.request_id in ids
+            if paced:
+                room = budget - (len(w.write.snapshot or b"") if first else 0)
+                n = min(n, max(room, 0) // len(w.write.block_data[w.done])) if n else 0
+                if n == 0 and not first:
+                    continue
+            piece = replace(
+                w.write,
+                blocks=w.write.blocks[w.done : w.done + n],
+                block_data=w.write.block_data[w.done : w.done + n],
+                snapshot=w.write.snapshot if first else None,
+            )
+            self._queued_writes.append((w.request_id, piece))
+            w.done += n
+            w.started = True
+            w.planned_all = w.done == len(w.write.blocks)
+            if paced:
+                budget -= piece.nbytes
+        unwritten = {b for w in self._pending_writes for b in w.unwritten}
+        return {id(r) for r in self.running if not unwritten.isdisjoint(r.block_table)}
 
     @property
     def max_prefill_rows(self) -> int:
@@ -556,10 +619,23 @@ class Scheduler:
         """``read`` cut to the blocks the tiers lack now (``PrefixCache.narrow_unit_read``)."""
         return self.cache.narrow_unit_read(read)
 
-    def unit_failed(self, write: UnitWrite, error: str) -> list[Request]:
-        """A restore's write failed: every running request holding one of its blocks or
-        restoring from its snapshot slot ends with ``error`` (they would read what the write
-        left), then the cache forgets the unit. Returns the requests ended."""
+    def _pending_of(self, rid: str, piece: UnitWrite) -> _PendingWrite | None:
+        for w in self._pending_writes:
+            if w.request_id == rid and w.write.snapshot_slot == piece.snapshot_slot:
+                return w
+        return None
+
+    def unit_failed(self, rid: str, piece: UnitWrite, error: str) -> list[Request]:
+        """A piece of a restore's write failed: every running request holding one of the
+        unit's blocks or restoring from its snapshot slot ends with ``error`` (they would read
+        what the write left), then the cache forgets the unit and its other pieces are not
+        written. Returns the requests ended."""
+        w = self._pending_of(rid, piece)
+        write = piece
+        if w is not None:
+            self._pending_writes.remove(w)
+            write = w.write
+            self._queued_writes = [(r, x) for r, x in self._queued_writes if x is not piece]
         written = set(write.blocks)
         restoring = set(self.cache.restoring_from(write.snapshot_slot))
         hit = [
@@ -572,13 +648,21 @@ class Scheduler:
         self.cache.drop_unit(write)
         return hit
 
-    def unit_restored(self, write: UnitWrite, seconds: float) -> None:
-        """A tier restore is on the device after ``seconds`` of writing (for the metrics)."""
-        tiers = self.cache.tiers
-        if tiers is not None:
-            tiers.record_restore(
-                write.tier, write.tokens, write.nbytes, write.fetch_seconds + seconds
-            )
+    def unit_restored(self, rid: str, piece: UnitWrite, seconds: float) -> None:
+        """A piece of a tier restore is on the device after ``seconds`` of writing; the last
+        one completes the restore (counted in the metrics, its waiting requests run)."""
+        w = self._pending_of(rid, piece)
+        if w is None:
+            return
+        w.seconds += seconds
+        if w.planned_all and (not piece.blocks or piece.blocks[-1] == w.write.blocks[-1]):
+            self._pending_writes.remove(w)
+            tiers = self.cache.tiers
+            if tiers is not None:
+                full = w.write
+                tiers.record_restore(
+                    full.tier, full.tokens, full.nbytes, full.fetch_seconds + w.seconds
+                )
 
     def fail(self, requests: list[Request], error: str) -> None:
         for req in requests:

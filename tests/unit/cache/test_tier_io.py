@@ -120,7 +120,7 @@ def test_a_torn_file_read_ahead_is_a_miss(tmp_path: Path) -> None:
 
 def test_admission_waits_for_the_read_and_changes_nothing_meanwhile(tmp_path: Path) -> None:
     prompt = [5] * 20
-    ((key, hashes, data),) = _written(tmp_path, prompt)
+    ((_, _, data),) = _written(tmp_path, prompt)
     tiers = Tiers(None, DiskStore.open(tmp_path, FP, 1 << 20), policy=AHEAD)
     cache = PrefixCache(num_blocks=12, block_size=BS, num_snapshot_slots=2, stride=8, tiers=tiers)
     free = cache.block_pool.num_allocatable
@@ -165,7 +165,9 @@ def test_all_write_back_writes_every_unit(tmp_path: Path) -> None:
     tiers = Tiers(None, disk, policy=TierPolicy(writeback="all"))
     key, hashes, data = unit([2] * 40, 8)
     assert tiers.wants(False)
-    tiers.store(key, hashes, data.snapshot, dict(zip(hashes, data.blocks, strict=True)), to_disk=False)
+    tiers.store(
+        key, hashes, data.snapshot, dict(zip(hashes, data.blocks, strict=True)), to_disk=False
+    )
     tiers.flush()
     assert disk.read(key) == data
     # without a host tier, a unit the resume policy skips is not even read off the device

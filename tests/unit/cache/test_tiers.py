@@ -136,7 +136,7 @@ def test_disk_write_error_degrades_to_no_disk_tier(
     """A full disk mid-run: the write fails, is counted, and the disk tier turns off."""
     d = DiskStore.open(tmp_path, FP, 1 << 20)
 
-    def full(path: Path, data: bytes) -> None:
+    def full(path: Path, *parts: bytes) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(d, "_atomic_write", full)
