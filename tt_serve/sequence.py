@@ -201,6 +201,9 @@ class Request:
     picked_on_device: int = 0  # tokens the backend picked (argmax or a device draw)
     picked_on_host: int = 0  # tokens the engine picked from the logits
     resume: ResumePoints | None = None  # where the prompt is cut (set when scheduled)
+    # The prompt's block hashes as far as admission looked (kept while it waits: a 128k-token
+    # prompt retried every step is hashed once).
+    block_hashes: list[bytes] = field(default_factory=list)
 
     @property
     def prompt_len(self) -> int:

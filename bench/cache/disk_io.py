@@ -102,9 +102,12 @@ def plant_units(engine: Any, histories: list[list[int]]) -> None:
         assert tiers.disk.write((hashes[-1], len(h)), hashes, data)
 
 
-def run_steps(engine: Any, prompts: list[list[int]], every: int, arrivals: int) -> dict[str, Any]:
+def run_steps(
+    engine: Any, prompts: list[list[int]], every: int, arrivals: int, warm: list[list[int]]
+) -> dict[str, Any]:
     """Two decoders all along; an arrival every ``every`` steps (cycling ``prompts``) once the
-    previous one finished. Returns the step times and each arrival's time to first token."""
+    previous one finished, after ``warm`` ran untimed. Returns the step times and each
+    arrival's time to first token."""
     decoders = iter(range(1 << 30))
 
     def decoder() -> str:
@@ -112,6 +115,10 @@ def run_steps(engine: Any, prompts: list[list[int]], every: int, arrivals: int) 
         engine.add_request(rid, [5, 6, 7], DECODE)
         return rid
 
+    for prompt in warm:  # untimed: puts a history on the device
+        engine.add_request("warm", prompt + list(range(3, 3 + SUFFIX)), ARRIVAL)
+        while engine.has_unfinished():
+            engine.step()
     running = {decoder(), decoder()}
     for _ in range(5):  # warm-up
         engine.step()
@@ -176,7 +183,9 @@ def bench_steps(a: argparse.Namespace, model: Path, tmp: Path) -> dict[str, Any]
         eng = _engine(model, disk, a.tokens, ahead)
         plant_units(eng, hist)
         prompts = hist[:1] if name == "device" else hist
-        out[name] = run_steps(eng, prompts, a.every, a.arrivals)
+        out[name] = run_steps(
+            eng, prompts, a.every, a.arrivals, prompts if name == "device" else []
+        )
         print(name, out[name], file=sys.stderr, flush=True)
         eng.close()
         shutil.rmtree(disk)
@@ -208,6 +217,14 @@ def bench_turns(a: argparse.Namespace, model: Path, tmp: Path) -> dict[str, Any]
     from tt_serve.engine.factory import build_engine
     from tt_serve.tokenizer import load_tokenizer
 
+    if a.turns_shape:
+        from bench.common.checkpoint import write_checkpoint
+
+        shaped = write_checkpoint(tmp / "shaped", a.turns_shape, a.turns_layers, 248320, 0)
+        for f in model.iterdir():
+            if f.name.startswith(("tokenizer", "generation")):
+                (shaped / f.name).symlink_to(f.resolve())
+        model = shaped
     tok = load_tokenizer(str(model))
     sizes = Sizes(agents=a.agents, turns=a.turns + 1, head=a.head, task=150, tool=300, answer=32)
     workload = build(sizes, 0, tok)
@@ -215,7 +232,13 @@ def bench_turns(a: argparse.Namespace, model: Path, tmp: Path) -> dict[str, Any]
     first = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
     shape = I.EngineShape(backend="torch", chunk=CHUNK, max_model_len=16384, max_batch=a.agents)
     base = replace(I.serve_config(str(model), shape), step_probe_seconds=0, disk_write_mb_per_s=0)
-    out: dict[str, Any] = {"agents": a.agents, "turns": a.turns, "head": a.head}
+    out: dict[str, Any] = {
+        "agents": a.agents,
+        "turns": a.turns,
+        "head": a.head,
+        "shape": a.turns_shape or "demo",
+        "layers": a.turns_layers if a.turns_shape else None,
+    }
     next_tokens: dict[str, list[tuple[int, ...]]] = {}
     for policy in ("all", "resume"):
         cfg = replace(base, disk_cache_dir=str(tmp / f"turns-{policy}"), disk_writeback=policy)
@@ -273,6 +296,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--agents", type=int, default=4)
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--head", type=int, default=1500)
+    p.add_argument(
+        "--turns-shape",
+        default=None,
+        help="turns on a random checkpoint at a published shape (e.g. qwen3.5-0.8b) instead "
+        "of the demo model: its snapshot / KV byte ratio",
+    )
+    p.add_argument("--turns-layers", type=int, default=4, help="layers of --turns-shape (3:1)")
     p.add_argument("--no-ledger", action="store_true")
     a = p.parse_args(argv)
     from tt_serve.demo import ensure_demo_model

@@ -276,11 +276,11 @@ def test_disk_unit_evicted_while_restoring_is_a_miss_and_a_right_answer(
     real = disk.read
     gone: list[int] = []
 
-    def evicted_first(key: Any) -> Any:
+    def evicted_first(key: Any, *rest: Any) -> Any:
         if not gone:  # the longest cut's file goes just before its read
             gone.append(key[1])
             next(tmp_path.rglob(f"{key[0].hex()}-{key[1]}.unit")).unlink()
-        return real(key)
+        return real(key, *rest)
 
     disk.read = evicted_first  # type: ignore[method-assign]
     (w,) = m.generate([prompt], SP)
@@ -309,10 +309,10 @@ def test_a_slow_disk_read_never_holds_the_step(engine_model_dir: Path, tmp_path:
     gate = threading.Event()
     real = tiers.disk.read
 
-    def slow(key: Any) -> Any:
+    def slow(key: Any, *rest: Any) -> Any:
         assert threading.current_thread().name == "tier-reader"
         gate.wait(60)
-        return real(key)
+        return real(key, *rest)
 
     tiers.disk.read = slow  # type: ignore[method-assign]
     eng = m.engine

@@ -36,6 +36,7 @@ import secrets
 import struct
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tt_serve.cache.hashing import DIGEST_SIZE, BlockHash
@@ -186,9 +187,9 @@ class DiskStore:
 
     # -- read --------------------------------------------------------------------------------
 
-    def read(self, key: SnapshotKey) -> UnitData | None:
+    def read(self, key: SnapshotKey, pause: Callable[[], None] | None = None) -> UnitData | None:
         """The unit at ``key`` with every block, all checks passed; else None (a bad file is
-        removed)."""
+        removed). ``pause`` is called before each block file (the reader yields there)."""
         if not self.enabled:
             return None
         path = self._unit_path(key)
@@ -212,6 +213,8 @@ class DiskStore:
             return None
         blocks = []
         for bh in hashes:
+            if pause is not None:
+                pause()
             data = self._read_block(bh)
             if data is None:
                 self._forget_unit(key, path)  # its KV is gone: the unit can never be restored

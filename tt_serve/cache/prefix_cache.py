@@ -254,17 +254,22 @@ class PrefixCache:
         Pure lookup: no side effects."""
         return self._lookup(tokens, [], self._points(tokens, points))
 
-    def inflight_boundary(self, tokens: Sequence[int], points: ResumePoints | None = None) -> int:
+    def inflight_boundary(
+        self,
+        tokens: Sequence[int],
+        points: ResumePoints | None = None,
+        hashes: list[BlockHash] | None = None,
+    ) -> int:
         """Longest cut b of ``tokens`` that an admitted request with the same prefix has still
         to compute (and snapshot) itself; 0 if none. A boundary stays in flight until that
         request computed past it, or until its pending snapshot there is published or
-        aborted."""
+        aborted. ``hashes``: the prompt's block hashes known so far (extended in place)."""
         if not self._inflight:
             return 0
         cuts = self._points(tokens, points).cuts
         if not cuts:
             return 0
-        hashes: list[BlockHash] = []
+        hashes = [] if hashes is None else hashes
         extend_block_hashes(hashes, tokens, self._bs, self._root, cuts[-1] // self._bs)
         for b in reversed(cuts):
             if self._inflight.get((hashes[b // self._bs - 1], b), 0) > 0:
@@ -279,8 +284,11 @@ class PrefixCache:
         tokens: Sequence[int],
         max_tokens: int,
         points: ResumePoints | None = None,
+        hashes: list[BlockHash] | None = None,
     ) -> AdmitResult:
-        """Reserve a request's whole lifetime atomically (see module docstring)."""
+        """Reserve a request's whole lifetime atomically (see module docstring). ``hashes``:
+        the prompt's block hashes known so far, extended in place (a request retried while it
+        waits is hashed once); the admitted request keeps the list."""
         if request_id in self._requests:
             raise ValueError(f"request {request_id!r} is already admitted")
         lifetime = self.lifetime_tokens(len(tokens), max_tokens)
@@ -293,7 +301,7 @@ class PrefixCache:
             )
             return AdmitResult(Admission.NEVER, reason=reason)
         points = self._points(tokens, points)
-        hashes: list[BlockHash] = []
+        hashes = [] if hashes is None else hashes
         b = self._lookup(tokens, hashes, points)
         if self._link is not None:
             tier = self._admit_from_tier(request_id, tokens, hashes, points, b, pages)

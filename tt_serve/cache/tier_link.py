@@ -69,7 +69,7 @@ class TierLink:
 
     def published(self, slot: int, b: int) -> None:
         blocks, hashes, to_disk = self._unit_of.pop(slot)
-        if not self.tiers.wants(to_disk) or self.tiers.holds((hashes[-1], b)):
+        if self.tiers.holds((hashes[-1], b)) or not self.tiers.takes(to_disk):
             return
         # The whole unit; ``narrow`` picks the blocks to read just before the read, since
         # storing an earlier unit of the same step may evict blocks this one shares.

@@ -346,6 +346,8 @@ class Engine:
         if self._inflight is not None:
             return self._step_pipelined(self._inflight)
         step = self.scheduler.schedule()  # 1. schedule
+        if self._tiers is not None:
+            self._tiers.busy = step is not None  # a disk read ahead yields to the step
         if step is None:
             if self._tiers is not None and self._tiers.reading():
                 self._tiers.wait_read(_READ_POLL_S)  # nothing runs until a disk read is in

@@ -283,13 +283,14 @@ class Scheduler:
         while self.waiting and self._free_slots and len(self.running) < self.config.max_batch:
             req = self.waiting[0]
             prompt, points = req.prompt_token_ids, req.resume
-            computing = self.cache.inflight_boundary(prompt, points)  # 0 when idle, unhashed
+            memo = req.block_hashes
+            computing = self.cache.inflight_boundary(prompt, points, memo)  # 0 when idle
             if computing and computing > self.cache.match(prompt, points):
                 # Another request is computing this prefix now: wait for its snapshot rather
                 # than compute the same head twice. Others behind it may still go.
                 deferred.append(self.waiting.popleft())
                 continue
-            res = self.cache.admit(req.request_id, prompt, req.params.max_tokens, points)
+            res = self.cache.admit(req.request_id, prompt, req.params.max_tokens, points, memo)
             if res.admission is Admission.READING:
                 # Its hit is being read from disk: the step runs without it, others may go.
                 deferred.append(self.waiting.popleft())

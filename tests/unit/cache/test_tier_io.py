@@ -46,9 +46,9 @@ def test_a_disk_unit_is_read_by_the_reader_thread_not_the_caller(tmp_path: Path)
     readers: list[str] = []
     real = disk.read
 
-    def spy(k: tuple) -> object:
+    def spy(k: tuple, *rest: object) -> object:
         readers.append(threading.current_thread().name)
-        return real(k)
+        return real(k, *rest)  # type: ignore[arg-type]
 
     disk.read = spy  # type: ignore[method-assign]
     assert tiers.fetch(key, hashes) is READING  # queued: the caller does not wait
@@ -72,10 +72,10 @@ def test_reads_ahead_are_bounded_in_bytes(tmp_path: Path) -> None:
     real = disk.read
     read: list[int] = []
 
-    def slow(k: tuple) -> object:
+    def slow(k: tuple, *rest: object) -> object:
         gate.wait(5)
         read.append(k[1])
-        return real(k)
+        return real(k, *rest)  # type: ignore[arg-type]
 
     disk.read = slow  # type: ignore[method-assign]
     assert tiers.fetch(a[0], a[1]) is READING
@@ -164,14 +164,15 @@ def test_all_write_back_writes_every_unit(tmp_path: Path) -> None:
     disk = DiskStore.open(tmp_path, FP, 1 << 20)
     tiers = Tiers(None, disk, policy=TierPolicy(writeback="all"))
     key, hashes, data = unit([2] * 40, 8)
-    assert tiers.wants(False)
+    assert tiers.takes(False)
     tiers.store(
         key, hashes, data.snapshot, dict(zip(hashes, data.blocks, strict=True)), to_disk=False
     )
     tiers.flush()
     assert disk.read(key) == data
     # without a host tier, a unit the resume policy skips is not even read off the device
-    assert not Tiers(None, disk, policy=TierPolicy(writeback="resume")).wants(False)
+    resume = Tiers(None, disk, policy=TierPolicy(writeback="resume"))
+    assert not resume.takes(False) and resume.stats.writebacks_skipped == 1
     tiers.close()
 
 
