@@ -2,22 +2,24 @@
 and disk bytes written per agent turn, each A/B in one run.
 
 ``steps`` (issue 55: "step p99 during disk restores at 128k within 1.2x the no-restore p99"):
-two short requests decode all along; every few steps a request arrives whose ``--tokens``-long
-history is on disk only (rotating over ``--units`` histories, a device pool that holds one of
-them: every arrival restores from disk). The no-restore arm sends the same request with the
-same history each time, a device hit after the first, so both arms compute the same steps and
-differ by the restore alone. Measured per arm, on one engine each, the engine thread timing
-every ``Engine.step`` call: p50 / p99 / max step time, restores, and the time from arrival to
-first token. Arms: ``device`` (no restore), ``in-step`` (``--disk-read-ahead-mb 0``: the step
-reads the disk) and ``read-ahead`` (the default: a reader thread). The units are written
-straight into the disk store with the engine's own keys and the pool's sizes (zero payloads:
-the time of a read, its checks and the device write does not depend on the values; a real
-128k prefill on this CPU would take many minutes per history). Warm == cold of a restore is
-the tier tests' job, not this bench's.
+two short requests decode all along; every ``--interval`` seconds a request arrives whose
+``--tokens``-long history is on disk only (rotating over ``--units`` histories in a device
+pool that holds one of them: every arrival restores from disk). The no-restore arm sends the
+same history each time, a device hit after an untimed first, so the arms run the same traffic
+for the same wall time and differ by the restores alone. Measured per arm, on one engine each,
+the engine thread timing every ``Engine.step`` call: p50 / p99 / max step time, restores, and
+each arrival's time to first token. Arms: ``device`` (no restore), ``in-step``
+(``--disk-read-ahead-mb 0``: the step reads the disk) and ``read-ahead`` (the default: a
+reader thread). The units are written straight into the disk store under the engine's own
+keys at the pool's sizes (zero payloads: a read, its checks and the device write take the same
+time whatever the values; a real 128k prefill on this CPU takes many minutes per history).
+Warm == cold of a restore is the tier tests' job, not this bench's.
 
 ``turns``: the agent replay (``bench.agent_replay``: a shared head, tool-result turns) on an
 engine with a disk tier, once with ``--disk-writeback all`` (every unit written through) and
-once with ``resume`` (the default): disk bytes and units written per turn. Then a restarted
+once with ``resume`` (the default): disk bytes and units written per turn, on the demo model
+or (``--turns-shape``) a random checkpoint at a published shape, whose snapshot-to-KV byte
+ratio is the real model's. Then a restarted
 engine on each folder takes every agent's next turn: the tokens it resumes from disk must be
 the same under both policies (the cuts ``resume`` keeps are the ones a next turn uses).
 
@@ -103,11 +105,15 @@ def plant_units(engine: Any, histories: list[list[int]]) -> None:
 
 
 def run_steps(
-    engine: Any, prompts: list[list[int]], every: int, arrivals: int, warm: list[list[int]]
+    engine: Any, prompts: list[list[int]], interval: float, arrivals: int, warm: list[list[int]]
 ) -> dict[str, Any]:
-    """Two decoders all along; an arrival every ``every`` steps (cycling ``prompts``) once the
-    previous one finished, after ``warm`` ran untimed. Returns the step times and each
-    arrival's time to first token."""
+    """Two decoders all along; an arrival every ``interval`` seconds (cycling ``prompts``, one
+    at a time), after ``warm`` ran untimed; the same wall time in every arm. Returns the step
+    times and each arrival's time to first token."""
+    for prompt in warm:  # untimed: puts a history on the device
+        engine.add_request("warm", prompt + list(range(3, 3 + SUFFIX)), ARRIVAL)
+        while engine.has_unfinished():
+            engine.step()
     decoders = iter(range(1 << 30))
 
     def decoder() -> str:
@@ -115,33 +121,28 @@ def run_steps(
         engine.add_request(rid, [5, 6, 7], DECODE)
         return rid
 
-    for prompt in warm:  # untimed: puts a history on the device
-        engine.add_request("warm", prompt + list(range(3, 3 + SUFFIX)), ARRIVAL)
-        while engine.has_unfinished():
-            engine.step()
     running = {decoder(), decoder()}
     for _ in range(5):  # warm-up
         engine.step()
     times: list[float] = []
     ttft: list[float] = []
-    sent = 0
     live: dict[str, float] = {}
-    since = 0
-    while sent < arrivals or live:
-        if not live and sent < arrivals and since >= every:
+    t0 = time.perf_counter()
+    end = t0 + arrivals * interval
+    sent = 0
+    while time.perf_counter() < end or live:
+        now = time.perf_counter()
+        if not live and sent < arrivals and now >= t0 + sent * interval:
             rid = f"a{sent}"
-            engine.add_request(
-                rid, prompts[sent % len(prompts)] + list(range(3, 3 + SUFFIX)), ARRIVAL
-            )
-            live[rid] = time.perf_counter()
+            suffix = list(range(3, 3 + SUFFIX))
+            engine.add_request(rid, prompts[sent % len(prompts)] + suffix, ARRIVAL)
+            live[rid] = now
             sent += 1
-            since = 0
         start = time.perf_counter()
         outs = engine.step()
         times.append(time.perf_counter() - start)
-        since += 1
         for o in outs:
-            if o.request_id in live and len(o.token_ids) == 1 and len(ttft) < sent:
+            if o.request_id in live and len(o.token_ids) == 1:
                 ttft.append(time.perf_counter() - live[o.request_id])
             if o.request_id in live and o.finished:
                 del live[o.request_id]
@@ -155,14 +156,16 @@ def run_steps(
     st = engine.stats().tiers
     q = statistics.quantiles(times, n=100, method="inclusive")
     return {
+        "seconds": round(time.perf_counter() - t0, 1),
+        "arrivals": sent,
         "steps": len(times),
         "step_p50_ms": round(1e3 * q[49], 2),
         "step_p99_ms": round(1e3 * q[98], 2),
         "step_max_ms": round(1e3 * max(times), 2),
         "arrival_ttft_p50_s": round(statistics.median(ttft), 4) if ttft else None,
+        "arrival_ttft_max_s": round(max(ttft), 4) if ttft else None,
         "restores_disk": st.disk_hits,
         "reads_ahead": st.disk_reads_ahead,
-        "restore_s_max": round(st.restore_seconds_max, 4),
     }
 
 
@@ -175,7 +178,7 @@ def bench_steps(a: argparse.Namespace, model: Path, tmp: Path) -> dict[str, Any]
         "tokens": a.tokens,
         "unit_bytes": spec.resume_unit_bytes(a.tokens, BS, 4),
         "arrivals": a.arrivals,
-        "every": a.every,
+        "interval_s": a.interval,
     }
     arms = (("device", a.read_ahead_mb), ("in-step", 0), ("read-ahead", a.read_ahead_mb))
     for name, ahead in arms:
@@ -183,9 +186,8 @@ def bench_steps(a: argparse.Namespace, model: Path, tmp: Path) -> dict[str, Any]
         eng = _engine(model, disk, a.tokens, ahead)
         plant_units(eng, hist)
         prompts = hist[:1] if name == "device" else hist
-        out[name] = run_steps(
-            eng, prompts, a.every, a.arrivals, prompts if name == "device" else []
-        )
+        warm = prompts if name == "device" else []
+        out[name] = run_steps(eng, prompts, a.interval, a.arrivals, warm)
         print(name, out[name], file=sys.stderr, flush=True)
         eng.close()
         shutil.rmtree(disk)
@@ -290,8 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", choices=("steps", "turns"), default=None)
     p.add_argument("--tokens", type=int, default=131072, help="history length of a restore")
     p.add_argument("--units", type=int, default=3, help="distinct histories on disk")
-    p.add_argument("--arrivals", type=int, default=12)
-    p.add_argument("--every", type=int, default=8, help="steps between arrivals")
+    p.add_argument("--arrivals", type=int, default=8)
+    p.add_argument("--interval", type=float, default=8.0, help="seconds between arrivals")
     p.add_argument("--read-ahead-mb", type=int, default=ServeConfig.disk_read_ahead_mb)
     p.add_argument("--agents", type=int, default=4)
     p.add_argument("--turns", type=int, default=4)

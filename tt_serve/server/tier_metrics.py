@@ -96,6 +96,36 @@ class TierCollector(Collector):
             "Disk write-backs dropped because the queue was full (the unit stays on the host).",
             value=t.writebacks_dropped,
         )
+        yield CounterMetricFamily(
+            f"{P}cache_tier_writebacks_skipped",
+            "Units the disk write-back policy kept off the disk (diskWriteback resume).",
+            value=t.writebacks_skipped,
+        )
+        yield CounterMetricFamily(
+            f"{P}cache_tier_disk_written_bytes",
+            "Bytes this server wrote to the disk tier (unit and block files).",
+            value=t.disk_bytes_written,
+        )
+        yield CounterMetricFamily(
+            f"{P}cache_tier_disk_reads_ahead",
+            "Disk units the reader thread read for a waiting request.",
+            value=t.disk_reads_ahead,
+        )
+        yield CounterMetricFamily(
+            f"{P}cache_tier_disk_read_wait_seconds",
+            "Seconds requests waited for their disk units, from queueing the read to taking it.",
+            value=t.disk_read_wait_seconds,
+        )
+        yield GaugeMetricFamily(
+            f"{P}cache_tier_disk_read_ahead_bytes",
+            "Bytes of disk units read or being read, not yet taken (bounded by diskReadAheadMb).",
+            value=t.disk_read_ahead_bytes,
+        )
+        yield CounterMetricFamily(
+            f"{P}cache_tier_disk_reads_dropped",
+            "Disk units read ahead that no request took (it ended meanwhile).",
+            value=t.disk_reads_dropped,
+        )
         yield GaugeMetricFamily(
             f"{P}cache_tier_writebacks_pending",
             "Disk write-backs not yet written.",
