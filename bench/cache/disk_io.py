@@ -154,18 +154,33 @@ def run_steps(
     while engine.has_unfinished():
         engine.step()
     st = engine.stats().tiers
+    return {
+        "times": times,
+        "ttft": ttft,
+        "seconds": time.perf_counter() - t0,
+        "arrivals": sent,
+        "restores_disk": st.disk_hits,
+        "reads_ahead": st.disk_reads_ahead,
+    }
+
+
+def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rounds of one arm pooled: step time quantiles, arrival TTFT, restores."""
+    times = [t for r in runs for t in r["times"]]
+    ttft = [t for r in runs for t in r["ttft"]]
     q = statistics.quantiles(times, n=100, method="inclusive")
     return {
-        "seconds": round(time.perf_counter() - t0, 1),
-        "arrivals": sent,
+        "rounds": len(runs),
+        "seconds": round(sum(r["seconds"] for r in runs), 1),
+        "arrivals": sum(r["arrivals"] for r in runs),
         "steps": len(times),
         "step_p50_ms": round(1e3 * q[49], 2),
         "step_p99_ms": round(1e3 * q[98], 2),
         "step_max_ms": round(1e3 * max(times), 2),
         "arrival_ttft_p50_s": round(statistics.median(ttft), 4) if ttft else None,
         "arrival_ttft_max_s": round(max(ttft), 4) if ttft else None,
-        "restores_disk": st.disk_hits,
-        "reads_ahead": st.disk_reads_ahead,
+        "restores_disk": sum(r["restores_disk"] for r in runs),
+        "reads_ahead": sum(r["reads_ahead"] for r in runs),
     }
 
 
@@ -177,20 +192,26 @@ def bench_steps(a: argparse.Namespace, model: Path, tmp: Path) -> dict[str, Any]
     out: dict[str, Any] = {
         "tokens": a.tokens,
         "unit_bytes": spec.resume_unit_bytes(a.tokens, BS, 4),
-        "arrivals": a.arrivals,
+        "arrivals_per_round": a.arrivals,
         "interval_s": a.interval,
     }
-    arms = (("device", a.read_ahead_mb), ("in-step", 0), ("read-ahead", a.read_ahead_mb))
-    for name, ahead in arms:
-        disk = tmp / f"disk-{name}"
-        eng = _engine(model, disk, a.tokens, ahead)
-        plant_units(eng, hist)
-        prompts = hist[:1] if name == "device" else hist
-        warm = prompts if name == "device" else []
-        out[name] = run_steps(eng, prompts, a.interval, a.arrivals, warm)
-        print(name, out[name], file=sys.stderr, flush=True)
-        eng.close()
-        shutil.rmtree(disk)
+    arms = {"device": a.read_ahead_mb, "in-step": 0, "read-ahead": a.read_ahead_mb}
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in arms}
+    # Rounds interleave the arms, the order reversed every other round (a shared machine's
+    # load drifts; the 128k steps themselves vary several-fold from minute to minute).
+    for rnd in range(a.rounds):
+        for name in list(arms) if rnd % 2 == 0 else reversed(list(arms)):
+            disk = tmp / f"disk-{name}"
+            eng = _engine(model, disk, a.tokens, arms[name])
+            plant_units(eng, hist)
+            prompts = hist[:1] if name == "device" else hist
+            warm = prompts if name == "device" else []
+            runs[name].append(run_steps(eng, prompts, a.interval, a.arrivals, warm))
+            eng.close()
+            shutil.rmtree(disk)
+            print(name, rnd, summary(runs[name][-1:]), file=sys.stderr, flush=True)
+    for name in arms:
+        out[name] = summary(runs[name])
     base = out["device"]["step_p99_ms"]
     for name in ("in-step", "read-ahead"):
         out[name]["p99_vs_device"] = round(out[name]["step_p99_ms"] / base, 3)
@@ -294,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--units", type=int, default=3, help="distinct histories on disk")
     p.add_argument("--arrivals", type=int, default=8)
     p.add_argument("--interval", type=float, default=8.0, help="seconds between arrivals")
+    p.add_argument("--rounds", type=int, default=2, help="interleaved rounds of the arms")
     p.add_argument("--read-ahead-mb", type=int, default=ServeConfig.disk_read_ahead_mb)
     p.add_argument("--agents", type=int, default=4)
     p.add_argument("--turns", type=int, default=4)
