@@ -187,9 +187,10 @@ class DiskStore:
 
     # -- read --------------------------------------------------------------------------------
 
-    def read(self, key: SnapshotKey, pause: Callable[[], None] | None = None) -> UnitData | None:
+    def read(self, key: SnapshotKey, pause: Callable[[int], None] | None = None) -> UnitData | None:
         """The unit at ``key`` with every block, all checks passed; else None (a bad file is
-        removed). ``pause`` is called before each block file (the reader yields there)."""
+        removed). ``pause(nbytes)`` is called after each block file (the reader yields
+        there)."""
         if not self.enabled:
             return None
         path = self._unit_path(key)
@@ -213,13 +214,13 @@ class DiskStore:
             return None
         blocks = []
         for bh in hashes:
-            if pause is not None:
-                pause()
             data = self._read_block(bh)
             if data is None:
                 self._forget_unit(key, path)  # its KV is gone: the unit can never be restored
                 return None
             blocks.append(data)
+            if pause is not None:
+                pause(len(data))
         with self._lock:
             self._units[key] = hashes
         self._touch(path)
