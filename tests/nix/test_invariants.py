@@ -77,6 +77,13 @@ TRUTH_TABLE: list[tuple[str, dict[str, Any], bool]] = [
     ("host-tier-negative", {"hostCacheGb": -1}, False),
     ("disk-tier-size-0", {"diskCacheDir": "/var/cache/tt", "diskCacheGb": 0}, False),
     ("disk-size-0-no-dir", {"diskCacheGb": 0}, True),
+    (
+        "disk-writeback-all",
+        {"diskWriteback": "all", "diskWriteMbPerS": 0, "diskReadAheadMb": 0},
+        True,
+    ),
+    ("disk-writeback-unknown", {"diskWriteback": "lazy"}, False),
+    ("disk-read-ahead-negative", {"diskReadAheadMb": -1}, False),
     ("no-prefix-zero-slots", {"prefixCaching": {"enable": False, "snapshotSlots": 0}}, True),
     (
         "traced-chunk-not-block-multiple",
@@ -309,6 +316,11 @@ NEW_RULE_MESSAGES = {
         "workers' ports 8100..8101."
     ],
     "drain-0": [f"{P}.drainTimeout must be at least 1 second (got 0)."],
+    "disk-writeback-unknown": [f"{P}.diskWriteback must be one of resume, all (got lazy)."],
+    "disk-read-ahead-negative": [
+        f"{P}.diskWriteMbPerS and {P}.diskReadAheadMb must not be negative (0: unpaced; 0: reads "
+        "in the step; got 256 and -1)."
+    ],
     "response-store-negative": [
         f"{P}.responseStoreEntries and {P}.responseStoreMb must not be negative (got -1 and 256)."
     ],

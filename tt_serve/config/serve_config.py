@@ -140,7 +140,7 @@ class ServeConfig:
         choices=DISK_WRITEBACKS,
     )
     disk_write_mb_per_s: float = _opt(
-        256.0, "MiB per second the disk tier's write-back may write on average; 0: unpaced"
+        256, "MiB per second the disk tier's write-back may write on average; 0: unpaced"
     )
     disk_read_ahead_mb: int = _opt(
         1024,

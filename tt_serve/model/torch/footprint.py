@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tt_serve.model.blockfloat import BLOCK_FLOATS
+from tt_serve.model.formats import BLOCK, MANTISSA_BITS
 from tt_serve.model.precision import Precision
 from tt_serve.model.ref.layers import Linear
 from tt_serve.model.spec import FULL_ATTENTION, ModelSpec
@@ -23,9 +25,11 @@ from tt_serve.model.tt.layout.table import checkpoint_dtypes
 if TYPE_CHECKING:
     from tt_serve.model.torch.model import HybridModel
 
-# Bytes a weight of each storage takes in a ``Linear`` (block floats: codes + exponent / 16).
-BYTES = {"float32": 4.0, "bfloat16": 4.0, "bfloat8_b": 1 + 1 / 16, "bfloat4_b": 0.5 + 1 / 16}
-BLOCK_FLOATS = ("bfloat8_b", "bfloat4_b")
+# Bytes a weight of each storage takes in a ``Linear``: fp32 for float32 and bfloat16; a block
+# float's code (sign + mantissa bits) plus its share of the exponent byte of its block.
+BYTES = {"float32": 4.0, "bfloat16": 4.0} | {
+    dtype: (1 + bits) / 8 + 1 / BLOCK for dtype, bits in MANTISSA_BITS.items()
+}
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,7 @@ class DecodeRead:
 
 def _linear(parts: list[tuple[int, int]], storage: str) -> int:
     """Bytes of one ``Linear`` over the fused [out_i, in] parts in ``storage``."""
-    pad = 16 if storage in BLOCK_FLOATS else 1
+    pad = BLOCK if storage in BLOCK_FLOATS else 1
     return round(sum(-(-o // pad) * pad * i for o, i in parts) * BYTES[storage])
 
 
