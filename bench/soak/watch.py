@@ -47,6 +47,8 @@ def sample(pid: int, disk: Path | None, t: float) -> Sample | None:
     except (FileNotFoundError, ProcessLookupError):
         return None
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    if "VmRSS" not in fields:  # exiting: a zombie has no memory left to report
+        return None
     rss_kib = int(fields["VmRSS"].split()[0])
     threads = int(fields["Threads"])
     return Sample(t, rss_kib / 1024, fds, threads, folder_bytes(disk) / (1 << 20))

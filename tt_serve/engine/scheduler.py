@@ -126,7 +126,7 @@ class SchedulerConfig:
 
 @dataclass
 class _PendingWrite:
-    """A tier restore being written into the device piece by piece (``Scheduler._pieces``)."""
+    """A tier restore being written into the device piece by piece (``Scheduler._plan_writes``)."""
 
     request_id: str
     write: UnitWrite
@@ -636,7 +636,6 @@ class Scheduler:
         if w is not None:
             self._pending_writes.remove(w)
             write = w.write
-            self._queued_writes = [(r, x) for r, x in self._queued_writes if x is not piece]
         written = set(write.blocks)
         restoring = set(self.cache.restoring_from(write.snapshot_slot))
         hit = [
