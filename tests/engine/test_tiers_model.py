@@ -32,6 +32,15 @@ def _same(a: Any, b: Any, tol: float) -> None:
         assert max(abs(x[k] - y[k]) for k in y) <= tol
 
 
+def _restarted(model: Path, disk: Path, head: list[int], seed: int) -> LLM:
+    """An engine after a restart whose disk tier holds ``head``'s unit (written by a first
+    engine from ``head`` + ``toks(30, seed)``)."""
+    first = llm(model, disk_cache_dir=str(disk), **SMALL)
+    first.generate([head + toks(30, seed)], SP)
+    first.engine.close()  # the write-backs reach the disk
+    return llm(model, disk_cache_dir=str(disk), **SMALL)
+
+
 def test_host_tier_restore_equals_cold(engine_model_dir: Path) -> None:
     head = toks(256, 1)
     prompt = head + toks(40, 2)
@@ -58,10 +67,7 @@ def test_disk_tier_restore_after_restart_equals_cold(
     head = toks(256, 21)
     prompt = head + toks(40, 22)
     cold = llm(engine_model_dir, prefix_caching=False, **SMALL).generate([prompt], SP)[0]
-    first = llm(engine_model_dir, disk_cache_dir=str(tmp_path), **SMALL)
-    first.generate([head + toks(30, 23)], SP)
-    first.engine.close()  # the write-backs reach the disk
-    second = llm(engine_model_dir, disk_cache_dir=str(tmp_path), **SMALL)
+    second = _restarted(engine_model_dir, tmp_path, head, 23)
     (w,) = second.generate([prompt], SP)
     assert w.cached_tokens == 256
     _same(w, cold, lp_tol(engine_model_dir))
@@ -266,10 +272,7 @@ def test_disk_unit_evicted_while_restoring_is_a_miss_and_a_right_answer(
     head = toks(256, 101)
     prompt = head + toks(40, 102)
     cold = llm(engine_model_dir, prefix_caching=False, **SMALL).generate([prompt], SP)[0]
-    first = llm(engine_model_dir, disk_cache_dir=str(tmp_path), **SMALL)
-    first.generate([head + toks(30, 103)], SP)
-    first.engine.close()
-    m = llm(engine_model_dir, disk_cache_dir=str(tmp_path), **SMALL)
+    m = _restarted(engine_model_dir, tmp_path, head, 103)
     tiers = m.engine.scheduler.cache.tiers
     assert tiers is not None and tiers.disk is not None
     disk = tiers.disk
@@ -300,10 +303,7 @@ def test_a_slow_disk_read_never_holds_the_step(engine_model_dir: Path, tmp_path:
     prompt = head + toks(40, 32)
     other = toks(40, 34)
     cold = llm(engine_model_dir, prefix_caching=False, **SMALL).generate([prompt], SP)[0]
-    first = llm(engine_model_dir, disk_cache_dir=str(tmp_path), **SMALL)
-    first.generate([head + toks(30, 33)], SP)
-    first.engine.close()
-    m = llm(engine_model_dir, disk_cache_dir=str(tmp_path), **SMALL)
+    m = _restarted(engine_model_dir, tmp_path, head, 33)
     tiers = m.engine.scheduler.cache.tiers
     assert tiers is not None and tiers.disk is not None
     gate = threading.Event()

@@ -372,10 +372,14 @@ class Tiers:
         """Whether a unit the write-back policy would (``to_disk``) or would not send to disk
         is worth reading out of the device at all (without a host tier, one the disk would
         not take is not: counted as skipped)."""
-        if self.host is not None or to_disk or self.policy.writeback == "all":
+        if self.host is not None or self._disk_keeps(to_disk):
             return True
         self._skipped += 1
         return False
+
+    def _disk_keeps(self, to_disk: bool) -> bool:
+        """Whether the write-back policy sends a unit to disk (``to_disk``: a cut it keeps)."""
+        return to_disk or self.policy.writeback == "all"
 
     def store(
         self,
@@ -393,7 +397,7 @@ class Tiers:
             self.host.put(key, hashes, snapshot, new)
         if self.disk is None:
             return
-        if not to_disk and self.policy.writeback == "resume":
+        if not self._disk_keeps(to_disk):
             self._skipped += 1
             return
         self._write_back(key, hashes, snapshot, new)
